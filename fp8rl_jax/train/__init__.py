@@ -1,0 +1,1 @@
+"""fp8rl_jax.train."""

@@ -1,0 +1,18 @@
+"""Pallas kernels for FP8 rollouts, each beside a pure-jnp reference with the same signature.
+
+This package never imports ``fp8rl_jax`` (the library imports it, not the reverse).
+"""
+
+from kernels_pallas.fp8_matmul import fp8_matmul
+from kernels_pallas.qarray import QArray, dequantize, fp8_dtype, fp8_max
+from kernels_pallas.quantize import quantize_activations, quantize_blockwise
+
+__all__ = [
+    "QArray",
+    "dequantize",
+    "fp8_dtype",
+    "fp8_matmul",
+    "fp8_max",
+    "quantize_activations",
+    "quantize_blockwise",
+]

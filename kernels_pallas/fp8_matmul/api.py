@@ -1,0 +1,92 @@
+"""``fp8_matmul``: validates operands and dispatches to the reference or a Pallas kernel."""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from kernels_pallas.fp8_matmul.reference import fp8_matmul_reference
+from kernels_pallas.qarray import QArray, fp8_dtype
+from kernels_pallas.quantize import quantize_activations
+
+Impl = Literal["auto", "xla", "pallas_mosaic_gpu", "pallas_tpu"]
+IMPLS = ("auto", "xla", "pallas_mosaic_gpu", "pallas_tpu")
+
+
+def default_impl() -> str:
+    """auto: Mosaic GPU on Hopper (sm_90), Mosaic TPU on TPU, the jnp reference elsewhere."""
+    dev = jax.devices()[0]
+    if dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")).startswith("9"):
+        return "pallas_mosaic_gpu"
+    if dev.platform == "tpu":
+        return "pallas_tpu"
+    return "xla"
+
+
+def _check(x_q: QArray, w_q: QArray) -> None:
+    if not isinstance(w_q, QArray) or w_q.ndim != 2 or len(w_q.block_shape) != 2:
+        raise ValueError("fp8_matmul: w_q must be a rank-2 QArray [K, N] with 2-D block_shape")
+    if x_q.ndim != 2 or len(x_q.block_shape) != 1:
+        raise ValueError("fp8_matmul: x_q must be a QArray [M, K] with per-token groups (g,)")
+    for name, q in (("x_q", x_q), ("w_q", w_q)):
+        fp8_dtype(q.values.dtype)  # raises on a non-FP8 dtype
+        if q.scales.dtype != jnp.float32:
+            raise ValueError(f"fp8_matmul: {name}.scales must be float32, got {q.scales.dtype}")
+    if x_q.shape[1] != w_q.shape[0]:
+        raise ValueError(f"fp8_matmul: contracting dims differ: x K={x_q.shape[1]}, w K={w_q.shape[0]}")
+    if x_q.block_shape[0] != w_q.block_shape[0]:
+        raise ValueError(
+            f"fp8_matmul: activation group {x_q.block_shape[0]} must equal the weight K block "
+            f"{w_q.block_shape[0]}"
+        )
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "impl", "interpret"))
+def _dispatch(x_q, w_q, *, out_dtype, impl, interpret):
+    if impl == "xla":
+        return fp8_matmul_reference(x_q, w_q, out_dtype=out_dtype)
+    if impl == "pallas_mosaic_gpu":
+        from kernels_pallas.fp8_matmul import pallas_mosaic_gpu
+
+        return pallas_mosaic_gpu.fp8_matmul_mgpu(x_q, w_q, out_dtype=out_dtype, interpret=interpret)
+    if impl == "pallas_tpu":
+        from kernels_pallas.fp8_matmul import pallas_tpu
+
+        return pallas_tpu.fp8_matmul_tpu(x_q, w_q, out_dtype=out_dtype, interpret=interpret)
+    raise ValueError(f"fp8_matmul: unknown impl {impl!r}; expected one of {IMPLS}")
+
+
+def fp8_matmul(
+    x_q: QArray | jax.Array,
+    w_q: QArray,
+    *,
+    out_dtype=jnp.bfloat16,
+    impl: Impl = "auto",
+    interpret: bool = False,
+) -> jax.Array:
+    """Blockwise FP8 W8A8 matmul ``x @ w`` (see ``fp8_matmul_reference`` for the formula).
+
+    ``x_q`` may be a QArray [..., K] or a plain array, which is quantized per token in groups of
+    the weight's K block (the kernels fuse that step where the backend allows). Leading axes of
+    ``x`` are flattened into M.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"fp8_matmul: unknown impl {impl!r}; expected one of {IMPLS}")
+    if not isinstance(w_q, QArray):
+        raise ValueError("fp8_matmul: w_q must be a QArray (use quantize_blockwise)")
+    if not isinstance(x_q, QArray):
+        x_q = quantize_activations(x_q, w_q.block_shape[0], w_q.values.dtype)
+    lead = x_q.shape[:-1]
+    x2 = QArray(
+        x_q.values.reshape(-1, x_q.shape[-1]),
+        x_q.scales.reshape(-1, x_q.scales.shape[-1]),
+        x_q.block_shape,
+        x_q.dtype,
+    )
+    _check(x2, w_q)
+    impl = default_impl() if impl == "auto" else impl
+    y = _dispatch(x2, w_q, out_dtype=jnp.dtype(out_dtype), impl=impl, interpret=interpret)
+    return y.reshape(*lead, w_q.shape[1])

@@ -1,0 +1,81 @@
+"""Blockwise FP8 quantization (pure jnp): the reference every kernel's fused quantization matches."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_dtype, fp8_max, scales_shape
+
+
+def _pad_trailing(x: jax.Array, block_shape: tuple[int, ...]) -> jax.Array:
+    n = len(block_shape)
+    pads = [(0, 0)] * (x.ndim - n)
+    pads += [(0, -d % b) for d, b in zip(x.shape[x.ndim - n :], block_shape, strict=True)]
+    return jnp.pad(x, pads) if any(p for _, p in pads) else x
+
+
+def _blocked(x: jax.Array, block_shape: tuple[int, ...]) -> jax.Array:
+    """[..., d1, d2] -> [..., d1/b1, b1, d2/b2, b2] (trailing axes split into blocks)."""
+    n = len(block_shape)
+    lead = x.shape[: x.ndim - n]
+    new = list(lead)
+    for d, b in zip(x.shape[x.ndim - n :], block_shape, strict=True):
+        new += [d // b, b]
+    return x.reshape(new)
+
+
+def block_amax(x: jax.Array, block_shape: tuple[int, ...]) -> jax.Array:
+    """max |x| over each block (FP32), shape ``scales_shape(x.shape, block_shape)``."""
+    n = len(block_shape)
+    xb = _blocked(_pad_trailing(jnp.abs(x.astype(jnp.float32)), block_shape), block_shape)
+    lead = x.ndim - n
+    return jnp.max(xb, axis=tuple(lead + 2 * i + 1 for i in range(n)))
+
+
+def amax_to_scale(amax: jax.Array, dtype, pow2_scales: bool = False) -> jax.Array:
+    """``s = max(amax, tiny) / fp8_max``; with ``pow2_scales`` rounded up to a power of two (UE8M0)."""
+    s = jnp.maximum(amax.astype(jnp.float32), SCALE_TINY) / fp8_max(dtype)
+    if pow2_scales:
+        s = jnp.exp2(jnp.ceil(jnp.log2(s)))
+    return s
+
+
+def saturating_cast(x_scaled: jax.Array, dtype) -> jax.Array:
+    """Clamp to +-fp8_max, then round-to-nearest-even cast (never overflows to NaN)."""
+    m = fp8_max(dtype)
+    return jnp.clip(x_scaled, -m, m).astype(fp8_dtype(dtype))
+
+
+def quantize_blockwise(
+    x: jax.Array,
+    block_shape: tuple[int, ...] = (128, 128),
+    dtype=jnp.float8_e4m3fn,
+    *,
+    pow2_scales: bool = False,
+) -> QArray:
+    """Blockwise FP8 quantization of the trailing axes of ``x``.
+
+    ``s_b = max(amax_b, tiny) / fp8_max`` (FP32), ``x̂ = cast(clamp(x / s_b, ±fp8_max))``
+    (DeepSeek-V3 128x128 weight blocks; FP8-RL paper, arXiv 2601.18150, §3.1).
+    """
+    block_shape = tuple(int(b) for b in block_shape)
+    scales_shape(x.shape, block_shape)  # validates block_shape against x
+    scales = amax_to_scale(block_amax(x, block_shape), dtype, pow2_scales)
+    n = len(block_shape)
+    x_pad = _pad_trailing(x.astype(jnp.float32), block_shape)
+    # scales broadcast over the block axes of the blocked view [..., d1/b1, 1, d2/b2, 1].
+    sb = scales.reshape(
+        scales.shape[: x.ndim - n] + sum(((d, 1) for d in scales.shape[x.ndim - n :]), ())
+    )
+    qb = saturating_cast(_blocked(x_pad, block_shape) / sb, dtype)
+    q = qb.reshape(x_pad.shape)[tuple(slice(0, d) for d in x.shape)]
+    return QArray(q, scales, block_shape, jnp.dtype(x.dtype))
+
+
+def quantize_activations(x: jax.Array, group_size: int = 128, dtype=jnp.float8_e4m3fn) -> QArray:
+    """Dynamic per-token FP8 quantization in groups of ``group_size`` along the last axis (1x128).
+
+    ``s_{t,g} = amax_{c in g} |x_{t,c}| / fp8_max`` (DeepSeek-V3 activation tiles).
+    """
+    return quantize_blockwise(x, (group_size,), dtype)
