@@ -36,7 +36,9 @@ def _check(x_q: QArray, w_q: QArray) -> None:
         if q.scales.dtype != jnp.float32:
             raise ValueError(f"fp8_matmul: {name}.scales must be float32, got {q.scales.dtype}")
     if x_q.shape[1] != w_q.shape[0]:
-        raise ValueError(f"fp8_matmul: contracting dims differ: x K={x_q.shape[1]}, w K={w_q.shape[0]}")
+        raise ValueError(
+            f"fp8_matmul: contracting dims differ: x K={x_q.shape[1]}, w K={w_q.shape[0]}"
+        )
     if x_q.block_shape[0] != w_q.block_shape[0]:
         raise ValueError(
             f"fp8_matmul: activation group {x_q.block_shape[0]} must equal the weight K block "
@@ -59,6 +61,26 @@ def _dispatch(x_q, w_q, *, out_dtype, impl, interpret):
     raise ValueError(f"fp8_matmul: unknown impl {impl!r}; expected one of {IMPLS}")
 
 
+def _fusable(x: jax.Array, w_q: QArray) -> bool:
+    """Raw BF16/F16 x with 128x128 weight blocks: the Hopper kernel quantizes x in-kernel."""
+    return x.dtype in (jnp.bfloat16, jnp.float16) and tuple(w_q.block_shape) == (128, 128)
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "interpret"))
+def _fused_mgpu(x, w_q, *, out_dtype, interpret):
+    from kernels_pallas.fp8_matmul import pallas_mosaic_gpu
+
+    if x.shape[-1] != w_q.shape[0]:
+        raise ValueError(
+            f"fp8_matmul: contracting dims differ: x K={x.shape[-1]}, w K={w_q.shape[0]}"
+        )
+    fp8_dtype(w_q.values.dtype)
+    y = pallas_mosaic_gpu.fp8_matmul_mgpu_fused(
+        x.reshape(-1, x.shape[-1]), w_q, out_dtype=out_dtype, interpret=interpret
+    )
+    return y.reshape(*x.shape[:-1], w_q.shape[1])
+
+
 def fp8_matmul(
     x_q: QArray | jax.Array,
     w_q: QArray,
@@ -70,14 +92,17 @@ def fp8_matmul(
     """Blockwise FP8 W8A8 matmul ``x @ w`` (see ``fp8_matmul_reference`` for the formula).
 
     ``x_q`` may be a QArray [..., K] or a plain array, which is quantized per token in groups of
-    the weight's K block (the kernels fuse that step where the backend allows). Leading axes of
-    ``x`` are flattened into M.
+    the weight's K block: in-kernel by the Hopper kernel for BF16/F16 ``x`` (no separate pass over
+    ``x``), by ``quantize_activations`` otherwise. Leading axes of ``x`` are flattened into M.
     """
     if impl not in IMPLS:
         raise ValueError(f"fp8_matmul: unknown impl {impl!r}; expected one of {IMPLS}")
     if not isinstance(w_q, QArray):
         raise ValueError("fp8_matmul: w_q must be a QArray (use quantize_blockwise)")
+    impl = default_impl() if impl == "auto" else impl
     if not isinstance(x_q, QArray):
+        if impl == "pallas_mosaic_gpu" and _fusable(x_q, w_q):
+            return _fused_mgpu(x_q, w_q, out_dtype=jnp.dtype(out_dtype), interpret=interpret)
         x_q = quantize_activations(x_q, w_q.block_shape[0], w_q.values.dtype)
     lead = x_q.shape[:-1]
     x2 = QArray(
@@ -87,6 +112,5 @@ def fp8_matmul(
         x_q.dtype,
     )
     _check(x2, w_q)
-    impl = default_impl() if impl == "auto" else impl
     y = _dispatch(x2, w_q, out_dtype=jnp.dtype(out_dtype), impl=impl, interpret=interpret)
     return y.reshape(*lead, w_q.shape[1])
