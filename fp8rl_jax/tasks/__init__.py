@@ -1,1 +1,79 @@
-"""fp8rl_jax.tasks."""
+"""Verifiable-reward tasks, a character tokenizer, and math datasets from local JSONL files."""
+
+from fp8rl_jax.tasks.answers import (
+    answers_match,
+    extract_final_answer,
+    has_explicit_answer,
+    normalize_answer,
+    parse_number,
+)
+from fp8rl_jax.tasks.arithmetic import AdditionTask, MultiplicationTask, ReverseTask, SortTask
+from fp8rl_jax.tasks.base import SPLITS, Example, GeneratedTask, Grade, Task, in_eval_split
+from fp8rl_jax.tasks.batch import (
+    DemonstrationBatch,
+    PromptBatch,
+    make_demonstration_batch,
+    make_prompt_batch,
+    score_completions,
+)
+from fp8rl_jax.tasks.countdown import CountdownTask, grade_countdown, parse_arithmetic
+from fp8rl_jax.tasks.math_data import (
+    DEFAULT_MATH_INSTRUCTION,
+    MathJsonlDataset,
+    MathProblem,
+    MathTask,
+    chat_prompt,
+    make_chat_prompt_fn,
+)
+from fp8rl_jax.tasks.tokenizer import CharTokenizer
+
+TASKS: dict[str, type[Task]] = {
+    cls.name: cls
+    for cls in (AdditionTask, MultiplicationTask, CountdownTask, ReverseTask, SortTask, MathTask)
+}
+
+
+def get_task(name: str, **kwargs) -> Task:
+    """Builds a task by name, e.g. `get_task("addition", digits=3, seed=1)`."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; available: {sorted(TASKS)}")
+    try:
+        return TASKS[name](**kwargs)
+    except TypeError as e:
+        raise TypeError(f"task {name!r}: {e}") from e
+
+
+__all__ = [
+    "DEFAULT_MATH_INSTRUCTION",
+    "SPLITS",
+    "TASKS",
+    "AdditionTask",
+    "CharTokenizer",
+    "CountdownTask",
+    "DemonstrationBatch",
+    "Example",
+    "GeneratedTask",
+    "Grade",
+    "MathJsonlDataset",
+    "MathProblem",
+    "MathTask",
+    "MultiplicationTask",
+    "PromptBatch",
+    "ReverseTask",
+    "SortTask",
+    "Task",
+    "answers_match",
+    "chat_prompt",
+    "extract_final_answer",
+    "get_task",
+    "grade_countdown",
+    "has_explicit_answer",
+    "in_eval_split",
+    "make_chat_prompt_fn",
+    "make_demonstration_batch",
+    "make_prompt_batch",
+    "normalize_answer",
+    "parse_arithmetic",
+    "parse_number",
+    "score_completions",
+]

@@ -1,0 +1,208 @@
+"""Resumable orbax checkpoints: a pytree state plus JSON metadata, the last N kept.
+
+Atomicity: orbax (0.11+, AtomicityMode.ATOMIC_RENAME, forced here) writes step `s` into
+`<dir>/s.orbax-checkpoint-tmp-*`, writes `commit_success.txt` last, and only then renames the
+directory to `<dir>/s`. A process killed mid-save leaves at most a tmp directory, which the step
+listing ignores and the next manager removes (`cleanup_tmp_directories`). Keep-N deletes old
+steps only after the new one is committed. So the newest `<dir>/<int>` directory is complete
+unless something outside orbax damaged it; `restore_latest` then warns and falls back.
+
+Async: `save` returns once device arrays are copied to host (the caller may donate or overwrite
+the state right after); files are written in a background thread. `wait_until_finished` blocks.
+
+Typed PRNG keys are stored as `jax.random.key_data` (uint32) and re-wrapped on restore with the
+implementation recorded in the metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint import options as ocp_options
+
+_STATE = "state"
+_META = "meta"
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """A restored checkpoint: its step, the state pytree, and the user metadata dict.
+
+    Unpacks as `state, metadata = restored`.
+    """
+
+    step: int
+    state: Any
+    metadata: dict[str, Any]
+
+    def __iter__(self):
+        return iter((self.state, self.metadata))
+
+
+def _is_key(x: Any) -> bool:
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _keys_to_data(state: Any) -> tuple[Any, dict[str, str]]:
+    """Replaces typed PRNG key leaves by their raw uint32 data; returns {leaf path: impl name}."""
+    impls = {}
+
+    def convert(path, x):
+        if _is_key(x):
+            impls[jax.tree_util.keystr(path)] = str(jax.random.key_impl(x))
+            return jax.random.key_data(x)
+        return x
+
+    return jax.tree_util.tree_map_with_path(convert, state), impls
+
+
+def _abstract_leaf(x: Any) -> Any:
+    """The restore target of one leaf: typed keys become the ShapeDtypeStruct of their data."""
+    if not isinstance(x, jax.Array | jax.ShapeDtypeStruct):
+        return x  # numpy arrays and python scalars restore as themselves
+    sharding = getattr(x, "sharding", None)
+    if _is_key(x):
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(x.shape, x.dtype))
+        return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+def _data_to_keys(restored: Any, abstract_state: Any, impls: Mapping[str, str]) -> Any:
+    def convert(path, target, x):
+        if not _is_key(target):
+            return x
+        name = jax.tree_util.keystr(path)
+        if name not in impls:
+            raise ValueError(f"checkpoint has no PRNG implementation recorded for {name}")
+        return jax.random.wrap_key_data(x, impl=impls[name])
+
+    return jax.tree_util.tree_map_with_path(convert, abstract_state, restored)
+
+
+class CheckpointManager:
+    """Saves `(state pytree, JSON metadata)` per step under `directory`, keeping the last N."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        max_to_keep: int = 3,
+        save_interval_steps: int = 1,
+        async_save: bool = True,
+    ):
+        if max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
+        self.directory = os.path.abspath(os.fspath(directory))
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            save_interval_steps=save_interval_steps,
+            enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True,
+            atomicity_options=ocp_options.AtomicityOptions(
+                mode=ocp_options.AtomicityMode.ATOMIC_RENAME
+            ),
+        )
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=(_STATE, _META)
+        )
+
+    def save(
+        self,
+        step: int,
+        state: Any,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        force: bool = False,
+    ) -> bool:
+        """Starts saving `state` and JSON-able `metadata` (data position, ...) as `step`.
+
+        Returns False when skipped by `save_interval_steps` (or `step` is not past the latest).
+        """
+        plain_state, impls = _keys_to_data(state)
+        meta = {"step": int(step), "user": dict(metadata or {}), "prng_impls": impls}
+        args = ocp.args.Composite(
+            **{_STATE: ocp.args.StandardSave(plain_state), _META: ocp.args.JsonSave(meta)}
+        )
+        return self._manager.save(int(step), args=args, force=force)
+
+    def restore(self, step: int, abstract_state: Any) -> Restored:
+        """Restores `step` into the structure, shapes, dtypes and shardings of `abstract_state`
+        (concrete arrays or `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape`)."""
+        target = jax.tree.map(_abstract_leaf, abstract_state)
+        args = ocp.args.Composite(
+            **{_STATE: ocp.args.StandardRestore(target), _META: ocp.args.JsonRestore()}
+        )
+        restored = self._manager.restore(int(step), args=args)
+        meta = restored[_META]
+        state = _data_to_keys(restored[_STATE], abstract_state, meta["prng_impls"])
+        return Restored(step=int(step), state=state, metadata=meta["user"])
+
+    def restore_latest(self, abstract_state: Any) -> Restored | None:
+        """Restores the newest readable checkpoint; None if there is none at all.
+
+        An unreadable newer checkpoint is reported with `logging.warning` and moved aside to
+        `<step>.corrupt-<ns>` once an older one restores, so later saves of that step succeed.
+        Raises RuntimeError if checkpoints exist but none restores (e.g. a wrong abstract_state).
+        """
+        self.wait_until_finished()
+        self._manager.reload()
+        steps = sorted(self._manager.all_steps(), reverse=True)
+        failures = []
+        for step in steps:
+            try:
+                restored = self.restore(step, abstract_state)
+            except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many error types)
+                path = os.path.join(self.directory, str(step))
+                logging.warning(
+                    "checkpoint %s is unreadable (%s: %s); trying an older one",
+                    path,
+                    type(e).__name__,
+                    e,
+                )
+                failures.append(f"{path}: {type(e).__name__}: {e}")
+                continue
+            self._quarantine([s for s in steps if s > step])
+            return restored
+        if failures:
+            raise RuntimeError(
+                f"no checkpoint under {self.directory} could be restored:\n" + "\n".join(failures)
+            )
+        return None
+
+    def _quarantine(self, steps: list[int]) -> None:
+        if not steps:
+            return
+        if jax.process_index() == 0:
+            for step in steps:
+                src = os.path.join(self.directory, str(step))
+                dst = f"{src}.corrupt-{time.time_ns()}"
+                logging.warning("moving unreadable checkpoint %s to %s", src, dst)
+                os.rename(src, dst)
+        self._manager.reload()
+
+    def all_steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def wait_until_finished(self) -> None:
+        """Blocks until the last asynchronous save is committed on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for pending saves and releases orbax's background resources."""
+        self._manager.close()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

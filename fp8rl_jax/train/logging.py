@@ -1,0 +1,160 @@
+"""Run outputs: metrics as JSON lines and TensorBoard events (process 0 only), resolved config.
+
+A resumed run passes its first step as `resume_step`; every record at or after it is dropped from
+`metrics.jsonl` (and purged in TensorBoard), so the run keeps one clean history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    flat = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{name}/"))
+        else:
+            array = np.asarray(
+                value
+            )  # device -> host here, in the host loop, never in library code
+            if array.size != 1:
+                raise ValueError(f"metric {name!r} must be a scalar, got shape {array.shape}")
+            flat[name] = float(array.reshape(()))
+    return flat
+
+
+def _atomic_write_text(path: str, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, float]]:
+    """All records of `run_dir/metrics.jsonl` (NaN/Inf round-trip); a torn last line is skipped."""
+    path = os.path.join(run_dir, METRICS_FILE)
+    if not os.path.exists(path):
+        return []
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a crash mid-write
+    return records
+
+
+class MetricsLogger:
+    """Appends `{"step": s, name: float, ...}` lines to metrics.jsonl and scalars to TensorBoard.
+
+    Nested dicts are flattened with "/" ("rollout/kl"). On processes other than 0 every method is
+    a no-op. Use as a context manager or call `close()`.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        resume_step: int = 0,
+        tensorboard: bool = True,
+        process_index: int | None = None,
+    ):
+        self.run_dir = os.fspath(run_dir)
+        self.path = os.path.join(self.run_dir, METRICS_FILE)
+        index = jax.process_index() if process_index is None else process_index
+        self.active = index == 0
+        self._file = None
+        self._writer = None
+        if not self.active:
+            return
+        os.makedirs(self.run_dir, exist_ok=True)
+        kept = [r for r in read_metrics(self.run_dir) if r.get("step", math.inf) < resume_step]
+        _atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._writer = SummaryWriter(
+                os.path.join(self.run_dir, TENSORBOARD_DIR), purge_step=resume_step or None
+            )
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Writes one record; values are scalars (python, numpy or jax) or nested dicts of them."""
+        if not self.active:
+            return
+        flat = _flatten(metrics)
+        if "step" in flat:
+            raise ValueError("'step' is reserved; pass it as the step argument")
+        self._file.write(json.dumps({"step": int(step), **flat}) + "\n")
+        self._file.flush()
+        if self._writer is not None:
+            for name, value in flat.items():
+                self._writer.add_scalar(name, value, global_step=int(step))
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if hasattr(value, "to_dict"):  # ml_collections.ConfigDict
+        return _jsonable(value.to_dict())
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    return repr(value)
+
+
+def write_resolved_config(
+    run_dir: str | os.PathLike[str], config: Any, *, process_index: int | None = None
+) -> str | None:
+    """Writes `run_dir/config.json` (sorted keys, indented) from a dataclass, ConfigDict or dict.
+
+    Returns the path, or None on processes other than 0.
+    """
+    index = jax.process_index() if process_index is None else process_index
+    if index != 0:
+        return None
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, CONFIG_FILE)
+    _atomic_write_text(path, json.dumps(_jsonable(config), indent=2, sort_keys=True) + "\n")
+    return path

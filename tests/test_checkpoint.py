@@ -1,0 +1,184 @@
+"""Orbax checkpoints: exact round trip with typed keys, keep-N, fallback from a damaged latest."""
+
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp8rl_jax.train import CheckpointManager
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _State:
+    params: dict
+    step: jax.Array
+    rng: jax.Array  # typed PRNG key
+    tag: str = dataclasses.field(default="tiny", metadata=dict(static=True))
+
+
+def _state(seed: int) -> _State:
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    params = {
+        "w_DF": jax.random.normal(k1, (8, 16), jnp.float32),
+        "embed_VD": jax.random.normal(k2, (32, 8)).astype(jnp.bfloat16),
+    }
+    return _State(params=params, step=jnp.int32(seed), rng=jax.random.key(seed + 100))
+
+
+def _assert_same(a: _State, b: _State) -> None:
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32))
+    assert int(a.step) == int(b.step)
+    assert b.rng.dtype == a.rng.dtype
+    np.testing.assert_array_equal(jax.random.key_data(a.rng), jax.random.key_data(b.rng))
+
+
+def _save_steps(directory, steps, max_to_keep=3):
+    with CheckpointManager(directory, max_to_keep=max_to_keep) as mgr:
+        for s in steps:
+            assert mgr.save(s, _state(s), {"data_position": 10 * s})
+        mgr.wait_until_finished()
+
+
+def test_round_trip_is_exact_with_typed_keys_and_metadata(tmp_path):
+    _save_steps(tmp_path, [0, 1])
+    abstract = jax.eval_shape(lambda: _state(0))
+    with CheckpointManager(tmp_path) as mgr:
+        restored = mgr.restore_latest(abstract)
+        assert restored.step == 1 and restored.metadata == {"data_position": 10}
+        _assert_same(_state(1), restored.state)
+        # The restored key behaves like the original one.
+        np.testing.assert_array_equal(
+            jax.random.uniform(restored.state.rng, (3,)), jax.random.uniform(_state(1).rng, (3,))
+        )
+        # Concrete arrays work as the abstract state too.
+        _assert_same(_state(0), mgr.restore(0, _state(5)).state)
+
+
+def test_none_when_empty(tmp_path):
+    with CheckpointManager(tmp_path / "empty") as mgr:
+        assert mgr.restore_latest(jax.eval_shape(lambda: _state(0))) is None
+
+
+def test_keeps_last_n(tmp_path):
+    _save_steps(tmp_path, range(5), max_to_keep=2)
+    with CheckpointManager(tmp_path, max_to_keep=2) as mgr:
+        assert mgr.all_steps() == [3, 4]
+    assert sorted(os.listdir(tmp_path)) == ["3", "4"]
+
+
+def _damage(step_dir):
+    """Truncates every data file of the state item (a torn copy or a bad disk)."""
+    for root, _, files in os.walk(os.path.join(step_dir, "state")):
+        for name in files:
+            if "manifest" in name or root.endswith(os.sep + "d"):
+                with open(os.path.join(root, name), "r+b") as f:
+                    f.truncate(0)
+
+
+def test_damaged_latest_falls_back_with_warning(tmp_path, caplog):
+    _save_steps(tmp_path, [1, 2, 3])
+    _damage(tmp_path / "3")
+    abstract = jax.eval_shape(lambda: _state(0))
+    with caplog.at_level(logging.WARNING), CheckpointManager(tmp_path) as mgr:
+        restored = mgr.restore_latest(abstract)
+        assert restored.step == 2
+        _assert_same(_state(2), restored.state)
+        assert any(str(tmp_path / "3") in r.getMessage() for r in caplog.records)
+        # The damaged step is moved aside, so the resumed run can save step 3 again.
+        assert mgr.all_steps() == [1, 2]
+        assert mgr.save(3, _state(30), {"data_position": 0})
+        mgr.wait_until_finished()
+        _assert_same(_state(30), mgr.restore_latest(abstract).state)
+    assert any(name.startswith("3.corrupt-") for name in os.listdir(tmp_path))
+
+
+def test_deleted_item_falls_back(tmp_path):
+    _save_steps(tmp_path, [1, 2])
+    os.remove(tmp_path / "2" / "meta" / "metadata")
+    with CheckpointManager(tmp_path) as mgr:
+        assert mgr.restore_latest(jax.eval_shape(lambda: _state(0))).step == 1
+
+
+def test_all_unreadable_raises(tmp_path):
+    _save_steps(tmp_path, [1])
+    wrong = jax.eval_shape(lambda: dataclasses.replace(_state(0), params={"other": jnp.zeros(3)}))
+    with CheckpointManager(tmp_path) as mgr, pytest.raises(RuntimeError, match="could be restored"):
+        mgr.restore_latest(wrong)
+
+
+def test_leftover_tmp_dir_is_ignored(tmp_path):
+    _save_steps(tmp_path, [1])
+    leftover = tmp_path / "7.orbax-checkpoint-tmp-1234567"
+    (leftover / "state").mkdir(parents=True)
+    (leftover / "state" / "garbage").write_bytes(b"\0" * 10)
+    with CheckpointManager(tmp_path) as mgr:
+        assert mgr.latest_step() == 1
+        assert mgr.restore_latest(jax.eval_shape(lambda: _state(0))).step == 1
+
+
+_SAVER = textwrap.dedent(
+    """
+    import sys, jax, jax.numpy as jnp
+    from fp8rl_jax.train import CheckpointManager
+    mgr = CheckpointManager(sys.argv[1], max_to_keep=2)
+    big = jnp.ones((1024, 1024), jnp.float32)  # 4 MiB: a save takes long enough to be cut
+    for step in range(10_000):
+        state = {"big": big * step, "rng": jax.random.key(step)}
+        mgr.save(step, state, {"data_position": step})
+        print(step, flush=True)
+    """
+)
+
+
+def test_sigkill_mid_save_leaves_a_restorable_checkpoint(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SAVER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    saw_tmp_dir = False
+    try:
+        started = 0
+        while started < 5:  # a few committed saves first
+            line = proc.stdout.readline()
+            if not line:
+                break
+            started = int(line) + 1
+        deadline = time.time() + 10
+        while not saw_tmp_dir and time.time() < deadline:  # then kill while a save is in flight
+            saw_tmp_dir = any(".orbax-checkpoint-tmp" in n for n in os.listdir(tmp_path))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert started >= 5, "saver did not start"
+    assert saw_tmp_dir
+    abstract = {"big": jax.ShapeDtypeStruct((1024, 1024), jnp.float32), "rng": jax.random.key(0)}
+    with CheckpointManager(tmp_path, max_to_keep=2) as mgr:
+        restored = mgr.restore_latest(abstract)
+    assert restored is not None
+    step = restored.step
+    assert restored.metadata == {"data_position": step}
+    np.testing.assert_array_equal(restored.state["big"], np.full((1024, 1024), step, np.float32))
+    np.testing.assert_array_equal(
+        jax.random.key_data(restored.state["rng"]), jax.random.key_data(jax.random.key(step))
+    )
+
+
+def test_restored_unpacks_as_state_and_metadata(tmp_path):
+    _save_steps(tmp_path, [4])
+    with CheckpointManager(tmp_path) as mgr:
+        state, metadata = mgr.restore_latest(jax.eval_shape(lambda: _state(0)))
+    _assert_same(_state(4), state)
+    assert metadata == {"data_position": 40}
