@@ -1,0 +1,234 @@
+"""The rollout program: prefill + ``lax.while_loop`` decode in one jitted function.
+
+Prompts are left-padded to a bucketed length P (``make_prompts``), so prompts of similar lengths
+share one compiled program; the program depends only on (B, P, max_new_tokens, the static
+configs). Row b's prompt occupies cache slots ``P - len_b .. P - 1`` (the pad slots are written but
+invalid) and its real tokens have positions ``0 .. len_b - 1``, so a prompt gives the same tokens
+whatever its padding. Each response slot n of row b is written at cache slot ``P + n``.
+
+Continuous-batching hook: the decode state ``DecodeState`` is per row (next position, response
+length, done flag, own cache row via ``KVCache.lengths_B``/``valid_BS``). A finished row could be
+refilled by ``models.reset_rows`` + a one-row prefill into its cache row and resetting its
+``DecodeState`` entries; this function does not do that yet (it stops when all rows are done).
+
+The T = 1 decode step runs the model's own jnp ``attention`` over the cache (the model code has no
+hook for ``kernels_pallas.decode_attention`` yet); the dispatcher has the same contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp8rl_jax.generation.kv_scales import KVScales
+from fp8rl_jax.generation.sampling import SamplingConfig, sample
+from fp8rl_jax.models import ModelConfig, QKVAmax, forward, init_cache
+
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Prompts:
+    """Left-padded prompt token ids and their lengths."""
+
+    tokens_BP: jax.Array  # int32, pads (any id) on the left
+    lens_B: jax.Array  # int32, number of real tokens per row
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """Generated sequences (prompt + response) and the rollout log-probs of the sampled tokens."""
+
+    tokens_BT: jax.Array  # int32 [B, P + N]: left-padded prompt, then response (pad 0 after it)
+    response_mask_BT: jax.Array  # bool: response tokens (including a final stop token)
+    logp_BT: jax.Array  # f32: log q(token) under the processed distribution; 0 off the response
+    response_lens_B: jax.Array  # int32
+    prompt_lens_B: jax.Array  # int32
+    qkv_amax: QKVAmax  # per-layer Q/K/V amax over the prompts (prefill), for step-0 calibration
+    prompt_len: int = dataclasses.field(metadata=dict(static=True))  # P (padded)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+    """Per-row decode-loop state (the carry of the while loop)."""
+
+    step: jax.Array  # int32: loop iterations so far (also the RNG stream index)
+    last_B: jax.Array  # int32: last sampled token, input of the next step
+    pos_B: jax.Array  # int32: position of last_B
+    n_B: jax.Array  # int32: response length so far
+    done_B: jax.Array  # bool: stop token sampled or budget reached
+    out_BN: jax.Array  # int32 response tokens
+    logp_BN: jax.Array  # f32 their log-probs
+    cache: object  # models.KVCache
+
+
+def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
+    """Smallest bucket >= n (a multiple of the largest bucket beyond it)."""
+    for b in buckets:
+        if n <= b:
+            return b
+    top = buckets[-1]
+    return -(-n // top) * top
+
+
+def make_prompts(
+    token_lists: Sequence[Sequence[int]], *, pad_id: int = 0, buckets=DEFAULT_BUCKETS
+) -> Prompts:
+    """Left-pads token lists to ``bucket_length(max len)`` (host-side helper)."""
+    lens = [len(t) for t in token_lists]
+    if min(lens) < 1:
+        raise ValueError("make_prompts: every prompt needs at least one token")
+    p = bucket_length(max(lens), buckets)
+    arr = np.full((len(token_lists), p), pad_id, np.int32)
+    for i, t in enumerate(token_lists):
+        arr[i, p - len(t) :] = t
+    return Prompts(jnp.asarray(arr), jnp.asarray(lens, jnp.int32))
+
+
+def _static_scales(kv_scales, cfg, mode):
+    if mode != "static":
+        return None, None
+    if kv_scales is None:
+        raise ValueError(
+            "generate: a static FP8 KV cache needs kv_scales (calibrate_kv_scales); scales never "
+            "default to 1.0"
+        )
+    if isinstance(kv_scales, KVScales):
+        return kv_scales.k, kv_scales.v
+    return kv_scales["k"], kv_scales["v"]
+
+
+def _prefill(weights, prompts: Prompts, cfg, cache):
+    b, p = prompts.tokens_BP.shape
+    pad_B = p - prompts.lens_B
+    t = jnp.arange(p, dtype=jnp.int32)[None]
+    real_BP = t >= pad_B[:, None]
+    pos_BP = jnp.maximum(t - pad_B[:, None], 0)
+    out = forward(
+        weights,
+        prompts.tokens_BP,
+        cfg,
+        positions_BT=pos_BP,
+        segment_ids_BT=real_BP.astype(jnp.int32),
+        cache=cache,
+        return_qkv_amax=True,
+    )
+    return out.logits_BTV[:, -1], out.cache, out.qkv_amax
+
+
+def _record(state: DecodeState, tok_B, logp_B, stop_ids, max_new) -> DecodeState:
+    """Writes a sampled token at each live row's response slot and updates the done flags."""
+    live = ~state.done_B
+    rows = jnp.arange(tok_B.shape[0])
+    idx = jnp.where(live, state.n_B, max_new)  # out-of-bounds index: dropped for done rows
+    out = state.out_BN.at[rows, idx].set(tok_B, mode="drop")
+    logp = state.logp_BN.at[rows, idx].set(logp_B, mode="drop")
+    n_B = state.n_B + live
+    is_stop = jnp.isin(tok_B, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else False
+    done = state.done_B | (live & is_stop) | (n_B >= max_new)
+    return dataclasses.replace(
+        state, last_B=jnp.where(live, tok_B, state.last_B), out_BN=out, logp_BN=logp, n_B=n_B,
+        done_B=done,
+    )  # fmt: skip
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("cfg", "sampling", "cache_dtype", "mode", "max_new_tokens", "stop_ids"),
+)
+def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_dtype, mode,
+              max_new_tokens, stop_ids):  # fmt: skip
+    b, p = prompts.tokens_BP.shape
+    cache = init_cache(
+        cfg, b, p + max_new_tokens, dtype=cache_dtype, mode=mode, k_scale=k_scale, v_scale=v_scale
+    )
+    logits_BV, cache, amax = _prefill(weights, prompts, cfg, cache)
+    state = DecodeState(
+        step=jnp.zeros((), jnp.int32),
+        last_B=jnp.zeros((b,), jnp.int32),
+        pos_B=prompts.lens_B - 1,
+        n_B=jnp.zeros((b,), jnp.int32),
+        done_B=jnp.zeros((b,), bool),
+        out_BN=jnp.zeros((b, max_new_tokens), jnp.int32),
+        logp_BN=jnp.zeros((b, max_new_tokens), jnp.float32),
+        cache=cache,
+    )
+    tok, logp = sample(jax.random.fold_in(rng, 0), logits_BV, sampling)
+    state = _record(state, tok, logp, stop_ids, max_new_tokens)
+
+    def cond(s: DecodeState):
+        return (s.step < max_new_tokens - 1) & ~jnp.all(s.done_B)
+
+    def body(s: DecodeState):
+        pos_B = s.pos_B + 1
+        out = forward(
+            weights,
+            s.last_B[:, None],
+            cfg,
+            positions_BT=pos_B[:, None],
+            segment_ids_BT=(~s.done_B)[:, None].astype(jnp.int32),
+            cache=s.cache,
+        )
+        step = s.step + 1
+        tok, logp = sample(jax.random.fold_in(rng, step), out.logits_BTV[:, 0], sampling)
+        s = dataclasses.replace(s, step=step, pos_B=pos_B, cache=out.cache)
+        return _record(s, tok, logp, stop_ids, max_new_tokens)
+
+    state = jax.lax.while_loop(cond, body, state)
+    resp_BN = jnp.arange(max_new_tokens)[None] < state.n_B[:, None]
+    return Rollout(
+        tokens_BT=jnp.concatenate([prompts.tokens_BP, jnp.where(resp_BN, state.out_BN, 0)], 1),
+        response_mask_BT=jnp.concatenate([jnp.zeros((b, p), bool), resp_BN], 1),
+        logp_BT=jnp.concatenate([jnp.zeros((b, p)), jnp.where(resp_BN, state.logp_BN, 0.0)], 1),
+        response_lens_B=state.n_B,
+        prompt_lens_B=prompts.lens_B,
+        qkv_amax=amax,
+        prompt_len=p,
+    )
+
+
+def generate(
+    weights: dict,
+    prompts: Prompts | tuple[jax.Array, jax.Array],
+    cfg: ModelConfig,
+    sampling: SamplingConfig,
+    rng: jax.Array,
+    *,
+    kv_cache_dtype: str = "bfloat16",
+    kv_scale_mode: str = "static",
+    kv_scales: KVScales | None = None,
+    max_new_tokens: int,
+    stop_token_ids: Sequence[int] = (),
+) -> Rollout:
+    """Samples up to ``max_new_tokens`` per prompt; one compiled program per padded shape.
+
+    ``prompts``: a ``Prompts`` or ``(prompt_tokens_BP, prompt_lens_B)``, left-padded.
+    ``weights`` may hold QArray leaves (``quantize_params``): the linear layers then run W8A8.
+    ``kv_cache_dtype``: "bfloat16"/"float32" (no scales) or "float8_e4m3fn"/"float8_e5m2" with
+    ``kv_scale_mode`` "static" (``kv_scales`` required: ``KVScales`` or a dict with k, v [L, K])
+    or "dynamic" (a scale per cached vector). Generation of a row stops after a token in
+    ``stop_token_ids`` (kept in the response) or at the budget; the loop exits when all rows stop.
+    """
+    if not isinstance(prompts, Prompts):
+        prompts = Prompts(*(jnp.asarray(x, jnp.int32) for x in prompts))
+    if max_new_tokens < 1:
+        raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+    dtype = jnp.dtype(kv_cache_dtype)
+    is_fp8 = dtype.name.startswith("float8")
+    if is_fp8 and kv_scale_mode not in ("static", "dynamic"):
+        raise ValueError(f"generate: kv_scale_mode must be static|dynamic, got {kv_scale_mode!r}")
+    mode = kv_scale_mode if is_fp8 else "none"
+    k_scale, v_scale = _static_scales(kv_scales, cfg, mode)
+    stop_ids = tuple(int(t) for t in stop_token_ids)
+    return _generate(
+        weights, prompts, rng, k_scale, v_scale, cfg=cfg, sampling=sampling, cache_dtype=dtype,
+        mode=mode, max_new_tokens=int(max_new_tokens), stop_ids=stop_ids,
+    )  # fmt: skip

@@ -1,0 +1,13 @@
+"""Decode (single-query) attention over a BF16 or FP8 KV cache: jnp reference and Pallas kernels."""
+
+from kernels_pallas.decode_attention.api import decode_attention, default_impl
+from kernels_pallas.decode_attention.common import DecodeBlocks
+from kernels_pallas.decode_attention.reference import decode_attention_reference, dequantize_kv
+
+__all__ = [
+    "DecodeBlocks",
+    "decode_attention",
+    "decode_attention_reference",
+    "default_impl",
+    "dequantize_kv",
+]
