@@ -1,0 +1,134 @@
+"""The typed experiment: what a config file describes, as frozen dataclasses built once.
+
+``experiments/train.py`` turns the ``ml_collections.ConfigDict`` of a config file into an
+``Experiment`` here (validated, with errors naming the field); the library never sees a ConfigDict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from fp8rl_jax.models import ModelConfig
+from fp8rl_jax.rl.step import RLConfig, RolloutConfig
+from fp8rl_jax.train.optim import OptimConfig
+from fp8rl_jax.train.sft import SFTConfig
+
+ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A local HF checkpoint, or a tiny random model built from the fields below."""
+
+    hf_checkpoint: str = ""  # local HF directory (config.json + *.safetensors); "" = tiny model
+    architecture: str = "Qwen3ForCausalLM"  # tiny model: HF class it mimics
+    hidden_size: int = 64  # D
+    num_layers: int = 2  # L
+    num_heads: int = 4  # H
+    num_kv_heads: int = 2  # K
+    head_dim: int = 16  # C
+    intermediate_size: int = 256  # F (dense MLP)
+    num_experts: int = 0  # E (0 = dense; > 0 needs architecture Qwen3MoeForCausalLM)
+    num_experts_per_tok: int = 2  # MoE top-k
+    moe_intermediate_size: int = 64  # F of each expert
+    tie_word_embeddings: bool = True  # share embedding and lm_head
+    max_position_embeddings: int = 512  # RoPE table length
+
+    def __post_init__(self):
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(
+                f"model.architecture must be one of {ARCHITECTURES}, got {self.architecture!r}"
+            )
+        if self.hf_checkpoint and not os.path.isdir(self.hf_checkpoint):
+            raise ValueError(f"model.hf_checkpoint: no such directory {self.hf_checkpoint!r}")
+        if self.num_experts and self.architecture != "Qwen3MoeForCausalLM":
+            raise ValueError("model.num_experts > 0 needs architecture='Qwen3MoeForCausalLM'")
+
+    def tiny_config(self, vocab_size: int) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=vocab_size,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            max_position_embeddings=self.max_position_embeddings,
+            tie_word_embeddings=self.tie_word_embeddings,
+            qk_norm=self.architecture.startswith("Qwen3"),
+            qkv_bias=self.architecture == "Qwen2ForCausalLM",
+            num_experts=self.num_experts,
+            num_experts_per_tok=self.num_experts_per_tok if self.num_experts else 0,
+            moe_intermediate_size=self.moe_intermediate_size if self.num_experts else 0,
+            architecture=self.architecture,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """Which verifiable task the policy is trained on."""
+
+    name: str = "addition"  # a built-in task (fp8rl_jax.tasks.TASKS) or "math" (JSONL file)
+    digits: int = 2  # arithmetic tasks: operand digits
+    seed: int = 0  # problem generator seed
+    format_reward: float = 0.0  # reward for a well-formed but wrong answer
+    jsonl_path: str = ""  # math task: local JSONL file
+    tokenizer_path: str = ""  # HF tokenizer dir (with an HF checkpoint); "" = character tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """The host loop: how long, how much per step, and what is written where."""
+
+    run_dir: str = "runs/default"  # outputs: config, metrics, TensorBoard, checkpoints, plots
+    seed: int = 0  # model init, rollout sampling and shuffling
+    steps: int = 50  # RL steps
+    prompts_per_step: int = 16  # distinct prompts per step (x group_size responses)
+    eval_every: int = 10  # greedy held-out accuracy every N steps (0 = only at the end)
+    eval_size: int = 128  # held-out problems per evaluation
+    checkpoint_every: int = 10  # steps between checkpoints (0 = only at the end)
+    keep_checkpoints: int = 3  # newest checkpoints kept
+    max_nonfinite_skips: int = 5  # stop when more updates than this were skipped as non-finite
+    plots: bool = True  # write PNG plots at the end
+
+    def __post_init__(self):
+        for name in ("steps", "prompts_per_step", "eval_size", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "checkpoint_every", "max_nonfinite_skips"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """Everything one run needs, validated."""
+
+    model: ModelSpec = ModelSpec()
+    task: TaskSpec = TaskSpec()
+    sft: SFTConfig = SFTConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    rl: RLConfig = RLConfig()
+    optim: OptimConfig = OptimConfig()
+    trainer: TrainerConfig = TrainerConfig()
+
+
+def experiment_from_config(config) -> Experiment:
+    """Validated ``Experiment`` from a ConfigDict (or mapping); errors name the field path."""
+    from fp8rl_jax.train.config import ConfigError, from_config_dict
+
+    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    rollout = dict(raw.get("rollout", {}))
+    quant = dict(rollout.get("quant", {}))
+    enabled = quant.pop("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"config.rollout.quant.enabled: expected a bool, got {enabled!r}")
+    rollout["quant"] = quant if enabled else None
+    raw["rollout"] = rollout
+    return from_config_dict(Experiment, raw, "config")

@@ -1,0 +1,49 @@
+"""Builds the task, tokenizer, model config and initial weights of an experiment."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from fp8rl_jax.models import ModelConfig, init_weights, load_hf_checkpoint, load_tokenizer
+from fp8rl_jax.tasks import CharTokenizer, MathJsonlDataset, get_task, make_chat_prompt_fn
+from fp8rl_jax.train.experiment import ModelSpec, TaskSpec
+
+
+def build_task(spec: TaskSpec):
+    """``(task, tokenizer)``: a built-in task with the character tokenizer, or JSONL math + HF."""
+    if spec.name == "math":
+        if not spec.jsonl_path or not spec.tokenizer_path:
+            raise ValueError("task.name='math' needs task.jsonl_path and task.tokenizer_path")
+        tokenizer = load_tokenizer(spec.tokenizer_path)
+        task = get_task(
+            "math",
+            train=MathJsonlDataset(spec.jsonl_path),
+            prompt_fn=make_chat_prompt_fn(tokenizer),
+            format_reward=spec.format_reward,
+        )
+        return task, tokenizer
+    kwargs = {"seed": spec.seed, "format_reward": spec.format_reward}
+    if spec.name in ("addition", "multiplication"):
+        kwargs["digits"] = spec.digits
+    tokenizer = load_tokenizer(spec.tokenizer_path) if spec.tokenizer_path else CharTokenizer()
+    return get_task(spec.name, **kwargs), tokenizer
+
+
+def build_model(spec: ModelSpec, tokenizer, rng) -> tuple[ModelConfig, dict]:
+    """An HF checkpoint (its config wins) or a tiny random model sized to the tokenizer."""
+    if spec.hf_checkpoint:
+        cfg, weights = load_hf_checkpoint(spec.hf_checkpoint, dtype=jnp.float32)
+        if tokenizer.vocab_size > cfg.vocab_size:
+            raise ValueError(
+                f"tokenizer vocab {tokenizer.vocab_size} exceeds the model's {cfg.vocab_size}"
+            )
+        return cfg, weights
+    cfg = spec.tiny_config(tokenizer.vocab_size)
+    weights = init_weights(cfg, rng, jnp.float32)
+    # init_weights draws the embedding with std 1 (HF-parity tests); for training from scratch
+    # std 1/sqrt(D) keeps the initial (tied) logits O(1), so SFT starts near log(V) loss.
+    weights["embed"] = weights["embed"] / cfg.hidden_size**0.5
+    return cfg, weights
+
+
+__all__ = ["build_model", "build_task"]

@@ -1,0 +1,265 @@
+"""The host loop: SFT warm start, then RL steps with FP8 rollouts, eval, checkpoints, logs, plots.
+
+Each RL step is two compiled programs (``fp8rl_jax.rl.step``): the rollout program (FP8 weight
+sync, generation, BF16 scoring, rollout correction), then string rewards on the host, then the
+train program. The loop dispatches the train program of step t before it reads step t-1's metrics,
+so logging overlaps device work. Data of step t depends only on t, and the RNG lives in the
+state, so a resumed run reproduces an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp8rl_jax.generation import Prompts, SamplingConfig, generate
+from fp8rl_jax.quant import quantize_params
+from fp8rl_jax.rl.step import (
+    TrainState,
+    calibrate_initial_kv_scales,
+    cast_floats,
+    init_train_state,
+    make_rollout_step,
+    make_train_step,
+)
+from fp8rl_jax.tasks import make_demonstration_batch, make_prompt_batch, score_completions
+from fp8rl_jax.train.checkpoint import CheckpointManager
+from fp8rl_jax.train.experiment import Experiment
+from fp8rl_jax.train.logging import MetricsLogger
+from fp8rl_jax.train.optim import make_optimizer
+from fp8rl_jax.train.setup import build_model, build_task
+from fp8rl_jax.train.sft import sft_warm_start
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteError(RuntimeError):
+    """Too many updates were skipped because the loss or gradient was NaN/Inf."""
+
+
+def _prompts(batch) -> Prompts:
+    return Prompts(jnp.asarray(batch.tokens_BP), jnp.asarray(batch.lens_B))
+
+
+def _completions(tokenizer, tokens_BT: np.ndarray, prompt_len: int) -> list[str]:
+    return [tokenizer.decode(row[prompt_len:]) for row in tokens_BT]
+
+
+@dataclasses.dataclass
+class _Run:
+    """What the loop carries besides the device state."""
+
+    exp: Experiment
+    task: object
+    tokenizer: object
+    model_cfg: object
+    prompt_len: int
+
+
+def make_eval_fn(run: _Run):
+    """Greedy held-out accuracy of the policy as the rollout engine runs it (same precision)."""
+    rc = run.exp.rollout
+    greedy = SamplingConfig(temperature=0.0)
+
+    @jax.jit
+    def eval_generate(params, prompts, kv_scales):
+        p = quantize_params(cast_floats(params, rc.compute_dtype), rc.quant)
+        return generate(
+            p,
+            prompts,
+            run.model_cfg,
+            greedy,
+            jax.random.key(0),
+            kv_cache_dtype=rc.kv_cache_dtype,
+            kv_scale_mode=rc.kv_scale_mode,
+            kv_scales=kv_scales if rc.static_kv_scales else None,
+            max_new_tokens=rc.max_new_tokens,
+            stop_token_ids=rc.stop_token_ids,
+        ).tokens_BT
+
+    def evaluate(state: TrainState) -> float:
+        n = run.exp.trainer.eval_size
+        batch = make_prompt_batch(
+            run.task, run.tokenizer, range(n), 1, run.prompt_len, split="eval"
+        )
+        tokens = np.asarray(eval_generate(state.params, _prompts(batch), state.kv_scales))
+        _, acc = score_completions(
+            run.task, batch.examples, _completions(run.tokenizer, tokens, run.prompt_len)
+        )
+        return float(acc)
+
+    return evaluate
+
+
+def _initial_state(run: _Run, params, optimizer, rng) -> TrainState:
+    exp = run.exp
+
+    def demo_batch(i):
+        n = exp.sft.batch_size
+        return make_demonstration_batch(
+            run.task,
+            run.tokenizer,
+            range(i * n, (i + 1) * n),
+            run.prompt_len,
+            exp.rollout.max_new_tokens,
+        )
+
+    if exp.sft.steps:
+        t0 = time.perf_counter()
+        params, losses = sft_warm_start(params, run.model_cfg, exp.sft, demo_batch)
+        print(
+            f"SFT warm start: {exp.sft.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f} "
+            f"({time.perf_counter() - t0:.1f} s)"
+        )
+    first = make_prompt_batch(
+        run.task,
+        run.tokenizer,
+        range(exp.trainer.prompts_per_step),
+        exp.rl.group_size,
+        run.prompt_len,
+    )
+    kv_scales = calibrate_initial_kv_scales(params, _prompts(first), run.model_cfg, exp.rollout)
+    return init_train_state(params, optimizer, rng, kv_scales)
+
+
+def train(exp: Experiment, *, progress: bool = True) -> dict:
+    """Runs (or resumes) the experiment; returns the final summary (also in run_dir/summary.json)."""
+    from tqdm.auto import tqdm
+
+    tc = exp.trainer
+    os.makedirs(tc.run_dir, exist_ok=True)
+    task, tokenizer = build_task(exp.task)
+    model_cfg, params = build_model(exp.model, tokenizer, jax.random.key(tc.seed))
+    prompt_len = (
+        max(
+            len(tokenizer.encode(task.sample(i, s).prompt)) + 1
+            for s in ("train", "eval")
+            for i in range(64)
+        )
+        + 2
+    )
+    run = _Run(exp, task, tokenizer, model_cfg, prompt_len)
+    optimizer = make_optimizer(exp.optim)
+    ckpt = CheckpointManager(
+        os.path.join(tc.run_dir, "checkpoints"), max_to_keep=tc.keep_checkpoints
+    )
+
+    rng = jax.random.key(tc.seed + 1)
+    abstract = jax.eval_shape(
+        lambda: init_train_state(params, optimizer, rng, _abstract_kv_scales(run, params))
+    )
+    restored = ckpt.restore_latest(abstract)
+    if restored is not None:
+        state, meta = restored
+        print(f"resumed from {ckpt.directory} at step {int(state.step)}")
+    else:
+        state = _initial_state(run, params, optimizer, rng)
+    start = int(state.step)
+    logger = MetricsLogger(tc.run_dir, resume_step=start)
+    rollout_step = make_rollout_step(model_cfg, exp.rollout, exp.rl)
+    train_step = make_train_step(model_cfg, exp.rollout, exp.rl, optimizer)
+    evaluate = make_eval_fn(run)
+
+    eval_acc = None
+    if start == 0:
+        eval_acc = evaluate(state)
+        logger.log(0, {"eval_accuracy": eval_acc})
+    bar = tqdm(
+        range(start, tc.steps),
+        initial=start,
+        total=tc.steps,
+        disable=not progress,
+        desc="GRPO",
+        unit="step",
+    )
+    pending = None
+    for step in bar:
+        batch = make_prompt_batch(
+            task,
+            tokenizer,
+            range(step * tc.prompts_per_step, (step + 1) * tc.prompts_per_step),
+            exp.rl.group_size,
+            prompt_len,
+        )
+        jax.block_until_ready(state.step)  # so rollout_time measures the rollout alone
+        t0 = time.perf_counter()
+        rollout = rollout_step(state, _prompts(batch))
+        tokens = np.asarray(rollout.tokens_BT)
+        rollout_time = time.perf_counter() - t0
+        rewards, acc = score_completions(
+            task, batch.examples, _completions(tokenizer, tokens, prompt_len)
+        )
+        state, train_metrics = train_step(state, rollout, jnp.asarray(rewards, jnp.float32))
+        if pending is not None:  # read step t-1 while step t's update runs
+            eval_acc = _flush(logger, bar, pending, eval_acc)
+        pending = (step + 1, rollout.metrics, train_metrics, float(acc), rollout_time)
+        if int(train_metrics["nonfinite_skips"]) > tc.max_nonfinite_skips:
+            _flush(logger, bar, pending, eval_acc)
+            raise NonFiniteError(
+                f"{int(train_metrics['nonfinite_skips'])} updates skipped for a non-finite loss or "
+                f"gradient (limit trainer.max_nonfinite_skips={tc.max_nonfinite_skips}); see "
+                f"{logger.path}"
+            )
+        done = step + 1
+        if (tc.eval_every and done % tc.eval_every == 0) or done == tc.steps:
+            eval_acc = evaluate(state)
+            pending[1]["eval_accuracy"] = eval_acc  # logged with this step
+        if (tc.checkpoint_every and done % tc.checkpoint_every == 0) or done == tc.steps:
+            ckpt.save(done, state, {"step": done})
+    if pending is not None:
+        _flush(logger, bar, pending, eval_acc)
+    ckpt.wait_until_finished()
+    logger.close()
+    summary = _summary(tc.run_dir, logger.path)
+    if tc.plots:
+        from fp8rl_jax.train.plots import plot_run
+
+        plot_run(tc.run_dir)
+    return summary
+
+
+def _abstract_kv_scales(run: _Run, params):
+    if not run.exp.rollout.static_kv_scales:
+        return None
+    first = make_prompt_batch(run.task, run.tokenizer, range(1), 1, run.prompt_len)
+    return jax.eval_shape(
+        lambda p: calibrate_initial_kv_scales(p, _prompts(first), run.model_cfg, run.exp.rollout),
+        params,
+    )
+
+
+def _flush(logger, bar, pending, eval_acc):
+    step, rollout_metrics, train_metrics, acc, rollout_time = pending
+    row = {k: float(v) for k, v in {**rollout_metrics, **train_metrics}.items()}
+    row.update(train_accuracy=acc, rollout_time_s=rollout_time)
+    logger.log(step, row)
+    eval_acc = row.get("eval_accuracy", eval_acc)
+    bar.set_postfix(
+        reward=f"{row['reward_mean']:.2f}",
+        acc=f"{acc:.2f}",
+        eval=f"{eval_acc:.2f}" if eval_acc is not None else "-",
+        kl=f"{row['kl']:.1e}",
+    )
+    return eval_acc
+
+
+def _summary(run_dir: str, metrics_path: str) -> dict:
+    rows = [json.loads(line) for line in open(metrics_path)]
+    evals = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
+    summary = {
+        "run_dir": os.path.abspath(run_dir),
+        "steps": max((r["step"] for r in rows), default=0),
+        "eval_accuracy_first": evals[0][1] if evals else None,
+        "eval_accuracy_last": evals[-1][1] if evals else None,
+        "eval_accuracy": evals,
+    }
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
