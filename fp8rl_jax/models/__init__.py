@@ -1,1 +1,33 @@
-"""fp8rl_jax.models."""
+"""Decoder-only transformers (Llama, Qwen2, Qwen3, Qwen3-MoE) as functions over a weights pytree."""
+
+from fp8rl_jax.models.attention import attention
+from fp8rl_jax.models.config import ModelConfig, RopeConfig
+from fp8rl_jax.models.hf_io import CheckpointError, load_hf_checkpoint, save_hf_checkpoint
+from fp8rl_jax.models.kv_cache import KVCache, init_cache, reset_rows
+from fp8rl_jax.models.moe import moe_mlp, moe_mlp_dense_reference
+from fp8rl_jax.models.tokenizer import Tokenizer, load_tokenizer
+from fp8rl_jax.models.transformer import ForwardOut, QKVAmax, forward
+from fp8rl_jax.models.weights import init_weights, logical_axes, param_specs, weight_shapes
+
+__all__ = [
+    "CheckpointError",
+    "ForwardOut",
+    "KVCache",
+    "ModelConfig",
+    "QKVAmax",
+    "RopeConfig",
+    "Tokenizer",
+    "attention",
+    "forward",
+    "init_cache",
+    "init_weights",
+    "load_hf_checkpoint",
+    "load_tokenizer",
+    "logical_axes",
+    "moe_mlp",
+    "moe_mlp_dense_reference",
+    "param_specs",
+    "reset_rows",
+    "save_hf_checkpoint",
+    "weight_shapes",
+]

@@ -1,0 +1,104 @@
+"""Grouped-query attention: Q/K/V projections (bias, QK-norm, RoPE) and the attention math."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fp8rl_jax.models.config import ModelConfig
+from fp8rl_jax.models.kv_cache import dequantize_kv
+from fp8rl_jax.models.layers import linear, rms_norm
+from fp8rl_jax.models.rope import apply_rope
+from kernels_pallas.quantize import saturating_cast
+
+_MASKED = float(jnp.finfo(jnp.float32).min)  # finite: a fully masked row stays NaN-free
+
+
+def project_qkv(p: dict, x_BTD: jax.Array, cos_BTC, sin_BTC, cfg: ModelConfig):
+    """q [B, T, H, C], k and v [B, T, K, C]: projections, bias, QK-norm, then RoPE (as HF)."""
+    B, T, _ = x_BTD.shape
+    H, K, C = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    q = linear(x_BTD, p["wq"], p.get("q_bias")).reshape(B, T, H, C)
+    k = linear(x_BTD, p["wk"], p.get("k_bias")).reshape(B, T, K, C)
+    v = linear(x_BTD, p["wv"], p.get("v_bias")).reshape(B, T, K, C)
+    if cfg.qk_norm:
+        q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+    return apply_rope(q, cos_BTC, sin_BTC), apply_rope(k, cos_BTC, sin_BTC), v
+
+
+def fake_quantize_q(q_BTHC: jax.Array, q_scale_K: jax.Array, dtype=jnp.float8_e4m3fn):
+    """Emulated FP8 attention input: ``cast_e4m3(q / s_k) · s_k``, one static scale per KV group."""
+    B, T, H, C = q_BTHC.shape
+    K = q_scale_K.shape[0]
+    s = q_scale_K[:, None, None]  # broadcast over the group's heads and head_dim
+    q = q_BTHC.astype(jnp.float32).reshape(B, T, K, H // K, C)
+    q = saturating_cast(q / s, dtype).astype(jnp.float32) * s
+    return q.reshape(B, T, H, C).astype(q_BTHC.dtype)
+
+
+def attention(
+    q_BTHC: jax.Array,
+    k_BSKC: jax.Array,
+    v_BSKC: jax.Array,
+    mask_BTS: jax.Array,
+    *,
+    sm_scale: float,
+    mode: str = "none",
+    k_scale=None,
+    v_scale=None,
+) -> jax.Array:
+    """``softmax(q kᵀ · sm_scale + mask) v`` with GQA; K/V may be an FP8 cache (``x̂ · s``).
+
+    Query head ``h`` reads KV head ``h // (H / K)``. FP8 K/V are dequantized in f32 (``mode``
+    static: ``k_scale`` [K]; dynamic: [B, S, K]); scores and softmax are f32. The decode path
+    (T = 1 over a cache) has the same contract as ``kernels_pallas.decode_attention`` with
+    ``valid_BS`` as the mask.
+    """
+    B, T, H, C = q_BTHC.shape
+    K = k_BSKC.shape[2]
+    k = dequantize_kv(k_BSKC, mode, k_scale) if mode != "none" else k_BSKC
+    v = dequantize_kv(v_BSKC, mode, v_scale) if mode != "none" else v_BSKC
+    dt = jnp.promote_types(q_BTHC.dtype, k.dtype)
+    prec = jax.lax.Precision.HIGHEST if dt == jnp.float32 else None
+    q = q_BTHC.reshape(B, T, K, H // K, C).astype(dt)
+    s = jnp.einsum(
+        "btkgc,bskc->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32, precision=prec
+    )
+    s = jnp.where(mask_BTS[:, None, None], s * sm_scale, _MASKED)
+    p = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum(
+        "bkgts,bskc->btkgc",
+        p.astype(dt),
+        v.astype(dt),
+        preferred_element_type=jnp.float32,
+        precision=prec,
+    )
+    return o.reshape(B, T, H, C).astype(q_BTHC.dtype)
+
+
+def causal_segment_mask(segment_ids_BT: jax.Array) -> jax.Array:
+    """[B, T, T]: key ≤ query, same segment, key not padding (segment 0)."""
+    T = segment_ids_BT.shape[1]
+    causal = jnp.tril(jnp.ones((T, T), bool))
+    same = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
+    return causal[None] & same & (segment_ids_BT[:, None, :] != 0)
+
+
+def cache_mask(valid_BS: jax.Array, slots_BT: jax.Array) -> jax.Array:
+    """[B, T, S]: key slot holds a real token and is not after the query's slot."""
+    S = valid_BS.shape[1]
+    return valid_BS[:, None, :] & (jnp.arange(S)[None, None, :] <= slots_BT[:, :, None])
+
+
+def qkv_amax(q_BTHC, k_BTKC, v_BTKC, valid_BT) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """max |x| over valid tokens: q per KV-head group [K], k and v per KV head [K] (f32)."""
+    B, T, H, C = q_BTHC.shape
+    K = k_BTKC.shape[2]
+    m = valid_BT[:, :, None, None]
+
+    def amax(x, axes):
+        return jnp.max(jnp.where(m, jnp.abs(x.astype(jnp.float32)), 0.0), axis=axes)
+
+    q_K = jnp.max(amax(q_BTHC, (0, 1)).reshape(K, H // K, C), axis=(1, 2))
+    return q_K, jnp.max(amax(k_BTKC, (0, 1)), -1), jnp.max(amax(v_BTKC, (0, 1)), -1)

@@ -1,0 +1,29 @@
+"""Building blocks: RMSNorm, SwiGLU MLP, biased linear (Array or QArray weights)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fp8rl_jax.quant import matmul
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """``w · x / sqrt(mean(x²) + eps)`` (Zhang & Sennrich 2019), f32 math, HF cast order.
+
+    As in HF, the normalized activations are cast back to ``x``'s dtype before the weight multiply.
+    """
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (w * normed.astype(x.dtype)).astype(x.dtype)
+
+
+def linear(x: jax.Array, w, bias: jax.Array | None = None) -> jax.Array:
+    """``x @ w (+ bias)`` in ``x``'s dtype; ``w`` may be a QArray (blockwise W8A8)."""
+    y = matmul(x, w)
+    return y if bias is None else y + bias.astype(y.dtype)
+
+
+def swiglu_mlp(p: dict, x: jax.Array) -> jax.Array:
+    """``W_down (silu(x W_gate) ⊙ x W_up)`` (Shazeer 2020, arXiv 2002.05202)."""
+    return linear(jax.nn.silu(linear(x, p["w_gate"])) * linear(x, p["w_up"]), p["w_down"])

@@ -1,0 +1,167 @@
+"""The decoder forward pass: plain functions over the weights pytree (Array or QArray leaves)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from fp8rl_jax.models import kv_cache as kvc
+from fp8rl_jax.models.attention import (
+    attention,
+    cache_mask,
+    causal_segment_mask,
+    fake_quantize_q,
+    project_qkv,
+    qkv_amax,
+)
+from fp8rl_jax.models.config import ModelConfig
+from fp8rl_jax.models.layers import linear, rms_norm, swiglu_mlp
+from fp8rl_jax.models.moe import load_balancing_loss, moe_mlp
+from fp8rl_jax.models.rope import rope_cos_sin
+from kernels_pallas.decode_attention import decode_attention
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class QKVAmax:
+    """Per-layer max |x| of Q, K, V after QK-norm and RoPE, over valid (non-pad) tokens (f32)."""
+
+    q_LK: jax.Array  # Q per layer and KV-head group (the H/K query heads sharing KV head k)
+    k_LK: jax.Array  # K per layer and KV head
+    v_LK: jax.Array  # V per layer and KV head
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ForwardOut:
+    """What ``forward`` returns; optional parts are None unless asked for."""
+
+    logits_BTV: jax.Array  # float32
+    cache: kvc.KVCache | None = None  # updated cache (when one was passed in)
+    qkv_amax: QKVAmax | None = None  # when return_qkv_amax=True
+    aux_loss: jax.Array | None = None  # MoE load-balancing loss (unscaled), 0 for dense models
+    hidden_BTD: jax.Array | None = None  # final-norm hidden states, when return_hidden=True
+
+
+def _lm_head(weights: dict, h_BTD: jax.Array, cfg: ModelConfig) -> jax.Array:
+    if cfg.tie_word_embeddings:
+        emb = weights["embed"]
+        prec = jax.lax.Precision.HIGHEST if emb.dtype == jnp.float32 else None
+        return jnp.einsum(
+            "btd,vd->btv", h_BTD, emb, preferred_element_type=jnp.float32, precision=prec
+        )
+    return linear(h_BTD, weights["lm_head"]).astype(jnp.float32)
+
+
+def _attention_layer(p, h_BTD, layer, ctx):
+    """Self-attention of one layer; returns (output [B, T, D], amax triple, cache writes)."""
+    cfg, cache = ctx["cfg"], ctx["cache"]
+    B, T, _ = h_BTD.shape
+    q, k, v = project_qkv(p, h_BTD, ctx["cos"], ctx["sin"], cfg)
+    amax = qkv_amax(q, k, v, ctx["valid_BT"]) if ctx["want_amax"] else None
+    sm_scale = cfg.head_dim**-0.5
+    if cache is None:
+        o = attention(q, k, v, ctx["mask"], sm_scale=sm_scale)
+        writes = None
+    else:
+        if cache.q_scale is not None:
+            q = fake_quantize_q(q, cache.q_scale[layer])
+        writes = kvc.write_layer(cache, layer, k, v, ctx["slots_BT"])
+        k_c, v_c, ks, vs = writes
+        if ctx["decode_impl"] is not None and T == 1:
+            # For one query per row, the slot mask [B, 1, S] is exactly the kernel's valid_BS.
+            o = decode_attention(
+                q[:, 0], k_c, v_c, ctx["mask"][:, 0], k_scale=ks, v_scale=vs, sm_scale=sm_scale,
+                impl=ctx["decode_impl"],
+            )[:, None]  # fmt: skip
+        else:
+            o = attention(
+                q, k_c, v_c, ctx["mask"], sm_scale=sm_scale, mode=cache.mode, k_scale=ks, v_scale=vs
+            )
+    o = linear(o.reshape(B, T, cfg.num_heads * cfg.head_dim), p["wo"], p.get("o_bias"))
+    return o, amax, writes
+
+
+def _context(
+    weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, want_amax, decode_impl=None
+):
+    B, T = tokens_BT.shape
+    seg = jnp.ones((B, T), jnp.int32) if segment_ids_BT is None else segment_ids_BT
+    valid_BT = seg != 0
+    ctx = dict(cfg=cfg, cache=cache, valid_BT=valid_BT, want_amax=want_amax)
+    ctx["decode_impl"] = decode_impl
+    if cache is None:
+        ctx["mask"] = causal_segment_mask(seg)
+        default_pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    else:
+        slots = cache.lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)
+        ctx["slots_BT"] = slots
+        valid_after = kvc.scatter_slots(cache.valid_BS, valid_BT, slots)
+        ctx["mask"] = cache_mask(valid_after, slots)
+        default_pos = slots
+    pos = default_pos if positions_BT is None else positions_BT
+    dtype = weights["embed"].dtype
+    ctx["cos"], ctx["sin"] = rope_cos_sin(pos, cfg.rope, cfg.head_dim, dtype)
+    return ctx
+
+
+def forward(
+    weights: dict,
+    tokens_BT: jax.Array,
+    cfg: ModelConfig,
+    *,
+    positions_BT: jax.Array | None = None,
+    segment_ids_BT: jax.Array | None = None,
+    cache: kvc.KVCache | None = None,
+    return_qkv_amax: bool = False,
+    return_hidden: bool = False,
+    decode_impl: str | None = None,
+) -> ForwardOut:
+    """Causal LM forward; returns a ``ForwardOut`` (logits f32, cache, Q/K/V amax, aux loss).
+
+    ``segment_ids_BT``: 0 marks padding; without a cache tokens attend within their segment
+    (packing), causally by index. ``positions_BT`` default: ``arange(T)`` (no cache) or the write
+    slots ``lengths_B + arange(T)`` (with cache). With a cache the T tokens of row b are written at
+    slots ``lengths_B[b] + arange(T)`` (pad tokens written but invalid) and attend over the valid
+    slots up to their own; the returned cache has ``lengths_B + T``. The compute dtype is that of
+    ``weights["embed"]``; norms, softmax and router run in f32. ``decode_impl`` (None, "auto",
+    "xla", "pallas_mosaic_gpu", "pallas_tpu"): one-token steps over a cache run
+    ``kernels_pallas.decode_attention`` with that impl instead of the jnp ``attention``.
+    """
+    ctx = _context(
+        weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, return_qkv_amax, decode_impl
+    )
+    x = weights["embed"][tokens_BT]
+    amaxes, writes, router = [], [], []
+    for i, p in enumerate(weights["layers"]):
+        h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+        o, amax, w = _attention_layer(p["attn"], h, i, ctx)
+        x = x + o
+        amaxes.append(amax)
+        writes.append(w)
+        h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+        if cfg.is_moe_layer(i):
+            y, stats = moe_mlp(p["mlp"], h, ctx["valid_BT"], cfg)
+            router.append(stats)
+        else:
+            y = swiglu_mlp(p["mlp"], h)
+        x = x + y
+    h = rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
+    new_cache = None
+    if cache is not None:
+        new_k, new_v, new_ks, new_vs = (list(c) for c in zip(*writes, strict=True))
+        new_cache = kvc.advance(
+            cache, new_k, new_v, new_ks, new_vs, ctx["slots_BT"], ctx["valid_BT"]
+        )
+    stats = None
+    if return_qkv_amax:
+        stats = QKVAmax(*(jnp.stack(a) for a in zip(*amaxes, strict=True)))
+    return ForwardOut(
+        logits_BTV=_lm_head(weights, h, cfg),
+        cache=new_cache,
+        qkv_amax=stats,
+        aux_loss=load_balancing_loss(router, cfg.num_experts),
+        hidden_BTD=h if return_hidden else None,
+    )
