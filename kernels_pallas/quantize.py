@@ -1,4 +1,4 @@
-"""Blockwise FP8 quantization (pure jnp): the reference every kernel's fused quantization matches."""
+"""Blockwise FP8 quantization in pure jnp: the reference for every kernel's fused quantization."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def block_amax(x: jax.Array, block_shape: tuple[int, ...]) -> jax.Array:
 
 
 def amax_to_scale(amax: jax.Array, dtype, pow2_scales: bool = False) -> jax.Array:
-    """``s = max(amax, tiny) / fp8_max``; with ``pow2_scales`` rounded up to a power of two (UE8M0)."""
+    """``s = max(amax, tiny) / fp8_max``; ``pow2_scales`` rounds up to a power of two (UE8M0)."""
     s = jnp.maximum(amax.astype(jnp.float32), SCALE_TINY) / fp8_max(dtype)
     if pow2_scales:
         s = jnp.exp2(jnp.ceil(jnp.log2(s)))

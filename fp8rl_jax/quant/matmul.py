@@ -1,4 +1,4 @@
-"""One matmul for BF16 and FP8 weights, so model code does not change when the policy is quantized."""
+"""One matmul for BF16 and FP8 weights: model code stays the same when the policy is quantized."""
 
 from __future__ import annotations
 

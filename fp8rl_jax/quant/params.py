@@ -22,7 +22,7 @@ class QuantStats:
 
     nonfinite: jax.Array  # number of NaN/Inf entries in the weights that were quantized
     n_quantized: int = dataclasses.field(metadata=dict(static=True))  # leaves turned into QArray
-    n_kept: int = dataclasses.field(metadata=dict(static=True))  # weight matrices kept high precision
+    n_kept: int = dataclasses.field(metadata=dict(static=True))  # matrices kept high precision
 
 
 def path_str(path) -> str:

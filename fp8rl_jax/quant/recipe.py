@@ -26,7 +26,9 @@ class QuantRecipe:
     def __post_init__(self):
         fp8_dtype(self.dtype)
         if len(self.weight_block) != 2 or min(self.weight_block) <= 0:
-            raise ValueError(f"QuantRecipe.weight_block must be two positive ints, got {self.weight_block}")
+            raise ValueError(
+                f"QuantRecipe.weight_block must be two positive ints, got {self.weight_block}"
+            )
         if self.act_group <= 0:
             raise ValueError(f"QuantRecipe.act_group must be positive, got {self.act_group}")
         if not self.per_tensor and self.act_group != self.weight_block[0]:

@@ -265,7 +265,7 @@ def make_train_step(
     rl_cfg: RLConfig,
     optimizer: optax.GradientTransformation,
 ) -> Callable[[TrainState, RolloutBatch, jax.Array], tuple[TrainState, dict]]:
-    """Returns ``train_step(state, batch, rewards_B) -> (state', metrics)``, jitted, state donated."""
+    """``train_step(state, batch, rewards_B) -> (state', metrics)``, jitted, state donated."""
     compute_dtype = jnp.dtype(rollout_cfg.compute_dtype)
     n_mb, n_acc = rl_cfg.num_minibatches, rl_cfg.grad_accum
 

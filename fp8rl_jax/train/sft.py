@@ -49,7 +49,7 @@ def demo_sequences(batch: DemonstrationBatch):
 def make_sft_step(
     model_cfg: ModelConfig, cfg: SFTConfig
 ) -> tuple[optax.GradientTransformation, Callable]:
-    """Returns ``(optimizer, step(params, opt_state, tokens, seg, pos, target) -> (p, o, loss))``."""
+    """``(optimizer, step(params, opt_state, tokens, seg, pos, target) -> (p, o, loss))``."""
     optimizer = make_optimizer(cfg.optim)
 
     def loss_fn(params, tokens_BT, seg_BT, pos_BT, target_BT):

@@ -130,7 +130,7 @@ def _initial_state(run: _Run, params, optimizer, rng) -> TrainState:
 
 
 def train(exp: Experiment, *, progress: bool = True) -> dict:
-    """Runs (or resumes) the experiment; returns the final summary (also in run_dir/summary.json)."""
+    """Runs (or resumes) the experiment; returns the summary (also in run_dir/summary.json)."""
     from tqdm.auto import tqdm
 
     tc = exp.trainer
@@ -251,7 +251,8 @@ def _flush(logger, bar, pending, eval_acc):
 
 
 def _summary(run_dir: str, metrics_path: str) -> dict:
-    rows = [json.loads(line) for line in open(metrics_path)]
+    with open(metrics_path) as f:
+        rows = [json.loads(line) for line in f]
     evals = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
     summary = {
         "run_dir": os.path.abspath(run_dir),
