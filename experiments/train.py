@@ -21,11 +21,15 @@ def main(argv):
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save at INFO
+    from fp8rl_jax.train.config import ConfigError
     from fp8rl_jax.train.experiment import experiment_from_config
     from fp8rl_jax.train.logging import write_resolved_config
     from fp8rl_jax.train.trainer import train
 
-    exp = experiment_from_config(_CONFIG.value)
+    try:
+        exp = experiment_from_config(_CONFIG.value)
+    except ConfigError as e:
+        raise app.UsageError(str(e)) from None
     write_resolved_config(exp.trainer.run_dir, _CONFIG.value)
     summary = train(exp)
     print(

@@ -33,6 +33,10 @@ def get_config() -> config_dict.ConfigDict:
     t.seed = 0  # problem generator seed
     t.format_reward = 0.0  # reward for a well-formed wrong answer
     t.jsonl_path = ""  # math: local JSONL file
+    t.eval_jsonl_path = ""  # math: held-out JSONL; "" = hold out eval_fraction of jsonl_path
+    t.eval_fraction = 0.1
+    t.question_key = "question"  # math: JSONL field names
+    t.answer_key = "answer"
     t.tokenizer_path = ""  # HF tokenizer dir; "" = character tokenizer
 
     c.sft = s = config_dict.ConfigDict()

@@ -79,6 +79,10 @@ class TaskSpec:
     seed: int = 0  # problem generator seed
     format_reward: float = 0.0  # reward for a well-formed but wrong answer
     jsonl_path: str = ""  # math task: local JSONL file
+    eval_jsonl_path: str = ""  # math task: held-out JSONL; "" = hold out eval_fraction of train
+    eval_fraction: float = 0.1  # math task without an eval file: share of questions held out
+    question_key: str = "question"  # math task: JSONL field of the problem
+    answer_key: str = "answer"  # math task: JSONL field of the reference answer
     tokenizer_path: str = ""  # HF tokenizer dir (with an HF checkpoint); "" = character tokenizer
 
 
@@ -119,11 +123,24 @@ class Experiment:
     trainer: TrainerConfig = TrainerConfig()
 
 
+# Fields a config may leave as a None placeholder that the user must fill in.
+REQUIRED_IF_NONE = (
+    ("model", "hf_checkpoint", "/path/to/hf_checkpoint_dir"),
+    ("task", "jsonl_path", "/path/to/train.jsonl"),
+    ("task", "tokenizer_path", "/path/to/tokenizer_dir"),
+)
+
+
 def experiment_from_config(config) -> Experiment:
     """Validated ``Experiment`` from a ConfigDict (or mapping); errors name the field path."""
     from fp8rl_jax.train.config import ConfigError, from_config_dict
 
     raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    for section, name, example in REQUIRED_IF_NONE:
+        if raw.get(section, {}).get(name, "") is None:
+            raise ConfigError(
+                f"config.{section}.{name} is required: pass --config.{section}.{name}={example}"
+            )
     rollout = dict(raw.get("rollout", {}))
     quant = dict(rollout.get("quant", {}))
     enabled = quant.pop("enabled", True)

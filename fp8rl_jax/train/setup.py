@@ -9,15 +9,30 @@ from fp8rl_jax.tasks import CharTokenizer, MathJsonlDataset, get_task, make_chat
 from fp8rl_jax.train.experiment import ModelSpec, TaskSpec
 
 
-def build_task(spec: TaskSpec):
-    """``(task, tokenizer)``: a built-in task with the character tokenizer, or JSONL math + HF."""
+def build_task(spec: TaskSpec, hf_checkpoint: str = ""):
+    """``(task, tokenizer)``: a built-in task with the character tokenizer, or JSONL math + HF.
+
+    An empty ``tokenizer_path`` means the HF checkpoint's own tokenizer when there is one.
+    """
+    tokenizer_path = spec.tokenizer_path or hf_checkpoint
     if spec.name == "math":
-        if not spec.jsonl_path or not spec.tokenizer_path:
-            raise ValueError("task.name='math' needs task.jsonl_path and task.tokenizer_path")
-        tokenizer = load_tokenizer(spec.tokenizer_path)
+        if not spec.jsonl_path or not tokenizer_path:
+            raise ValueError(
+                "task.name='math' needs task.jsonl_path and an HF tokenizer "
+                "(task.tokenizer_path or model.hf_checkpoint)"
+            )
+        tokenizer = load_tokenizer(tokenizer_path)
+
+        def dataset(path):
+            return MathJsonlDataset(
+                path, question_key=spec.question_key, answer_key=spec.answer_key
+            )
+
         task = get_task(
             "math",
-            train=MathJsonlDataset(spec.jsonl_path),
+            train=dataset(spec.jsonl_path),
+            eval=dataset(spec.eval_jsonl_path) if spec.eval_jsonl_path else None,
+            eval_fraction=spec.eval_fraction,
             prompt_fn=make_chat_prompt_fn(tokenizer),
             format_reward=spec.format_reward,
         )
@@ -25,7 +40,7 @@ def build_task(spec: TaskSpec):
     kwargs = {"seed": spec.seed, "format_reward": spec.format_reward}
     if spec.name in ("addition", "multiplication"):
         kwargs["digits"] = spec.digits
-    tokenizer = load_tokenizer(spec.tokenizer_path) if spec.tokenizer_path else CharTokenizer()
+    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else CharTokenizer()
     return get_task(spec.name, **kwargs), tokenizer
 
 

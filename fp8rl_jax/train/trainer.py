@@ -135,7 +135,7 @@ def train(exp: Experiment, *, progress: bool = True) -> dict:
 
     tc = exp.trainer
     os.makedirs(tc.run_dir, exist_ok=True)
-    task, tokenizer = build_task(exp.task)
+    task, tokenizer = build_task(exp.task, exp.model.hf_checkpoint)
     model_cfg, params = build_model(exp.model, tokenizer, jax.random.key(tc.seed))
     prompt_len = (
         max(
@@ -202,11 +202,9 @@ def train(exp: Experiment, *, progress: bool = True) -> dict:
         pending = (step + 1, rollout.metrics, train_metrics, float(acc), rollout_time)
         if int(train_metrics["nonfinite_skips"]) > tc.max_nonfinite_skips:
             _flush(logger, bar, pending, eval_acc)
-            raise NonFiniteError(
-                f"{int(train_metrics['nonfinite_skips'])} updates skipped for a non-finite loss or "
-                f"gradient (limit trainer.max_nonfinite_skips={tc.max_nonfinite_skips}); see "
-                f"{logger.path}"
-            )
+            logger.close()
+            ckpt.wait_until_finished()
+            raise NonFiniteError(_nonfinite_message(step + 1, train_metrics, rollout, tc, logger))
         done = step + 1
         if (tc.eval_every and done % tc.eval_every == 0) or done == tc.steps:
             eval_acc = evaluate(state)
@@ -232,6 +230,18 @@ def _abstract_kv_scales(run: _Run, params):
     return jax.eval_shape(
         lambda p: calibrate_initial_kv_scales(p, _prompts(first), run.model_cfg, run.exp.rollout),
         params,
+    )
+
+
+def _nonfinite_message(step, train_metrics, rollout, tc, logger) -> str:
+    last = {k: float(train_metrics[k]) for k in ("reward_mean", "loss", "grad_norm")}
+    last["quant_nonfinite"] = float(rollout.metrics["quant_nonfinite"])
+    return (
+        f"{int(train_metrics['nonfinite_skips'])} updates skipped for a non-finite loss, gradient "
+        f"or optimizer update (limit trainer.max_nonfinite_skips={tc.max_nonfinite_skips}). "
+        f"Step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()) + ". A NaN "
+        f"reward_mean points at the reward function, a finite loss and grad_norm at the optimizer "
+        f"(optim.lr), quant_nonfinite > 0 at the params. Metrics: {logger.path}"
     )
 
 
