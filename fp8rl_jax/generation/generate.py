@@ -142,10 +142,12 @@ def _record(state: DecodeState, tok_B, logp_B, stop_ids, max_new) -> DecodeState
 
 @functools.partial(
     jax.jit,
-    static_argnames=("cfg", "sampling", "cache_dtype", "mode", "max_new_tokens", "stop_ids"),
-)
+    static_argnames=(
+        "cfg", "sampling", "cache_dtype", "mode", "max_new_tokens", "stop_ids", "decode_impl"
+    ),
+)  # fmt: skip
 def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_dtype, mode,
-              max_new_tokens, stop_ids):  # fmt: skip
+              max_new_tokens, stop_ids, decode_impl=None):  # fmt: skip
     b, p = prompts.tokens_BP.shape
     cache = init_cache(
         cfg, b, p + max_new_tokens, dtype=cache_dtype, mode=mode, k_scale=k_scale, v_scale=v_scale
@@ -176,6 +178,7 @@ def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_d
             positions_BT=pos_B[:, None],
             segment_ids_BT=(~s.done_B)[:, None].astype(jnp.int32),
             cache=s.cache,
+            decode_impl=decode_impl,
         )
         step = s.step + 1
         tok, logp = sample(jax.random.fold_in(rng, step), out.logits_BTV[:, 0], sampling)
@@ -207,6 +210,7 @@ def generate(
     kv_scales: KVScales | None = None,
     max_new_tokens: int,
     stop_token_ids: Sequence[int] = (),
+    decode_impl: str | None = None,
 ) -> Rollout:
     """Samples up to ``max_new_tokens`` per prompt; one compiled program per padded shape.
 
@@ -216,6 +220,8 @@ def generate(
     ``kv_scale_mode`` "static" (``kv_scales`` required: ``KVScales`` or a dict with k, v [L, K])
     or "dynamic" (a scale per cached vector). Generation of a row stops after a token in
     ``stop_token_ids`` (kept in the response) or at the budget; the loop exits when all rows stop.
+    ``decode_impl``: None runs decode attention in jnp; "auto" | "xla" | "pallas_mosaic_gpu" |
+    "pallas_tpu" routes the one-token decode steps through ``kernels_pallas.decode_attention``.
     """
     if not isinstance(prompts, Prompts):
         prompts = Prompts(*(jnp.asarray(x, jnp.int32) for x in prompts))
@@ -230,5 +236,5 @@ def generate(
     stop_ids = tuple(int(t) for t in stop_token_ids)
     return _generate(
         weights, prompts, rng, k_scale, v_scale, cfg=cfg, sampling=sampling, cache_dtype=dtype,
-        mode=mode, max_new_tokens=int(max_new_tokens), stop_ids=stop_ids,
+        mode=mode, max_new_tokens=int(max_new_tokens), stop_ids=stop_ids, decode_impl=decode_impl,
     )  # fmt: skip

@@ -82,6 +82,7 @@ def make_eval_fn(run: _Run):
             kv_scales=kv_scales if rc.static_kv_scales else None,
             max_new_tokens=rc.max_new_tokens,
             stop_token_ids=rc.stop_token_ids,
+            decode_impl=rc.decode_attention_impl,
         ).tokens_BT
 
     def evaluate(state: TrainState) -> float:
