@@ -1,0 +1,468 @@
+"""Device mesh, logical-axis rules and shardings for the rollout and train programs (DESIGN.md §6).
+
+Mesh axes, outermost first (the innermost axis gets neighbouring devices, i.e. NVLink peers):
+  ``data``   pure data parallelism: weights replicated (cross-node friendly: one all-reduce)
+  ``fsdp``   training: weights and optimizer state sharded (ZeRO-3); rollout: more data parallelism
+  ``expert`` MoE experts sharded; dense layers treat it as data parallelism (batch is split on it)
+  ``tensor`` Megatron tensor parallelism over query/KV heads, MLP hidden dim and vocab
+
+Each weight dim has a logical name (``models.logical_axes``); ``ShardingRules`` map names to mesh
+axes. ``TRAIN_RULES`` also shard the largest still-unsharded dim of every matrix over ``fsdp`` (and
+``expert``, unless the matrix is an expert stack already split on it);
+``ROLLOUT_RULES`` keep weights whole across ``data``/``fsdp`` (the generator needs them every
+decode step) and split the batch there instead. Switching phase is a reshard inside the rollout
+program: its weights come in FSDP-sharded and XLA all-gathers each one where it is used.
+
+Divisibility: a dim sharded over axes (a1, a2, ...) keeps the longest prefix whose size product
+divides it (counted in heads for flattened head dims, so TP never splits a head); the dropped
+axes replicate that dim, logged once per weight. Nothing is left for XLA to fail on.
+
+QArray scales (``[.., ceil(in/b), ceil(out/b)]``): a blocked scale dim takes the mesh axes of its
+values dim iff every values shard holds whole blocks, ``(dim / n) % b == 0``; then scale shard i
+covers exactly values shard i and quantization needs no communication. Otherwise that scale dim
+is replicated (it is 1/b of the values' size).
+
+Axis types are ``AxisType.Auto`` (GSPMD/Shardy propagation): the model code has no sharding
+annotations and jax 0.11+ ``jax.make_mesh`` defaults to Explicit axes, which would reject it.
+Install the mesh with ``jax.set_mesh(mesh)`` (never ``with mesh:``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from fp8rl_jax.models import ModelConfig, logical_axes
+from fp8rl_jax.quant import QArray, path_str
+
+log = logging.getLogger(__name__)
+
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        log.warning(msg)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Mesh axis sizes; any may be 1, one may be -1 ("all remaining devices")."""
+
+    data: int = 1  # data-parallel replicas (weights replicated)
+    fsdp: int = -1  # FSDP shards in training; extra data parallelism in rollout
+    expert: int = 1  # expert-parallel shards (MoE); data parallelism for dense layers
+    tensor: int = 1  # tensor-parallel shards (heads, MLP hidden, vocab)
+
+    def __post_init__(self):
+        sizes = dataclasses.astuple(self)
+        if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
+            raise ValueError(f"{self}: sizes must be >= 1, with at most one -1")
+
+    def axis_sizes(self, num_devices: int) -> tuple[int, ...]:
+        """Sizes in ``MESH_AXES`` order with -1 resolved; raises if they don't use all devices."""
+        sizes = list(dataclasses.astuple(self))
+        known = math.prod(s for s in sizes if s != -1)
+        if -1 in sizes:
+            if num_devices % known:
+                raise ValueError(
+                    f"{self}: {num_devices} devices are not divisible by the fixed axes' "
+                    f"product {known}, so -1 cannot be resolved"
+                )
+            sizes[sizes.index(-1)] = num_devices // known
+        if math.prod(sizes) != num_devices:
+            raise ValueError(
+                f"{self} needs {math.prod(sizes)} devices but {num_devices} are available; "
+                "the product of the axis sizes must equal the device count (use -1 for one axis)"
+            )
+        return tuple(sizes)
+
+
+def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
+    """A ``Mesh`` over ``devices`` (default all, across processes) with Auto axis types."""
+    devices = jax.devices() if devices is None else list(devices)
+    sizes = cfg.axis_sizes(len(devices))
+    auto = (AxisType.Auto,) * len(MESH_AXES)
+    return jax.make_mesh(sizes, MESH_AXES, axis_types=auto, devices=devices)
+
+
+def abstract_mesh(cfg: MeshConfig, num_devices: int) -> AbstractMesh:
+    """A device-free mesh of the same shape, for planning shardings (and tests)."""
+    sizes = cfg.axis_sizes(num_devices)
+    return AbstractMesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingRules:
+    """Logical axis name -> mesh axes; ``fsdp``: axes for the largest unsharded matrix dim."""
+
+    logical: tuple[tuple[str, tuple[str, ...]], ...]
+    fsdp: tuple[str, ...] = ()
+
+    def mesh_axes(self, name: str | None) -> tuple[str, ...]:
+        return dict(self.logical).get(name, ()) if name else ()
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        return self.mesh_axes("batch")
+
+
+_BATCH = ("data", "fsdp", "expert")
+_TP = (
+    ("q_heads", ("tensor",)),
+    ("kv_heads", ("tensor",)),
+    ("mlp", ("tensor",)),
+    ("vocab", ("tensor",)),
+    ("experts", ("expert",)),
+)
+# Training: FSDP over `fsdp`, and over `expert` for weights that are not experts (ZeRO-3 over
+# the expert axis, as it is data parallel for dense layers) + TP/EP; rollout: weights whole
+# across data/fsdp (batch split there instead).
+TRAIN_RULES = ShardingRules(logical=(("batch", _BATCH), *_TP), fsdp=("fsdp", "expert"))
+ROLLOUT_RULES = ShardingRules(logical=(("batch", _BATCH), *_TP), fsdp=())
+
+
+def _sizes(mesh) -> Mapping[str, int]:
+    return mesh.shape if hasattr(mesh, "shape") else dict(mesh)
+
+
+def _fit(dim: int, unit: int, axes, sizes, where: str) -> tuple[str, ...]:
+    """Longest prefix of ``axes`` whose size product divides ``dim / unit`` (whole units)."""
+    count = dim // unit if dim % unit == 0 else dim
+    kept: tuple[str, ...] = ()
+    for a in axes:
+        if count % (math.prod(sizes[x] for x in kept) * sizes[a]):
+            break
+        kept += (a,)
+    if kept != tuple(axes):
+        shape = {a: sizes[a] for a in axes}
+        _warn_once(
+            f"sharding: {where}: size {dim} (unit {unit}) does not divide mesh axes {shape}; "
+            f"sharded over {kept or 'nothing'}, replicated over the rest"
+        )
+    return kept
+
+
+def _entry(axes: tuple[str, ...]):
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def spec_for(shape, names, sizes, rules: ShardingRules, where: str = "", units=None) -> list:
+    """Per-dim mesh-axes tuples of one array with logical ``names``, under ``rules``."""
+    units = units or (1,) * len(shape)
+    used: set[str] = set()
+    spec = []
+    for i, (dim, name) in enumerate(zip(shape, names, strict=True)):
+        axes = [a for a in rules.mesh_axes(name) if sizes.get(a, 1) > 1 and a not in used]
+        kept = _fit(dim, units[i], axes, sizes, f"{where}[{i}:{name}]") if axes else ()
+        used.update(kept)
+        spec.append(kept)
+    fsdp = tuple(a for a in rules.fsdp if sizes.get(a, 1) > 1 and a not in used)
+    if fsdp and len(shape) >= 2:
+        _place_fsdp(spec, shape, names, fsdp, sizes, where)
+    return spec
+
+
+def _place_fsdp(spec: list, shape, names, fsdp: tuple[str, ...], sizes, where: str) -> None:
+    """Shards the largest free dim over the longest prefix of ``fsdp`` that divides it.
+
+    A ``vocab`` dim comes last: the embedding gradient is a scatter-add over vocab rows, which
+    XLA cannot partition along a sharded vocab dim (it would replicate the table).
+    """
+    free = [i for i in range(len(shape)) if not spec[i]]
+    free.sort(key=lambda i: (names[i] == "vocab", -shape[i]))
+    for k in range(len(fsdp), 0, -1):
+        n = math.prod(sizes[a] for a in fsdp[:k])
+        pick = next((i for i in free if shape[i] % n == 0), None)
+        if pick is not None:
+            spec[pick] = fsdp[:k]
+            if k < len(fsdp):
+                _warn_once(f"sharding: {where}: {tuple(shape)} sharded over {fsdp[:k]} of {fsdp}")
+            return
+    _warn_once(f"sharding: {where}: no dim of {tuple(shape)} divides {fsdp}; replicated")
+
+
+def _qarray_spec(q, names, sizes, rules, where, units):
+    """(values spec, scales spec): a scale dim shares its values dim's axes iff block-aligned."""
+    v = spec_for(q.values.shape, names, sizes, rules, where, units)
+    lead = q.values.ndim - len(q.block_shape)
+    s = list(v[:lead])
+    for j, b in enumerate(q.block_shape):
+        dim, axes = q.values.shape[lead + j], v[lead + j]
+        n = math.prod(sizes[a] for a in axes)
+        if axes and (dim // n) % b:
+            _warn_once(
+                f"sharding: {where}: scales dim {lead + j} replicated (a shard of {dim // n} "
+                f"is not a whole number of {b}-blocks)"
+            )
+            axes = ()
+        s.append(axes)
+    return v, s
+
+
+def _units(cfg: ModelConfig, names, shape) -> tuple[int, ...]:
+    # Flattened head dims [H*C] / [K*C] count in heads, so TP never splits a head.
+    heads = {"q_heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads}
+    return tuple(
+        cfg.head_dim if n in heads and d == heads[n] * cfg.head_dim else 1
+        for n, d in zip(names, shape, strict=True)
+    )
+
+
+def param_specs(weights, cfg: ModelConfig, mesh, rules: ShardingRules):
+    """PartitionSpecs of a weights pytree (arrays, ShapeDtypeStructs or QArrays)."""
+    sizes = _sizes(mesh)
+
+    def one(path, names, leaf):
+        where = path_str(path)
+        units = _units(cfg, names, leaf.shape)
+        if isinstance(leaf, QArray):
+            v, s = _qarray_spec(leaf, names, sizes, rules, where, units)
+            return QArray(P(*map(_entry, v)), P(*map(_entry, s)), leaf.block_shape, leaf.dtype)
+        return P(*map(_entry, spec_for(leaf.shape, names, sizes, rules, where, units)))
+
+    axes = logical_axes(cfg)
+    try:
+        return jax.tree_util.tree_map_with_path(
+            one, axes, weights, is_leaf=lambda x: isinstance(x, tuple)
+        )
+    except (ValueError, TypeError) as e:
+        raise ValueError(
+            "param_specs: the weights pytree does not match models.logical_axes(cfg) "
+            f"(same dict/list structure, one array or QArray per weight): {e}"
+        ) from e
+
+
+def _named(mesh, spec_tree):
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), spec_tree, is_leaf=_is_spec)
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, P)
+
+
+def param_shardings(weights, cfg: ModelConfig, mesh, rules: ShardingRules):
+    """NamedShardings of a weights pytree; QArray leaves get a QArray of (values, scales)."""
+    return _named(mesh, param_specs(weights, cfg, mesh, rules))
+
+
+def replicated(mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def mirror_params(tree, params, params_sharding, mesh):
+    """Shardings for a pytree (e.g. optax state) whose params-shaped subtrees mirror the params.
+
+    A subtree with the params' tree structure and leaf shapes takes ``params_sharding``; every
+    other leaf (step counts, scalars) is replicated.
+    """
+    p_def = jax.tree.structure(params)
+    p_shapes = [tuple(x.shape) for x in jax.tree.leaves(params)]
+
+    def is_params(x) -> bool:
+        if jax.tree.structure(x) != p_def:
+            return False
+        return [tuple(getattr(y, "shape", ())) for y in jax.tree.leaves(x)] == p_shapes
+
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=is_params)
+    repl = replicated(mesh)
+    out = [params_sharding if is_params(x) else repl for x in leaves]
+    return jax.tree.unflatten(treedef, out)
+
+
+def train_state_shardings(state, cfg: ModelConfig, mesh, rules: ShardingRules = TRAIN_RULES):
+    """Shardings of an ``rl.step.TrainState`` (concrete or from ``jax.eval_shape``).
+
+    params by ``rules``; optimizer state mirrors them; KV scales, step, RNG and counters are
+    replicated.
+    """
+    ps = param_shardings(state.params, cfg, mesh, rules)
+    base = jax.tree.map(lambda _: replicated(mesh), state)
+    return dataclasses.replace(
+        base, params=ps, opt_state=mirror_params(state.opt_state, state.params, ps, mesh)
+    )
+
+
+def _shape_suffix(path) -> str | None:
+    """'BT' for a leaf named like ``tokens_BT`` (DESIGN.md axis letters), else None."""
+    if not path:
+        return None
+    last = path[-1]
+    name = getattr(last, "name", None) or getattr(last, "key", None)
+    if not isinstance(name, str) or "_" not in name:
+        return None
+    suffix = name.rsplit("_", 1)[1]
+    return suffix if suffix.isalpha() and suffix.isupper() else None
+
+
+def batch_shardings(tree, mesh, rules: ShardingRules = ROLLOUT_RULES):
+    """[B, ...] leaves split over the batch axes; everything else replicated.
+
+    A leaf is batch-leading when its name's shape suffix starts with B (``tokens_BT``,
+    ``lens_B``; so ``qkv_amax.q_LK`` and metric scalars replicate) or, for an unnamed leaf
+    (a bare array argument such as ``rewards_B``), when it has rank >= 1.
+    """
+    sizes = _sizes(mesh)
+    axes = [a for a in rules.batch_axes if sizes.get(a, 1) > 1]
+
+    def one(path, x):
+        suffix = _shape_suffix(path)
+        batched = suffix.startswith("B") if suffix is not None else (not path and x.ndim >= 1)
+        if not batched or x.ndim == 0:
+            return replicated(mesh)
+        kept = _fit(x.shape[0], 1, axes, sizes, f"batch {path_str(path) or 'array'}")
+        return NamedSharding(mesh, P(_entry(kept), *([None] * (x.ndim - 1))))
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def kv_cache_shardings(cache, mesh, rules: ShardingRules = ROLLOUT_RULES):
+    """Shardings of a ``models.KVCache``: [B, S, K, C] over (batch axes, -, kv-head axes, -)."""
+    sizes = _sizes(mesh)
+    names = {4: ("batch", None, "kv_heads", None), 3: ("batch", None, "kv_heads"),
+             2: ("batch", None), 1: ("kv_heads",)}  # fmt: skip
+
+    def one(path, x):
+        nm = ("batch",) if path_str(path).startswith("lengths") else names[x.ndim]
+        return NamedSharding(mesh, P(*map(_entry, spec_for(x.shape, nm, sizes, rules, "cache"))))
+
+    return jax.tree_util.tree_map_with_path(one, cache)
+
+
+def constrain(tree, shardings):
+    """``with_sharding_constraint`` over a pytree (use inside jit, e.g. on the KV cache)."""
+    return jax.tree.map(jax.lax.with_sharding_constraint, tree, shardings)
+
+
+def rollout_params_constraint(cfg: ModelConfig, mesh, rules: ShardingRules = ROLLOUT_RULES):
+    """``f(rollout_params) -> rollout_params`` pinned to the rollout layout (use inside jit).
+
+    Apply right after ``quantize_params`` in the rollout program: XLA then all-gathers the FP8
+    weights once per step, before the decode loop. Without it the FSDP gathers sit inside the
+    ``while_loop`` body and run once per generated token (seen in the compiled HLO).
+    """
+
+    def constrain_params(params):
+        return constrain(params, param_shardings(params, cfg, mesh, rules))
+
+    return constrain_params
+
+
+def _inner(fn: Callable) -> Callable:
+    # make_*_step return jax.jit(f); re-jitting f itself keeps one compiled program per phase.
+    return getattr(fn, "__wrapped__", fn)
+
+
+def shard_rollout_step(rollout_step, state_sharding, prompts_sharding, batch_sharding):
+    """``rollout_step(state, prompts) -> RolloutBatch`` jitted with explicit in/out shardings.
+
+    ``rollout_step`` comes from ``rl.step.make_rollout_step``; quantization, generation and
+    scoring all run inside this one sharded program (weights arrive FSDP-sharded).
+    """
+    return jax.jit(
+        _inner(rollout_step),
+        in_shardings=(state_sharding, prompts_sharding),
+        out_shardings=batch_sharding,
+    )
+
+
+def shard_train_step(train_step, state_sharding, batch_sharding, rewards_sharding, mesh):
+    """``train_step(state, batch, rewards_B) -> (state', metrics)``, sharded, state donated.
+
+    The new state keeps the input state's shardings, so the next step neither reshards nor
+    recompiles; metrics are replicated scalars (any process can read them).
+    """
+    return jax.jit(
+        _inner(train_step),
+        in_shardings=(state_sharding, batch_sharding, rewards_sharding),
+        out_shardings=(state_sharding, replicated(mesh)),
+        donate_argnums=(0,),
+    )
+
+
+def shard_pytree(tree, shardings):
+    """Places a host or single-device pytree onto the mesh (``jax.device_put``)."""
+    return jax.device_put(tree, shardings)
+
+
+def abstract_with_shardings(abstract, shardings):
+    """``ShapeDtypeStruct``s carrying shardings: a restore target for orbax."""
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes of the training state, rollout weights and KV cache (totals, before sharding)."""
+
+    n_params: int  # all weights
+    n_quantized: int  # weights in FP8 rollout matrices (attention / MLP / experts)
+    master_weights: int  # FP32 master copy, 4 B/param
+    optimizer_state: int  # Adam mu + nu in FP32, 8 B/param
+    gradients: int  # FP32 gradients, 4 B/param
+    rollout_weights: int  # FP8 matrices (1 B + 4 B per 128x128 block) + BF16 rest
+    kv_bytes_per_token: int  # 2 (K and V) * L * K * C * bytes per element
+    kv_cache: int  # kv_bytes_per_token * batch * seq_len
+
+    def per_device(self, mesh_cfg: MeshConfig, num_devices: int) -> dict[str, float]:
+        """GiB per device: training state over fsdp x tensor x expert, rollout over tensor
+        x expert, KV cache over everything (batch over data x fsdp x expert, heads over tensor).
+        Expert sharding is counted as if all weights were experts (an upper bound on savings)."""
+        d, f, e, t = mesh_cfg.axis_sizes(num_devices)
+        gib = 2.0**30
+        train = (self.master_weights + self.optimizer_state + self.gradients) / (f * t * e)
+        return {
+            "train_state_gib": train / gib,
+            "rollout_weights_gib": self.rollout_weights / (t * e) / gib,
+            "kv_cache_gib": self.kv_cache / (d * f * e * t) / gib,
+        }
+
+
+def memory_estimate(
+    cfg: ModelConfig,
+    *,
+    batch_size: int,
+    seq_len: int,
+    kv_cache_dtype: str = "bfloat16",
+    block: int = 128,
+) -> MemoryEstimate:
+    """Worked memory arithmetic of docs/SCALING.md for ``cfg``.
+
+    KV cache bytes per token ``= 2 · L · K · C · bytes`` (bytes 2 for BF16, 1 for FP8; static
+    FP8 scales are per layer and head, negligible). Rollout weights: FP8 matrices take
+    ``1 + 4 / block²`` bytes per element, the rest (embeddings, norms, router) stay BF16.
+    """
+    from fp8rl_jax.models import weight_shapes
+
+    flat = jax.tree_util.tree_flatten_with_path(
+        weight_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple)
+    )[0]
+    n_params = n_q = 0
+    for path, shape in flat:
+        n = math.prod(shape)
+        n_params += n
+        if path_str(path).rsplit(".", 1)[-1].startswith("w"):  # wq..wo, w_gate/up/down
+            n_q += n
+    rollout = int(n_q * (1 + 4 / block**2)) + 2 * (n_params - n_q)
+    elem = jnp.dtype(kv_cache_dtype).itemsize
+    per_tok = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem
+    return MemoryEstimate(
+        n_params=n_params,
+        n_quantized=n_q,
+        master_weights=4 * n_params,
+        optimizer_state=8 * n_params,
+        gradients=4 * n_params,
+        rollout_weights=rollout,
+        kv_bytes_per_token=per_tok,
+        kv_cache=per_tok * batch_size * seq_len,
+    )

@@ -1,0 +1,187 @@
+"""Sharded vs single-device RL steps on fake CPU devices; writes a JSON report.
+
+The fake device count is fixed when jax is imported, so tests/test_sharding_mesh.py runs this in
+a subprocess:
+    python -m tests.sharding_worker --model dense --mesh data=2,fsdp=2,tensor=2 --mesh fsdp=8
+    python -m tests.sharding_worker --quantize-check
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def _parse_mesh(text: str) -> dict[str, int]:
+    return {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))}
+
+
+def run_reference(cfg, steps: int):
+    """Plain single-device programs from rl.step (no mesh)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from tests import scaleout_common as sc
+
+    rollout_step, train_step = sc.programs(cfg)
+    state = sc.initial_state(cfg)
+    rows, tokens = [], []
+    for t in range(steps):
+        batch = rollout_step(state, sc.prompts_for(t))
+        tok, mask = np.asarray(batch.tokens_BT), np.asarray(batch.response_mask_BT)
+        state, m = train_step(state, batch, jnp.asarray(sc.rewards_np(tok, mask)))
+        rows.append(sc.metrics_row(batch.metrics, m))
+        tokens.append(tok)
+    return rows, tokens, sc.flat_params(state.params)
+
+
+def run_sharded(cfg, mesh_sizes: dict[str, int], steps: int, counter):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from fp8rl_jax.train import sharding as sh
+    from tests import scaleout_common as sc
+
+    mesh = sh.make_mesh(sh.MeshConfig(**{"fsdp": 1, **mesh_sizes}))
+    rollout_step, train_step = sc.programs(cfg)
+    with jax.set_mesh(mesh):
+        state0 = sc.initial_state(cfg)
+        prompts = sc.prompts_for(0)
+        state_sh = sh.train_state_shardings(state0, cfg, mesh)
+        prompts_sh = sh.batch_shardings(prompts, mesh)
+        batch_sh = sh.batch_shardings(jax.eval_shape(rollout_step, state0, prompts), mesh)
+        n_rows = prompts.tokens_BP.shape[0]
+        rewards_sh = sh.batch_shardings(jax.ShapeDtypeStruct((n_rows,), jnp.float32), mesh)
+        ro_fn = sh.shard_rollout_step(rollout_step, state_sh, prompts_sh, batch_sh)
+        tr_fn = sh.shard_train_step(train_step, state_sh, batch_sh, rewards_sh, mesh)
+        state = jax.device_put(state0, state_sh)
+        rows, tokens = [], []
+        for t in range(steps):
+            counter.active = t > 0  # step 0 compiles each program once; later steps must not
+            batch = ro_fn(state, jax.device_put(sc.prompts_for(t), prompts_sh))
+            tok, mask = np.asarray(batch.tokens_BT), np.asarray(batch.response_mask_BT)
+            rewards = jax.device_put(sc.rewards_np(tok, mask), rewards_sh)
+            state, m = tr_fn(state, batch, rewards)
+            rows.append(sc.metrics_row(batch.metrics, m))
+            tokens.append(tok)
+        counter.active = False
+    kept = jax.tree.map(
+        lambda x, s: x.sharding.is_equivalent_to(s, x.ndim), state.params, state_sh.params
+    )
+    specs = jax.tree.map(lambda s: str(s.spec), state_sh.params)
+    info = {
+        "compiles_after_step0": counter.count,
+        "cache_sizes": [ro_fn._cache_size(), tr_fn._cache_size()],
+        "param_shardings_kept": all(jax.tree.leaves(kept)),
+        "wq_spec": specs["layers"][0]["attn"]["wq"],
+        "w_up_spec": specs["layers"][0]["mlp"]["w_up"],
+        "sharded_leaves": sum(not s.is_fully_replicated for s in jax.tree.leaves(state_sh.params)),
+    }
+    return rows, tokens, sc.flat_params(state.params), info
+
+
+def compare(cfg, meshes, steps: int) -> dict:
+    import numpy as np
+
+    from tests import scaleout_common as sc
+
+    counter = sc.CompileCounter()
+    elapsed = sc.timer()
+    ref_rows, ref_tokens, ref_params = run_reference(cfg, steps)
+    report = {"reference_s": elapsed(), "meshes": {}}
+    for text in meshes:
+        elapsed = sc.timer()
+        counter.count = 0
+        rows, tokens, params, info = run_sharded(cfg, _parse_mesh(text), steps, counter)
+        metric_diff = max(max(sc.max_diffs(r, q).values()) for r, q in zip(ref_rows, rows))
+        param_diff = sc.max_diffs(ref_params, params)
+        report["meshes"][text] = {
+            **info,
+            "seconds": elapsed(),
+            "tokens_equal": all(np.array_equal(a, b) for a, b in zip(ref_tokens, tokens)),
+            "max_metric_diff": metric_diff,
+            "max_param_diff": max(param_diff.values()),
+            "worst_param": max(param_diff, key=param_diff.get),
+            "metrics_step_last": rows[-1],
+        }
+    report["reference_metrics_step_last"] = ref_rows[-1]
+    return report
+
+
+def _all_reduce_max_elems(hlo: str) -> int:
+    """Largest operand (elements) of any all-reduce in an HLO text (0 if none)."""
+    import math
+    import re
+
+    sizes = [0]
+    for line in hlo.splitlines():
+        if " all-reduce(" in line:
+            lhs = line.split(" all-reduce(")[0]
+            for dims in re.findall(r"\w+\[([\d,]*)\]", lhs):
+                sizes.append(math.prod(int(d) for d in dims.split(",") if d))
+    return max(sizes)
+
+
+def quantize_check() -> dict:
+    """``quantize_params`` under jit on FSDP+TP-sharded, block-aligned weights: no collectives."""
+    import jax
+    import jax.numpy as jnp
+
+    from fp8rl_jax.models import ModelConfig, init_weights
+    from fp8rl_jax.quant import QuantRecipe, quantize_params
+    from fp8rl_jax.train import sharding as sh
+
+    cfg = ModelConfig(vocab_size=256, hidden_size=256, num_layers=1, num_heads=4, num_kv_heads=2,
+                      head_dim=64, intermediate_size=512)  # fmt: skip
+    mesh = sh.make_mesh(sh.MeshConfig(data=2, fsdp=2, tensor=2))
+    with jax.set_mesh(mesh):
+        params = init_weights(cfg, jax.random.key(0), jnp.float32)
+        p_sh = sh.param_shardings(params, cfg, mesh, sh.TRAIN_RULES)
+        params = jax.device_put(params, p_sh)
+        fn = jax.jit(lambda p: quantize_params(p, QuantRecipe()), in_shardings=(p_sh,))
+        compiled = fn.lower(params).compile()
+        hlo = compiled.as_text()
+        out = fn(params)
+        expect = sh.param_shardings(jax.eval_shape(fn, params), cfg, mesh, sh.TRAIN_RULES)
+        pin = sh.rollout_params_constraint(cfg, mesh)
+        pinned = jax.jit(lambda p: pin(quantize_params(p, QuantRecipe())), in_shardings=(p_sh,))
+        rollout_wq = pinned(params)["layers"][0]["attn"]["wq"]
+    same = jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim), out, expect)
+    w_up = out["layers"][0]["mlp"]["w_up"]
+    return {
+        "gathers": [c for c in ("all-gather", "all-to-all", "collective-permute") if c in hlo],
+        "all_reduce_max_elems": _all_reduce_max_elems(hlo),
+        "out_shardings_match_rule": all(jax.tree.leaves(same)),
+        "w_up_values_spec": str(w_up.values.sharding.spec),
+        "w_up_scales_spec": str(w_up.scales.sharding.spec),
+        "w_up_values_shard_shape": list(w_up.values.addressable_shards[0].data.shape),
+        "rollout_wq_specs": [
+            str(rollout_wq.values.sharding.spec),
+            str(rollout_wq.scales.sharding.spec),
+        ],  # fmt: skip
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="dense", choices=("dense", "moe"))
+    parser.add_argument("--mesh", action="append", default=[], help="e.g. data=2,fsdp=2,tensor=2")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--devices", type=int, default=8)
+    parser.add_argument("--quantize-check", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    # Must precede the first jax import: the CPU client's device count is fixed at start-up.
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    from tests import scaleout_common as sc
+
+    if args.quantize_check:
+        sc.dump(quantize_check(), args.out)
+    else:
+        sc.dump(compare(sc.model_config(args.model), args.mesh, args.steps), args.out)
+
+
+if __name__ == "__main__":
+    main()
