@@ -22,6 +22,7 @@ def main(argv):
 
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save at INFO
     from fp8rl_jax.train.config import ConfigError
+    from fp8rl_jax.train.distributed import maybe_initialize_distributed
     from fp8rl_jax.train.experiment import experiment_from_config
     from fp8rl_jax.train.logging import write_resolved_config
     from fp8rl_jax.train.trainer import train
@@ -30,6 +31,7 @@ def main(argv):
         exp = experiment_from_config(_CONFIG.value)
     except ConfigError as e:
         raise app.UsageError(str(e)) from None
+    maybe_initialize_distributed(exp.distributed)  # before any jax computation
     write_resolved_config(exp.trainer.run_dir, _CONFIG.value)
     summary = train(exp)
     print(

@@ -11,7 +11,9 @@ import os
 
 from fp8rl_jax.models import ModelConfig
 from fp8rl_jax.rl.step import RLConfig, RolloutConfig
+from fp8rl_jax.train.distributed import DistributedConfig
 from fp8rl_jax.train.optim import OptimConfig
+from fp8rl_jax.train.sharding import MeshConfig
 from fp8rl_jax.train.sft import SFTConfig
 
 ARCHITECTURES = (
@@ -121,6 +123,8 @@ class Experiment:
     rl: RLConfig = RLConfig()
     optim: OptimConfig = OptimConfig()
     trainer: TrainerConfig = TrainerConfig()
+    mesh: MeshConfig = MeshConfig()  # device mesh (docs/SCALING.md); all 1 = one device
+    distributed: DistributedConfig = DistributedConfig()  # jax.distributed (multi-host)
 
 
 # Fields a config may leave as a None placeholder that the user must fill in.
