@@ -2,7 +2,8 @@
 
 Parent: qwen3_8b_multihost.py. Changes: the MoE checkpoint (pass its path), and a mesh with
 expert parallelism inside a node (expert = 8) and FSDP across nodes (fsdp = -1, the number of
-nodes): in training every weight shards over fsdp x expert (experts on their E axis, the rest FSDP-style).
+nodes): in training every weight shards over fsdp x expert (experts on their E axis, the rest
+FSDP-style).
 On 4 nodes: training state 16 B/param = 455 GiB, 14.2 GiB per GPU; FP8 rollout experts 3.4 GiB
 per GPU plus 2.0 GiB of replicated non-expert weights; KV cache FP8 48 KiB/token.
 
