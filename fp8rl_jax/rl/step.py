@@ -7,7 +7,11 @@ amax for KV-scale recalibration), and compute the rollout-correction weights and
 
 Train program (steps 5-7): advantages, ``ppo_epochs`` x minibatches of loss + optax update
 (``lax.scan``; FP32 master weights, compute in ``compute_dtype``), and the next rollout's KV
-scales from this step's BF16 pass. A non-finite loss or gradient skips the update and is counted.
+scales from this step's BF16 pass. A non-finite loss, gradient or update skips the update and is
+counted.
+
+With a reward that is a JAX function, ``make_fused_step`` composes both (and the reward) into one
+program; ``rollout_fn``/``train_fn`` are the un-jitted pieces all three builders share.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class RolloutConfig:
     compute_dtype: str = "bfloat16"  # activations / non-FP8 weights in rollout and scoring
     kv_calib_percentile: float = 99.9  # percentile over micro-batch amax (NeMo-RL)
     kv_calib_margin: float = 1.05  # headroom multiplier on the amax
+    decode_attention_impl: str | None = None  # None: jnp; "auto"/"pallas_*": Pallas decode kernel
 
     def __post_init__(self):
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -110,7 +115,7 @@ class TrainState:
     kv_scales: KVScales | None  # static FP8 KV scales for the next rollout (None: not used)
     step: jax.Array  # int32 number of completed RL steps
     rng: jax.Array  # base key; step t uses fold_in(rng, t)
-    nonfinite_skips: jax.Array  # int32 updates skipped for a non-finite loss or gradient
+    nonfinite_skips: jax.Array  # int32 updates skipped for a non-finite loss, gradient or update
 
 
 @jax.tree_util.register_dataclass
@@ -185,10 +190,10 @@ def sequence_logprobs(
     return logp_BT, out
 
 
-def make_rollout_step(
+def rollout_fn(
     model_cfg: ModelConfig, rollout_cfg: RolloutConfig, rl_cfg: RLConfig
 ) -> Callable[[TrainState, Prompts], RolloutBatch]:
-    """Returns ``rollout_step(state, prompts) -> RolloutBatch``, one jitted program."""
+    """Un-jitted ``rollout_step(state, prompts) -> RolloutBatch`` (steps 1-4), for composing."""
     compute_dtype = jnp.dtype(rollout_cfg.compute_dtype)
 
     def rollout_step(state: TrainState, prompts: Prompts) -> RolloutBatch:
@@ -206,6 +211,7 @@ def make_rollout_step(
             kv_scales=state.kv_scales if rollout_cfg.static_kv_scales else None,
             max_new_tokens=rollout_cfg.max_new_tokens,
             stop_token_ids=rollout_cfg.stop_token_ids,
+            decode_impl=rollout_cfg.decode_attention_impl,
         )
         segment_ids_BT = rollout_segment_ids(ro)
         positions_BT = jnp.maximum(jnp.cumsum(segment_ids_BT, axis=1) - 1, 0)
@@ -240,7 +246,14 @@ def make_rollout_step(
             metrics=metrics,
         )
 
-    return jax.jit(rollout_step)
+    return rollout_step
+
+
+def make_rollout_step(
+    model_cfg: ModelConfig, rollout_cfg: RolloutConfig, rl_cfg: RLConfig
+) -> Callable[[TrainState, Prompts], RolloutBatch]:
+    """``rollout_step(state, prompts) -> RolloutBatch``, one jitted program."""
+    return jax.jit(rollout_fn(model_cfg, rollout_cfg, rl_cfg))
 
 
 def compute_advantages(rewards_B, mask_BT, rl_cfg: RLConfig):
@@ -259,13 +272,13 @@ def _split_minibatches(mb: _MiniBatch, n: int, rng) -> _MiniBatch:
     return jax.tree.map(lambda x: x[perm].reshape(n, B // n, *x.shape[1:]), mb)
 
 
-def make_train_step(
+def train_fn(
     model_cfg: ModelConfig,
     rollout_cfg: RolloutConfig,
     rl_cfg: RLConfig,
     optimizer: optax.GradientTransformation,
 ) -> Callable[[TrainState, RolloutBatch, jax.Array], tuple[TrainState, dict]]:
-    """``train_step(state, batch, rewards_B) -> (state', metrics)``, jitted, state donated."""
+    """Un-jitted ``train_step(state, batch, rewards_B) -> (state', metrics)`` (steps 5-7)."""
     compute_dtype = jnp.dtype(rollout_cfg.compute_dtype)
     n_mb, n_acc = rl_cfg.num_minibatches, rl_cfg.grad_accum
 
@@ -311,8 +324,14 @@ def make_train_step(
     def update(carry, mb: _MiniBatch):
         params, opt_state, skips = carry
         loss, metrics, grads = minibatch_grads(params, mb)
-        finite = jnp.isfinite(loss) & jnp.isfinite(optax.global_norm(grads))
         updates, new_opt = optimizer.update(grads, opt_state, params)
+        # The updates are checked too: finite gradients can still give a non-finite step (an
+        # inf learning rate, an optimizer-state overflow), which must not reach the params.
+        finite = (
+            jnp.isfinite(loss)
+            & jnp.isfinite(optax.global_norm(grads))
+            & jnp.isfinite(optax.global_norm(updates))
+        )
         new_params = optax.apply_updates(params, updates)
         params, opt_state = jax.tree.map(
             lambda n, o: jnp.where(finite, n, o), (new_params, new_opt), (params, opt_state)
@@ -363,7 +382,46 @@ def make_train_step(
         )
         return new_state, metrics
 
-    return jax.jit(train_step, donate_argnums=(0,))
+    return train_step
+
+
+def make_train_step(
+    model_cfg: ModelConfig,
+    rollout_cfg: RolloutConfig,
+    rl_cfg: RLConfig,
+    optimizer: optax.GradientTransformation,
+) -> Callable[[TrainState, RolloutBatch, jax.Array], tuple[TrainState, dict]]:
+    """``train_step(state, batch, rewards_B) -> (state', metrics)``, jitted, state donated."""
+    return jax.jit(train_fn(model_cfg, rollout_cfg, rl_cfg, optimizer), donate_argnums=(0,))
+
+
+RewardFn = Callable[[jax.Array, jax.Array, object], jax.Array]
+
+
+def make_fused_step(
+    model_cfg: ModelConfig,
+    rollout_cfg: RolloutConfig,
+    rl_cfg: RLConfig,
+    optimizer: optax.GradientTransformation,
+    reward_fn: RewardFn,
+) -> Callable[[TrainState, Prompts, object], tuple[TrainState, RolloutBatch, dict]]:
+    """Steps 1-7 as one jitted program, for rewards that are JAX functions (DESIGN.md §2).
+
+    ``reward_fn(tokens_BT, response_mask_BT, prompt_data) -> rewards_B`` runs in-graph between
+    the rollout and the update; ``prompt_data`` is any pytree of per-row arrays (targets, ...).
+    Returns ``fused_step(state, prompts, prompt_data) -> (state', batch, metrics)``, state
+    donated; ``metrics`` holds the rollout and the train metrics.
+    """
+    rollout_step = rollout_fn(model_cfg, rollout_cfg, rl_cfg)
+    train_step = train_fn(model_cfg, rollout_cfg, rl_cfg, optimizer)
+
+    def fused_step(state: TrainState, prompts: Prompts, prompt_data):
+        batch = rollout_step(state, prompts)
+        rewards_B = reward_fn(batch.tokens_BT, batch.response_mask_BT, prompt_data)
+        new_state, train_metrics = train_step(state, batch, rewards_B)
+        return new_state, batch, {**batch.metrics, **train_metrics}
+
+    return jax.jit(fused_step, donate_argnums=(0,))
 
 
 def calibrate_initial_kv_scales(

@@ -163,7 +163,9 @@ def train(exp: Experiment, *, progress: bool = True) -> dict:
     else:
         state = _initial_state(run, params, optimizer, rng)
     start = int(state.step)
-    logger = MetricsLogger(tc.run_dir, resume_step=start)
+    # Row s holds the metrics of the step that completed s steps, so a run resumed from the
+    # checkpoint of step s keeps rows <= s (from scratch, none: row 0 is logged again).
+    logger = MetricsLogger(tc.run_dir, resume_step=start + 1 if start else 0)
     rollout_step = make_rollout_step(model_cfg, exp.rollout, exp.rl)
     train_step = make_train_step(model_cfg, exp.rollout, exp.rl, optimizer)
     evaluate = make_eval_fn(run)
@@ -211,6 +213,10 @@ def train(exp: Experiment, *, progress: bool = True) -> dict:
             eval_acc = evaluate(state)
             pending[1]["eval_accuracy"] = eval_acc  # logged with this step
         if (tc.checkpoint_every and done % tc.checkpoint_every == 0) or done == tc.steps:
+            # Row `done` is written before its checkpoint can commit: a run killed after the
+            # commit resumes at `done` and never logs that row again.
+            eval_acc = _flush(logger, bar, pending, eval_acc)
+            pending = None
             ckpt.save(done, state, {"step": done})
     if pending is not None:
         _flush(logger, bar, pending, eval_acc)

@@ -1,0 +1,271 @@
+"""The trainer (issue 6): run outputs, exact resume, SIGKILL, damaged checkpoints, non-finite stop.
+
+Every run is `experiments/train.py` (or `train(exp, progress=False)` in a small driver) in a
+subprocess, on a tiny config (D=32, 4 prompts x 4 responses, 6 steps), sharing one persistent
+compilation cache: only the first run compiles from scratch (~30 s on 2 cores), the others take
+~10 s. One uninterrupted reference run is reused by every comparison.
+
+Resumed runs must reproduce the reference exactly: the data of step t depends only on t, the RNG
+and optimizer state are in the checkpoint, and XLA on CPU is deterministic run to run. Only the
+wall-clock `rollout_time_s` is left out of the comparison.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ARM = "fp8kv_tis"  # FP8 W8A8 + FP8 KV cache with static scales: the most state to resume
+STEPS = 6
+TINY = {
+    "model.hidden_size": 32,
+    "model.num_heads": 2,
+    "model.num_kv_heads": 1,
+    "model.intermediate_size": 64,
+    "sft.steps": 5,
+    "sft.batch_size": 16,
+    "rl.group_size": 4,
+    "rl.num_minibatches": 2,
+    "trainer.prompts_per_step": 4,
+    "trainer.steps": STEPS,
+    "trainer.eval_size": 16,
+    "trainer.eval_every": 2,  # = checkpoint_every, so a run stopped at a checkpoint logs the same
+    "trainer.checkpoint_every": 2,
+}
+WALL_CLOCK = {"rollout_time_s"}
+
+# train(exp, progress=False) in a subprocess, with the rewards replaced by NaN.
+_NAN_REWARD_DRIVER = """
+import json, sys
+import numpy as np
+sys.path.insert(0, {repo!r})
+from experiments.configs import tiny
+from fp8rl_jax.train import trainer
+from fp8rl_jax.train.experiment import experiment_from_config
+
+config = tiny.get_config({arm!r})
+for path, value in json.loads(sys.argv[1]).items():
+    *parents, name = path.split(".")
+    node = config
+    for p in parents:
+        node = node[p]
+    node[name] = value
+score = trainer.score_completions
+trainer.score_completions = lambda *a: (np.full(len(score(*a)[0]), np.nan), 0.0)
+try:
+    trainer.train(experiment_from_config(config), progress=False)
+except trainer.NonFiniteError as e:
+    print(f"NonFiniteError: {{e}}")
+    sys.exit(3)
+"""
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("jax_cache")
+    return {
+        **os.environ,
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+
+
+def _overrides(run_dir, **changes) -> dict:
+    return {**TINY, "trainer.run_dir": str(run_dir), **changes}
+
+
+def _argv(run_dir, **changes) -> list[str]:
+    flags = [f"--config.{k}={v}" for k, v in _overrides(run_dir, **changes).items()]
+    config = f"--config=experiments/configs/tiny.py:{ARM}"
+    return [sys.executable, "experiments/train.py", config, *flags]
+
+
+def _cli(env, run_dir, **changes) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        _argv(run_dir, **changes), cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def _check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def _metrics(run_dir) -> list[dict]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    return [{k: v for k, v in r.items() if k not in WALL_CLOCK} for r in rows]
+
+
+def _assert_same_metrics(run_dir, reference):
+    got, want = _metrics(run_dir), _metrics(reference)
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys(), (g["step"], sorted(set(g) ^ set(w)))
+        np.testing.assert_equal(g, w, err_msg=f"step {w['step']}")  # exact; NaN equals NaN
+
+
+def _committed_steps(run_dir) -> list[int]:
+    ckpt = Path(run_dir) / "checkpoints"
+    return sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.exists() else []
+
+
+@pytest.fixture(scope="module")
+def reference(env, tmp_path_factory):
+    """One uninterrupted run of STEPS steps."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    _check(_cli(env, run_dir))
+    return run_dir
+
+
+@pytest.mark.slow
+def test_run_dir_holds_all_outputs(reference):
+    names = set(os.listdir(reference))
+    assert {"config.json", "metrics.jsonl", "summary.json", "checkpoints", "plots"} <= names
+    assert list((reference / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((reference / "plots").glob("*.png"))
+    assert _committed_steps(reference) == [2, 4, 6]
+    config = json.loads((reference / "config.json").read_text())
+    assert config["rollout"]["kv_cache_dtype"] == "float8_e4m3fn"
+    assert config["trainer"]["steps"] == STEPS
+    rows = _metrics(reference)
+    assert [r["step"] for r in rows] == list(range(STEPS + 1))
+    assert all(np.isfinite(v) for r in rows for v in r.values())
+    assert [r["step"] for r in rows if "eval_accuracy" in r] == [0, 2, 4, 6]
+    summary = json.loads((reference / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["eval_accuracy_last"] == rows[-1]["eval_accuracy"]
+
+
+@pytest.mark.slow
+def test_resume_reproduces_uninterrupted_run(env, reference, tmp_path):
+    first = _check(_cli(env, tmp_path, **{"trainer.steps": 4}))
+    assert "resumed" not in first.stdout
+    resumed = _check(_cli(env, tmp_path))
+    assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
+    _assert_same_metrics(tmp_path, reference)
+
+
+@pytest.mark.slow
+def test_sigkill_then_restart_reproduces_uninterrupted_run(env, reference, tmp_path):
+    proc = subprocess.Popen(
+        _argv(tmp_path),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not _committed_steps(tmp_path) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint after 300 s"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGKILL, f"run ended before the kill:\n{stderr[-2000:]}"
+    assert not (tmp_path / "summary.json").exists()
+    killed_at = max(_committed_steps(tmp_path))
+    assert killed_at < STEPS
+    resumed = _check(_cli(env, tmp_path))
+    assert "resumed from" in resumed.stdout
+    _assert_same_metrics(tmp_path, reference)
+
+
+def _damage(step_dir: Path):
+    """Truncates the OCDBT manifests and data files of a checkpoint's state item."""
+    for root, _, files in os.walk(step_dir / "state"):
+        for name in files:
+            if "manifest" in name or Path(root).name == "d":
+                with open(os.path.join(root, name), "r+b") as f:
+                    f.truncate(0)
+
+
+@pytest.mark.slow
+def test_damaged_latest_checkpoint_falls_back_to_previous(env, reference, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    _damage(run_dir / "checkpoints" / "6")
+    resumed = _check(_cli(env, run_dir))
+    assert "unreadable" in resumed.stderr and str(run_dir / "checkpoints" / "6") in resumed.stderr
+    assert "at step 4" in resumed.stdout
+    assert any(p.name.startswith("6.corrupt-") for p in (run_dir / "checkpoints").iterdir())
+    assert _committed_steps(run_dir) == [2, 4, 6]
+    _assert_same_metrics(run_dir, reference)
+
+
+@pytest.mark.slow
+def test_nan_rewards_stop_with_nonfinite_error(env, tmp_path):
+    driver = _NAN_REWARD_DRIVER.format(repo=str(REPO), arm=ARM)
+    overrides = _overrides(tmp_path, **{"trainer.max_nonfinite_skips": 1})
+    proc = subprocess.run(
+        [sys.executable, "-c", driver, json.dumps(overrides)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-4000:]
+    message = proc.stdout.strip().splitlines()[-1]
+    # Two minibatch updates per step, both skipped: 2 > 1 stops the run after step 1.
+    assert message.startswith("NonFiniteError: 2 updates skipped for a non-finite loss")
+    assert "trainer.max_nonfinite_skips=1" in message and "reward_mean=nan" in message
+    assert str(tmp_path / "metrics.jsonl") in message
+    last = _metrics(tmp_path)[-1]
+    assert last["step"] == 1 and last["nonfinite_skips"] == 2 and np.isnan(last["reward_mean"])
+
+
+@pytest.mark.slow
+def test_infinite_learning_rate_is_skipped_and_reported(env, tmp_path):
+    # Finite loss and gradients, non-finite updates: the params must stay finite (skipped), and
+    # the error must point at the optimizer rather than at the rewards.
+    proc = _cli(env, tmp_path, **{"optim.lr": "inf", "trainer.max_nonfinite_skips": 3})
+    assert proc.returncode != 0
+    assert "NonFiniteError: 4 updates skipped" in proc.stderr
+    assert "grad_norm=" in proc.stderr and "optim.lr" in proc.stderr
+    rows = _metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in rows[1:])
+    assert all(r["quant_nonfinite"] == 0 for r in rows[1:])  # params never became non-finite
+
+
+@pytest.mark.parametrize(
+    "flag, needles",
+    [
+        ("--config.rollout.kv_cache_dtyp=x", ("kv_cache_dtyp", 'Did you mean "kv_cache_dtype"')),
+        (
+            "--config.rollout.kv_cache_dtype=int4",
+            ("kv_cache_dtype", "'int4'", "bfloat16", "float32", "float8_e4m3fn"),
+        ),
+    ],
+)
+def test_cli_config_errors_name_the_field(tmp_path, flag, needles):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "experiments/train.py",
+            "--config=experiments/configs/tiny.py:fp8_tis",
+            f"--config.trainer.run_dir={tmp_path / 'run'}",
+            flag,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    for needle in needles:
+        assert needle in output, output[-3000:]
+    assert not (tmp_path / "run").exists()  # nothing written for an invalid config
