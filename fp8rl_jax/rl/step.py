@@ -199,7 +199,8 @@ def rollout_fn(
     def rollout_step(state: TrainState, prompts: Prompts) -> RolloutBatch:
         params = cast_floats(state.params, compute_dtype)
         rollout_params, qstats = quantize_params(params, rollout_cfg.quant, return_stats=True)
-        rng = jax.random.fold_in(state.rng, state.step)
+        # Stream 0 of step t samples the rollout; stream 1 shuffles the minibatches.
+        rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 0)
         ro = generate(
             rollout_params,
             prompts,
@@ -444,7 +445,8 @@ def calibrate_initial_kv_scales(
 
 def init_train_state(params, optimizer, rng, kv_scales: KVScales | None = None) -> TrainState:
     """FP32 master weights, fresh optimizer state, step 0."""
-    params = cast_floats(params, jnp.float32)
+    # A copy: the train program donates the state, which must not delete the caller's arrays.
+    params = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), params)
     return TrainState(
         params=params,
         opt_state=optimizer.init(params),

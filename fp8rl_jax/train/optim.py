@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import optax
 
@@ -29,8 +30,8 @@ class OptimConfig:
             raise ValueError(
                 f"OptimConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}"
             )
-        if not self.lr > 0:
-            raise ValueError(f"OptimConfig.lr must be > 0, got {self.lr}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"OptimConfig.lr must be finite and > 0, got {self.lr}")
         if self.grad_clip < 0 or self.warmup_steps < 0 or self.weight_decay < 0:
             raise ValueError("OptimConfig.grad_clip, warmup_steps and weight_decay must be >= 0")
         if self.schedule == "cosine" and self.decay_steps <= 0:
