@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas.backend import IMPLS, Impl, default_impl
 from kernels_pallas.decode_attention.common import DEFAULT_BLOCKS, DecodeBlocks
 from kernels_pallas.decode_attention.reference import decode_attention_reference
-
-Impl = Literal["auto", "xla", "pallas_mosaic_gpu", "pallas_tpu"]
-IMPLS = ("auto", "xla", "pallas_mosaic_gpu", "pallas_tpu")
-
-
-def default_impl() -> str:
-    """auto: Mosaic GPU on Hopper (sm_90), Mosaic TPU on TPU, the jnp reference elsewhere."""
-    dev = jax.devices()[0]
-    if dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")).startswith("9"):
-        return "pallas_mosaic_gpu"
-    if dev.platform == "tpu":
-        return "pallas_tpu"
-    return "xla"
 
 
 def _check(q_BHC, k_BSKC, v_BSKC, valid_BS, k_scale, v_scale) -> None:

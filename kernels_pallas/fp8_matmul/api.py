@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import functools
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas.backend import IMPLS, Impl, default_impl
 from kernels_pallas.fp8_matmul.reference import fp8_matmul_reference
 from kernels_pallas.qarray import QArray, fp8_dtype
 from kernels_pallas.quantize import quantize_activations
-
-Impl = Literal["auto", "xla", "pallas_mosaic_gpu", "pallas_tpu"]
-IMPLS = ("auto", "xla", "pallas_mosaic_gpu", "pallas_tpu")
-
-
-def default_impl() -> str:
-    """auto: Mosaic GPU on Hopper (sm_90), Mosaic TPU on TPU, the jnp reference elsewhere."""
-    dev = jax.devices()[0]
-    if dev.platform == "gpu" and str(getattr(dev, "compute_capability", "")).startswith("9"):
-        return "pallas_mosaic_gpu"
-    if dev.platform == "tpu":
-        return "pallas_tpu"
-    return "xla"
 
 
 def _check(x_q: QArray, w_q: QArray) -> None:
