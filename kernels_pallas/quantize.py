@@ -47,6 +47,16 @@ def saturating_cast(x_scaled: jax.Array, dtype) -> jax.Array:
     return jnp.clip(x_scaled, -m, m).astype(fp8_dtype(dtype))
 
 
+def _raise_if_nonfinite_eager(x) -> None:
+    """Eagerly, NaN/Inf input is an error (it would poison a whole block's scale); under jit the
+    caller counts it instead (``quantize_params`` returns the count in ``QuantStats``)."""
+    if isinstance(x, jax.core.Tracer):
+        return
+    bad = int(jnp.sum(~jnp.isfinite(x)))
+    if bad:
+        raise ValueError(f"quantize: input of shape {x.shape} has {bad} NaN/Inf entries")
+
+
 def quantize_blockwise(
     x: jax.Array,
     block_shape: tuple[int, ...] = (128, 128),
@@ -61,6 +71,7 @@ def quantize_blockwise(
     """
     block_shape = tuple(int(b) for b in block_shape)
     scales_shape(x.shape, block_shape)  # validates block_shape against x
+    _raise_if_nonfinite_eager(x)
     scales = amax_to_scale(block_amax(x, block_shape), dtype, pow2_scales)
     n = len(block_shape)
     x_pad = _pad_trailing(x.astype(jnp.float32), block_shape)

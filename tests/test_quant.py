@@ -189,3 +189,15 @@ def test_matmul_array_and_qarray_weights():
     rel = jnp.linalg.norm(yq - y) / jnp.linalg.norm(y)
     assert rel < 0.06  # FP8 W8A8 on N(0,1) data: ~0.04 (see test_fp8_matmul for the bound)
     assert matmul(x.astype(jnp.bfloat16), wq).dtype == jnp.bfloat16
+
+
+def test_quantize_blockwise_rejects_nonfinite_eagerly_and_propagates_under_jit():
+    x = jnp.ones((4, 8)).at[1, 2].set(jnp.nan).at[3, 3].set(jnp.inf)
+    with pytest.raises(ValueError, match="2 NaN/Inf"):
+        quantize_blockwise(x, (2, 4))
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        quantize_activations(x, 4)
+    q = jax.jit(lambda x: quantize_blockwise(x, (2, 4)))(
+        x
+    )  # no error under jit: counted by callers
+    assert not np.isfinite(np.asarray(q.scales)).all()

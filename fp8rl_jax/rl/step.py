@@ -191,14 +191,24 @@ def sequence_logprobs(
 
 
 def rollout_fn(
-    model_cfg: ModelConfig, rollout_cfg: RolloutConfig, rl_cfg: RLConfig
+    model_cfg: ModelConfig,
+    rollout_cfg: RolloutConfig,
+    rl_cfg: RLConfig,
+    *,
+    constrain_rollout_params: Callable | None = None,
 ) -> Callable[[TrainState, Prompts], RolloutBatch]:
-    """Un-jitted ``rollout_step(state, prompts) -> RolloutBatch`` (steps 1-4), for composing."""
+    """Un-jitted ``rollout_step(state, prompts) -> RolloutBatch`` (steps 1-4), for composing.
+
+    ``constrain_rollout_params`` (e.g. ``train.sharding.rollout_params_constraint``) pins the
+    quantized weights to the rollout layout, so FSDP gathers run once per step, not per token.
+    """
     compute_dtype = jnp.dtype(rollout_cfg.compute_dtype)
 
     def rollout_step(state: TrainState, prompts: Prompts) -> RolloutBatch:
         params = cast_floats(state.params, compute_dtype)
         rollout_params, qstats = quantize_params(params, rollout_cfg.quant, return_stats=True)
+        if constrain_rollout_params is not None:  # gather FP8 weights once, not per token
+            rollout_params = constrain_rollout_params(rollout_params)
         # Stream 0 of step t samples the rollout; stream 1 shuffles the minibatches.
         rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 0)
         ro = generate(
@@ -251,10 +261,18 @@ def rollout_fn(
 
 
 def make_rollout_step(
-    model_cfg: ModelConfig, rollout_cfg: RolloutConfig, rl_cfg: RLConfig
+    model_cfg: ModelConfig,
+    rollout_cfg: RolloutConfig,
+    rl_cfg: RLConfig,
+    *,
+    constrain_rollout_params: Callable | None = None,
 ) -> Callable[[TrainState, Prompts], RolloutBatch]:
-    """``rollout_step(state, prompts) -> RolloutBatch``, one jitted program."""
-    return jax.jit(rollout_fn(model_cfg, rollout_cfg, rl_cfg))
+    """``rollout_step(state, prompts) -> RolloutBatch``, one jitted program (see ``rollout_fn``)."""
+    return jax.jit(
+        rollout_fn(
+            model_cfg, rollout_cfg, rl_cfg, constrain_rollout_params=constrain_rollout_params
+        )
+    )
 
 
 def compute_advantages(rewards_B, mask_BT, rl_cfg: RLConfig):

@@ -26,14 +26,13 @@ from fp8rl_jax.rl.step import (
     calibrate_initial_kv_scales,
     cast_floats,
     init_train_state,
-    make_rollout_step,
-    make_train_step,
 )
 from fp8rl_jax.tasks import make_demonstration_batch, make_prompt_batch, score_completions
 from fp8rl_jax.train.checkpoint import CheckpointManager
 from fp8rl_jax.train.experiment import Experiment
 from fp8rl_jax.train.logging import MetricsLogger
 from fp8rl_jax.train.optim import make_optimizer
+from fp8rl_jax.train.placement import SingleDevice, make_placement
 from fp8rl_jax.train.setup import build_model, build_task
 from fp8rl_jax.train.sft import sft_warm_start
 
@@ -61,16 +60,19 @@ class _Run:
     tokenizer: object
     model_cfg: object
     prompt_len: int
+    placement: object = SingleDevice()  # where arrays live (train/placement.py)
 
 
 def make_eval_fn(run: _Run):
     """Greedy held-out accuracy of the policy as the rollout engine runs it (same precision)."""
     rc = run.exp.rollout
     greedy = SamplingConfig(temperature=0.0)
+    place, n = run.placement, run.exp.trainer.eval_size
 
-    @jax.jit
     def eval_generate(params, prompts, kv_scales):
         p = quantize_params(cast_floats(params, rc.compute_dtype), rc.quant)
+        if place.pin_rollout_params is not None:  # gather the FP8 weights once, not per token
+            p = place.pin_rollout_params(p)
         return generate(
             p,
             prompts,
@@ -85,16 +87,19 @@ def make_eval_fn(run: _Run):
             decode_impl=rc.decode_attention_impl,
         ).tokens_BT
 
+    eval_generate = place.jit_eval(eval_generate, n)
+
     def evaluate(state: TrainState) -> float:
-        n = run.exp.trainer.eval_size
+        rows = place.rows(n)  # this process's problems only
         batch = make_prompt_batch(
-            run.task, run.tokenizer, range(n), 1, run.prompt_len, split="eval"
+            run.task, run.tokenizer, range(rows.start, rows.stop), 1, run.prompt_len, split="eval"
         )
-        tokens = np.asarray(eval_generate(state.params, _prompts(batch), state.kv_scales))
+        prompts = place.prompts(batch.tokens_BP, batch.lens_B, n)
+        tokens = place.local_tokens(eval_generate(state.params, prompts, state.kv_scales))
         _, acc = score_completions(
             run.task, batch.examples, _completions(run.tokenizer, tokens, run.prompt_len)
         )
-        return float(acc)
+        return place.mean_over_rows(float(acc), len(batch.examples))
 
     return evaluate
 
@@ -131,9 +136,11 @@ def _initial_state(run: _Run, params, optimizer, rng) -> TrainState:
 
 
 def train(exp: Experiment, *, progress: bool = True) -> dict:
-    """Runs (or resumes) the experiment; returns the summary (also in run_dir/summary.json)."""
-    from tqdm.auto import tqdm
+    """Runs (or resumes) the experiment; returns the summary (also in run_dir/summary.json).
 
+    With more than one device or process the state and both steps live on ``exp.mesh``
+    (docs/SCALING.md §6); every process runs this same loop on its own rows of each batch.
+    """
     tc = exp.trainer
     os.makedirs(tc.run_dir, exist_ok=True)
     task, tokenizer = build_task(exp.task, exp.model.hf_checkpoint)
@@ -156,18 +163,48 @@ def train(exp: Experiment, *, progress: bool = True) -> dict:
     abstract = jax.eval_shape(
         lambda: init_train_state(params, optimizer, rng, _abstract_kv_scales(run, params))
     )
-    restored = ckpt.restore_latest(abstract)
+    place = run.placement = make_placement(exp, model_cfg, abstract, prompt_len)
+    restored = ckpt.restore_latest(place.restore_target(abstract))
     if restored is not None:
         state, meta = restored
         print(f"resumed from {ckpt.directory} at step {int(state.step)}")
     else:
-        state = _initial_state(run, params, optimizer, rng)
+        # SFT and the step-0 KV-scale calibration run on each process's first device (every
+        # process computes the same values); the result is then placed on the mesh.
+        state = place.place_state(_initial_state(run, params, optimizer, rng))
     start = int(state.step)
     # Row s holds the metrics of the step that completed s steps, so a run resumed from the
     # checkpoint of step s keeps rows <= s (from scratch, none: row 0 is logged again).
     logger = MetricsLogger(tc.run_dir, resume_step=start + 1 if start else 0)
-    rollout_step = make_rollout_step(model_cfg, exp.rollout, exp.rl)
-    train_step = make_train_step(model_cfg, exp.rollout, exp.rl, optimizer)
+    with place.activate():
+        _run_steps(run, state, start, optimizer, ckpt, logger, progress)
+    ckpt.wait_until_finished()
+    logger.close()
+    if not place.is_main:  # only process 0 holds metrics.jsonl
+        return {"run_dir": os.path.abspath(tc.run_dir), "steps": tc.steps,
+                "eval_accuracy_first": None, "eval_accuracy_last": None}  # fmt: skip
+    summary = _summary(tc.run_dir, logger.path)
+    if tc.plots:
+        from fp8rl_jax.train.plots import plot_run
+
+        plot_run(tc.run_dir)
+    return summary
+
+
+def _step_prompts(run: _Run, step: int):
+    """This process's rows of step ``step``'s prompt batch, and the global device prompts."""
+    n, group = run.exp.trainer.prompts_per_step, run.exp.rl.group_size
+    rows = run.placement.rows(n * group, group)  # whole GRPO groups only
+    problems = range(step * n + rows.start // group, step * n + rows.stop // group)
+    batch = make_prompt_batch(run.task, run.tokenizer, problems, group, run.prompt_len)
+    return batch, run.placement.prompts(batch.tokens_BP, batch.lens_B, n * group)
+
+
+def _run_steps(run: _Run, state, start, optimizer, ckpt, logger, progress: bool) -> None:
+    from tqdm.auto import tqdm
+
+    tc, place = run.exp.trainer, run.placement
+    rollout_step, train_step = place.steps(run.model_cfg, run.exp, optimizer)
     evaluate = make_eval_fn(run)
 
     eval_acc = None
@@ -178,31 +215,26 @@ def train(exp: Experiment, *, progress: bool = True) -> dict:
         range(start, tc.steps),
         initial=start,
         total=tc.steps,
-        disable=not progress,
+        disable=not (progress and place.is_main),
         desc="GRPO",
         unit="step",
     )
     pending = None
     for step in bar:
-        batch = make_prompt_batch(
-            task,
-            tokenizer,
-            range(step * tc.prompts_per_step, (step + 1) * tc.prompts_per_step),
-            exp.rl.group_size,
-            prompt_len,
-        )
+        batch, prompts = _step_prompts(run, step)
         jax.block_until_ready(state.step)  # so rollout_time measures the rollout alone
         t0 = time.perf_counter()
-        rollout = rollout_step(state, _prompts(batch))
-        tokens = np.asarray(rollout.tokens_BT)
+        rollout = rollout_step(state, prompts)
+        tokens = place.local_tokens(rollout.tokens_BT)
         rollout_time = time.perf_counter() - t0
         rewards, acc = score_completions(
-            task, batch.examples, _completions(tokenizer, tokens, prompt_len)
+            run.task, batch.examples, _completions(run.tokenizer, tokens, run.prompt_len)
         )
-        state, train_metrics = train_step(state, rollout, jnp.asarray(rewards, jnp.float32))
+        state, train_metrics = train_step(state, rollout, place.rewards(rewards))
+        acc = place.mean_over_rows(float(acc), len(batch.examples))
         if pending is not None:  # read step t-1 while step t's update runs
             eval_acc = _flush(logger, bar, pending, eval_acc)
-        pending = (step + 1, rollout.metrics, train_metrics, float(acc), rollout_time)
+        pending = (step + 1, rollout.metrics, train_metrics, acc, rollout_time)
         if int(train_metrics["nonfinite_skips"]) > tc.max_nonfinite_skips:
             _flush(logger, bar, pending, eval_acc)
             logger.close()
@@ -217,17 +249,9 @@ def train(exp: Experiment, *, progress: bool = True) -> dict:
             # commit resumes at `done` and never logs that row again.
             eval_acc = _flush(logger, bar, pending, eval_acc)
             pending = None
-            ckpt.save(done, state, {"step": done})
+            ckpt.save(done, state, {"step": done})  # on every process: each writes its shards
     if pending is not None:
         _flush(logger, bar, pending, eval_acc)
-    ckpt.wait_until_finished()
-    logger.close()
-    summary = _summary(tc.run_dir, logger.path)
-    if tc.plots:
-        from fp8rl_jax.train.plots import plot_run
-
-        plot_run(tc.run_dir)
-    return summary
 
 
 def _abstract_kv_scales(run: _Run, params):
