@@ -1,0 +1,179 @@
+"""Where the host loop's arrays live: one device, or a mesh over devices and processes.
+
+``make_placement`` picks ``SingleDevice`` (one device, one process: plain ``rl.step`` programs,
+host arrays moved with ``jnp.asarray``) or ``OnMesh`` (docs/SCALING.md §6: state sharded by
+``train_state_shardings``, both steps jitted with explicit shardings, each process feeding and
+scoring only its own rows of every batch). The trainer calls the same methods either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp8rl_jax.generation import Prompts
+from fp8rl_jax.rl.step import make_rollout_step, make_train_step
+from fp8rl_jax.train import distributed as dist
+from fp8rl_jax.train import sharding as sh
+
+
+class SingleDevice:
+    """One device, one process: every method is the identity or a plain ``jax.jit``."""
+
+    is_main = True
+
+    def activate(self):
+        return contextlib.nullcontext()
+
+    def restore_target(self, abstract_state):
+        return abstract_state
+
+    def place_state(self, state):
+        return state
+
+    def steps(self, model_cfg, exp, optimizer):
+        """``(rollout_step, train_step)`` as ``rl.step`` builds them."""
+        return (
+            make_rollout_step(model_cfg, exp.rollout, exp.rl),
+            make_train_step(model_cfg, exp.rollout, exp.rl, optimizer),
+        )
+
+    pin_rollout_params = None  # constraint on the quantized weights (rl.step hook)
+
+    def jit_eval(self, fn, n_rows: int):
+        """``fn(params, prompts, kv_scales) -> tokens_BT`` jitted."""
+        del n_rows
+        return jax.jit(fn)
+
+    def rows(self, n_rows: int, group_size: int = 1) -> slice:
+        """The rows of an [n_rows, ...] batch this process builds (here: all)."""
+        del group_size
+        return slice(0, n_rows)
+
+    def prompts(self, tokens_BP: np.ndarray, lens_B: np.ndarray, n_rows: int) -> Prompts:
+        """Device prompts of the global batch from this process's rows."""
+        del n_rows
+        return Prompts(jnp.asarray(tokens_BP), jnp.asarray(lens_B))
+
+    def local_tokens(self, tokens_BT: jax.Array) -> np.ndarray:
+        """This process's rows of a [B, T] device array, on the host."""
+        return np.asarray(tokens_BT)
+
+    def rewards(self, rewards_B: np.ndarray) -> jax.Array:
+        """Device rewards of the global batch from this process's rows."""
+        return jnp.asarray(rewards_B, jnp.float32)
+
+    def mean_over_rows(self, local_mean: float, n_local: int) -> float:
+        """The mean over all rows of a per-row quantity, from this process's mean of its rows."""
+        del n_local
+        return local_mean
+
+
+class OnMesh(SingleDevice):
+    """A mesh over all devices of all processes (SCALING.md §6)."""
+
+    def __init__(self, mesh, model_cfg, abstract_state, prompt_len: int, batch_rows: int):
+        self.mesh, self.model_cfg = mesh, model_cfg
+        self.prompt_len, self.batch_rows = prompt_len, batch_rows
+        self.state_sh = sh.train_state_shardings(abstract_state, model_cfg, mesh)
+        self.abstract_state = abstract_state
+        self.is_main = dist.is_main_process()
+
+    def activate(self):
+        return jax.set_mesh(self.mesh)
+
+    def restore_target(self, abstract_state):
+        return sh.abstract_with_shardings(abstract_state, self.state_sh)
+
+    def place_state(self, state):
+        """Puts a state that every process holds whole (same values) onto the mesh."""
+        if jax.process_count() == 1:
+            return jax.device_put(state, self.state_sh)
+        return jax.tree.map(_from_every_process, state, self.state_sh)
+
+    def _abstract_prompts(self, n_rows: int) -> Prompts:
+        return Prompts(
+            jax.ShapeDtypeStruct((n_rows, self.prompt_len), jnp.int32),
+            jax.ShapeDtypeStruct((n_rows,), jnp.int32),
+        )
+
+    @functools.cache  # noqa: B019 (a few batch sizes per run)
+    def _prompts_sh(self, n_rows: int) -> Prompts:
+        return sh.batch_shardings(self._abstract_prompts(n_rows), self.mesh)
+
+    @functools.cache  # noqa: B019
+    def _rows_sh(self, n_rows: int):
+        return sh.batch_shardings(jax.ShapeDtypeStruct((n_rows,), jnp.float32), self.mesh)
+
+    def steps(self, model_cfg, exp, optimizer):
+        """Both steps jitted with explicit shardings; the FP8 weights are gathered once a step."""
+        rollout = make_rollout_step(
+            model_cfg, exp.rollout, exp.rl, constrain_rollout_params=self.pin_rollout_params
+        )
+        train = make_train_step(model_cfg, exp.rollout, exp.rl, optimizer)
+        abstract_prompts = self._abstract_prompts(self.batch_rows)
+        abstract_batch = jax.eval_shape(rollout, self.abstract_state, abstract_prompts)
+        batch_sh = sh.batch_shardings(abstract_batch, self.mesh)
+        prompts_sh, rewards_sh = self._prompts_sh(self.batch_rows), self._rows_sh(self.batch_rows)
+        return (
+            sh.shard_rollout_step(rollout, self.state_sh, prompts_sh, batch_sh),
+            sh.shard_train_step(train, self.state_sh, batch_sh, rewards_sh, self.mesh),
+        )
+
+    @property
+    def pin_rollout_params(self):
+        return sh.rollout_params_constraint(self.model_cfg, self.mesh)
+
+    def jit_eval(self, fn, n_rows: int):
+        """Eval generation on the mesh: params as trained, prompts and tokens split over rows."""
+        in_sh = (self.state_sh.params, self._prompts_sh(n_rows), self.state_sh.kv_scales)
+        return jax.jit(fn, in_shardings=in_sh, out_shardings=self._rows_sh(n_rows))
+
+    def rows(self, n_rows: int, group_size: int = 1) -> slice:
+        rows = dist.process_rows(self._prompts_sh(n_rows).tokens_BP, (n_rows, self.prompt_len))
+        # Rewards are compared within a GRPO group, so no group may straddle two processes.
+        assert rows.start % group_size == 0 and rows.stop % group_size == 0, (rows, group_size)
+        return rows
+
+    def prompts(self, tokens_BP, lens_B, n_rows: int) -> Prompts:
+        return dist.global_batch(Prompts(tokens_BP, lens_B), self._prompts_sh(n_rows), n_rows)
+
+    def local_tokens(self, tokens_BT):
+        return dist.local_rows(tokens_BT)
+
+    def rewards(self, rewards_B):
+        rewards_B = np.asarray(rewards_B, np.float32)
+        return dist.global_batch(rewards_B, self._rows_sh(self.batch_rows), self.batch_rows)
+
+    def mean_over_rows(self, local_mean: float, n_local: int) -> float:
+        if jax.process_count() == 1:
+            return local_mean
+        from jax.experimental import multihost_utils
+
+        # Sums of exact per-row counts: every process gets the same float as one process would.
+        sums = multihost_utils.process_allgather(np.array([local_mean * n_local, n_local]))
+        total, rows = np.asarray(sums).reshape(-1, 2).sum(0)
+        return float(round(total)) / float(rows)
+
+
+def make_placement(exp, model_cfg, abstract_state, prompt_len: int):
+    """``OnMesh`` when the mesh spans more than one device or process, else ``SingleDevice``."""
+    if jax.device_count() == 1 and jax.process_count() == 1:
+        return SingleDevice()
+    mesh = sh.make_mesh(exp.mesh)
+    batch_rows = exp.trainer.prompts_per_step * exp.rl.group_size
+    return OnMesh(mesh, model_cfg, abstract_state, prompt_len, batch_rows)
+
+
+def _from_every_process(x, sharding):
+    """A global array from a value every process holds whole (``device_put`` only takes
+    shardings of this process's devices); typed PRNG keys travel as their key data."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        data = _from_every_process(jax.random.key_data(x), sharding)
+        return jax.random.wrap_key_data(data, impl=str(jax.random.key_impl(x)))
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

@@ -1,0 +1,150 @@
+"""``train()`` on a mesh (docs/SCALING.md §6) logs what the single-device run logs.
+
+Each run is ``tests.trainer_sharded_worker`` in a subprocess (the fake CPU device count is fixed
+when jax is imported), on a tiny config (D=32, 4 prompts x 4 responses), all sharing one
+persistent compilation cache. The reference is one uninterrupted 4-step run on one device.
+
+Numerics: FP8 W8A8 rollout weights (quant on), everything else f32 (rollout compute, KV cache,
+SFT, master weights), so a mesh changes only the order of reductions. The sampled tokens are then
+the same, and metrics agree to ~1e-6 relative; we allow 1e-4 (relative to 1 + |value|).
+SFT uses a high lr and a format reward, so rewards vary within groups and the updates are non-zero.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOL = 1e-4
+TINY = {
+    "model.hidden_size": 32,
+    "model.num_heads": 2,
+    "model.num_kv_heads": 2,
+    "model.intermediate_size": 64,
+    "task.format_reward": 0.5,
+    "sft.steps": 20,
+    "sft.batch_size": 16,
+    "sft.optim.lr": 0.01,
+    "sft.optim.warmup_steps": 0,
+    "rl.group_size": 4,
+    "rl.num_minibatches": 2,
+    "rollout.compute_dtype": "float32",
+    "rollout.kv_cache_dtype": "float32",
+    "trainer.prompts_per_step": 4,
+    "trainer.eval_size": 16,
+    "trainer.eval_every": 2,
+    "trainer.checkpoint_every": 2,
+    "trainer.plots": "false",
+}
+WALL_CLOCK = {"rollout_time_s"}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+    for k in ("XLA_FLAGS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        env.pop(k, None)
+    return env
+
+
+def _cmd(run_dir, steps: int, *worker_args: str) -> list[str]:
+    sets = {**TINY, "trainer.run_dir": str(run_dir), "trainer.steps": steps}
+    flags = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    return [sys.executable, "-m", "tests.trainer_sharded_worker", *worker_args, *flags]
+
+
+def _run(env, run_dir, steps: int, *worker_args: str) -> tuple[dict, str]:
+    proc = subprocess.run(
+        _cmd(run_dir, steps, *worker_args),
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout
+
+
+def _metrics(run_dir) -> list[dict]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if k not in WALL_CLOCK} for x in lines]
+
+
+def _assert_close(got: list[dict], want: list[dict]) -> None:
+    """Rows of ``got`` equal the same steps of ``want`` on the metrics both logged."""
+    assert [r["step"] for r in got] == [r["step"] for r in want[: len(got)]]
+    for g, w in zip(got, want):
+        for k in g.keys() & w.keys():
+            assert abs(g[k] - w[k]) <= TOL * (1 + abs(w[k])), (w["step"], k, g[k], w[k])
+
+
+@pytest.fixture(scope="module")
+def reference(env, tmp_path_factory):
+    """One uninterrupted 4-step run on one device, one process."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    summary, _ = _run(env, run_dir, 4)
+    assert summary["devices"] == 1
+    rows = _metrics(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert any(r.get("grad_norm", 0) > 0 for r in rows)  # the updates do something
+    return rows
+
+
+@pytest.mark.slow
+def test_mesh_run_matches_single_device_and_resumes(env, reference, tmp_path):
+    mesh = ("--devices", "8", "--mesh", "data=2,fsdp=2,tensor=2")
+    first, _ = _run(env, tmp_path, 2, *mesh)
+    assert first["devices"] == 8 and first["steps"] == 2
+    summary, stdout = _run(env, tmp_path, 4, *mesh)  # resumes from the checkpoint of step 2
+    assert "at step 2" in stdout
+    rows = _metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    _assert_close(rows, reference)
+    assert [s for s, _ in summary["eval_accuracy"]] == [0, 2, 4]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_match_one_process(env, reference, tmp_path):
+    port = str(_free_port())
+    args = ("--devices", "2", "--mesh", "data=2,fsdp=2", "--num-processes", "2", "--port", port)
+    procs = [
+        subprocess.Popen(
+            _cmd(tmp_path, 3, *args, "--process-id", str(i)),
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=400) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[1][-3000:] for o in outs)
+    s0, s1 = (json.loads(o[0].strip().splitlines()[-1]) for o in outs)
+    assert (s0["process_index"], s1["process_index"], s0["devices"]) == (0, 1, 4)
+    # Only process 0 reads and writes metrics.jsonl (both share this run_dir, as on a shared
+    # file system); the other one returns a summary without the eval history.
+    assert [s for s, _ in s0["eval_accuracy"]] == [0, 2, 3] and "eval_accuracy" not in s1
+    rows = _metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    _assert_close(rows, reference)
+    assert (tmp_path / "checkpoints" / "2").is_dir() and (tmp_path / "checkpoints" / "3").is_dir()
