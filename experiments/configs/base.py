@@ -81,12 +81,16 @@ def get_config() -> config_dict.ConfigDict:
 
     c.rl = rl = config_dict.ConfigDict()
     rl.group_size = 16  # responses per prompt
-    rl.advantage = "grpo"  # grpo | drgrpo | rloo
+    rl.advantage = "grpo"  # grpo | drgrpo | rloo | gae (PPO with a value head on the policy)
     rl.ppo_epochs = 1
     rl.num_minibatches = (
         4  # updates per rollout (the paper uses 1; 4 is more sample-efficient here)
     )
     rl.grad_accum = 1
+    rl.gamma = 1.0  # GAE discount per token (advantage=gae)
+    rl.lam = 1.0  # GAE lambda (advantage=gae)
+    rl.whiten_advantages = True  # GAE: whiten advantages over the batch's response tokens
+    rl.kl_in_reward = 0.0  # beta of the per-token reward penalty -beta*KL(pi_old||pi_ref); 0: off
     rl.loss = config_dict.ConfigDict(
         dict(
             clip_low=0.2,
@@ -145,4 +149,12 @@ def get_config() -> config_dict.ConfigDict:
     tr.keep_checkpoints = 3
     tr.max_nonfinite_skips = 5
     tr.plots = True
+
+    # Device mesh (docs/SCALING.md): one device by default; -1 = all remaining devices.
+    c.mesh = config_dict.ConfigDict(dict(data=1, fsdp=-1, expert=1, tensor=1))
+    # jax.distributed: empty fields come from JAX_* / SLURM environment variables.
+    c.distributed = config_dict.ConfigDict(
+        dict(coordinator_address="", num_processes=0, process_id=-1, local_device_ids=(),
+             cpu_collectives="gloo", initialization_timeout_s=300)
+    )  # fmt: skip
     return c

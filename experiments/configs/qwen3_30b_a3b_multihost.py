@@ -18,5 +18,5 @@ from experiments.configs import qwen3_8b_multihost as parent
 def get_config():
     c = parent.get_config()
     c.trainer.run_dir = "runs/qwen3_30b_a3b_multihost"
-    c.mesh = parent.mesh(data=1, fsdp=-1, expert=8, tensor=1)
+    c.mesh.update(dict(data=1, fsdp=-1, expert=8, tensor=1))
     return c
