@@ -10,6 +10,11 @@ Train program (steps 5-7): advantages, ``ppo_epochs`` x minibatches of loss + op
 scales from this step's BF16 pass. A non-finite loss, gradient or update skips the update and is
 counted.
 
+Optional terms (DESIGN.md §4.7), each costing nothing unless enabled: an entropy bonus from the
+loss forward's logits; KL to a frozen reference policy (``TrainState.ref_params``, scored once in
+the rollout program) as a loss term and/or a reward penalty; PPO with a value head on the policy
+trunk (``advantage="gae"``, ``TrainState.value_head``), its old values from the scoring forward.
+
 With a reward that is a JAX function, ``make_fused_step`` composes both (and the reward) into one
 program; ``rollout_fn``/``train_fn`` are the un-jitted pieces all three builders share.
 """
@@ -24,115 +29,33 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fp8rl_jax.generation import (
-    KVScales,
-    Prompts,
-    SamplingConfig,
-    calibrate_kv_scales,
-    generate,
-    token_logprobs,
+from fp8rl_jax.generation import Prompts, calibrate_kv_scales, generate
+from fp8rl_jax.models import ModelConfig
+from fp8rl_jax.quant import quantize_params
+from fp8rl_jax.rl.advantages import gae, grpo_advantages, masked_whiten, rloo_advantages
+from fp8rl_jax.rl.correction import rollout_correction
+from fp8rl_jax.rl.losses import entropy_bonus, kl_loss, masked_mean, policy_loss, value_loss
+from fp8rl_jax.rl.scoring import (  # noqa: F401  (re-exported: the step's public helpers)
+    calibrate_initial_kv_scales,
+    cast_floats,
+    policy_entropy,
+    prompt_segment_ids,
+    rollout_segment_ids,
+    sequence_logprobs,
 )
-from fp8rl_jax.models import ModelConfig, forward
-from fp8rl_jax.quant import QuantRecipe, quantize_params
-from fp8rl_jax.rl.advantages import grpo_advantages, rloo_advantages
-from fp8rl_jax.rl.correction import RolloutCorrectionConfig, rollout_correction
-from fp8rl_jax.rl.losses import LossConfig, masked_mean, policy_loss
-
-ADVANTAGES = ("grpo", "drgrpo", "rloo")
-KV_CACHE_DTYPES = ("bfloat16", "float32", "float8_e4m3fn")
-KV_SCALE_MODES = ("static", "dynamic")
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """How the rollout policy generates: precision of weights and KV cache, sampling, budget."""
-
-    sampling: SamplingConfig = SamplingConfig()
-    max_new_tokens: int = 16  # response budget per sequence
-    stop_token_ids: tuple[int, ...] = ()  # generation of a row stops after any of these
-    quant: QuantRecipe | None = QuantRecipe()  # FP8 W8A8 recipe; None = BF16 rollout
-    kv_cache_dtype: str = "bfloat16"  # one of KV_CACHE_DTYPES
-    kv_scale_mode: str = "static"  # FP8 KV scales: "static" (recalibrated per step) | "dynamic"
-    compute_dtype: str = "bfloat16"  # activations / non-FP8 weights in rollout and scoring
-    kv_calib_percentile: float = 99.9  # percentile over micro-batch amax (NeMo-RL)
-    kv_calib_margin: float = 1.05  # headroom multiplier on the amax
-    decode_attention_impl: str | None = None  # None: jnp; "auto"/"pallas_*": Pallas decode kernel
-
-    def __post_init__(self):
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"RolloutConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, "
-                f"got {self.kv_cache_dtype!r}"
-            )
-        if self.kv_scale_mode not in KV_SCALE_MODES:
-            raise ValueError(
-                f"RolloutConfig.kv_scale_mode must be one of {KV_SCALE_MODES}, "
-                f"got {self.kv_scale_mode!r}"
-            )
-        if self.max_new_tokens < 1:
-            raise ValueError(
-                f"RolloutConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}"
-            )
-
-    @property
-    def fp8_kv(self) -> bool:
-        return self.kv_cache_dtype.startswith("float8")
-
-    @property
-    def static_kv_scales(self) -> bool:
-        return self.fp8_kv and self.kv_scale_mode == "static"
-
-
-@dataclasses.dataclass(frozen=True)
-class RLConfig:
-    """The algorithm: advantages, PPO epochs/minibatches, loss, rollout correction."""
-
-    group_size: int = 8  # G responses per prompt (GRPO group)
-    advantage: str = "grpo"  # "grpo" | "drgrpo" (no std division) | "rloo"
-    ppo_epochs: int = 1  # passes over the rollout batch
-    num_minibatches: int = 1  # optimizer updates per epoch
-    grad_accum: int = 1  # micro-batches accumulated per minibatch update
-    loss: LossConfig = LossConfig()
-    correction: RolloutCorrectionConfig = RolloutCorrectionConfig()
-
-    def __post_init__(self):
-        if self.advantage not in ADVANTAGES:
-            raise ValueError(
-                f"RLConfig.advantage must be one of {ADVANTAGES}, got {self.advantage!r}"
-            )
-        for name in ("group_size", "ppo_epochs", "num_minibatches", "grad_accum"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RLConfig.{name} must be >= 1, got {getattr(self, name)}")
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class TrainState:
-    """Everything a step needs and a checkpoint saves; donated to the train program."""
-
-    params: dict  # FP32 master weights
-    opt_state: optax.OptState
-    kv_scales: KVScales | None  # static FP8 KV scales for the next rollout (None: not used)
-    step: jax.Array  # int32 number of completed RL steps
-    rng: jax.Array  # base key; step t uses fold_in(rng, t)
-    nonfinite_skips: jax.Array  # int32 updates skipped for a non-finite loss, gradient or update
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class RolloutBatch:
-    """One rollout, scored and corrected, ready for the update (all arrays [B, T] unless noted)."""
-
-    tokens_BT: jax.Array  # prompt + response, left-padded prompts
-    segment_ids_BT: jax.Array  # 1 for real tokens, 0 for left padding
-    positions_BT: jax.Array  # per-row positions (left-padding invariant)
-    response_mask_BT: jax.Array  # 1 on generated tokens up to and including the stop token
-    logp_rollout_BT: jax.Array  # rollout (FP8) policy log-probs of the sampled tokens
-    logp_old_BT: jax.Array  # high-precision policy log-probs at the params that generated
-    is_weights_BT: jax.Array  # rollout-correction importance weights (stop-gradient)
-    keep_BT: jax.Array  # rollout-correction keep mask (MIS / rejection)
-    qkv_amax: dict  # per-layer Q/K/V amax of the scoring pass, for KV-scale recalibration
-    metrics: dict  # rollout-correction and generation metrics (device scalars)
+from fp8rl_jax.rl.state import (  # noqa: F401  (re-exported)
+    ADVANTAGES,
+    KV_CACHE_DTYPES,
+    KV_SCALE_MODES,
+    RLConfig,
+    RolloutBatch,
+    RolloutConfig,
+    TrainState,
+    _check_state,
+    _trainable,
+    init_train_state,
+)
+from fp8rl_jax.rl.value import kl_reward_penalty, terminal_rewards, token_values
 
 
 class _MiniBatch(NamedTuple):
@@ -144,50 +67,9 @@ class _MiniBatch(NamedTuple):
     advantages_BT: jax.Array
     is_weights_BT: jax.Array
     keep_BT: jax.Array
-
-
-def rollout_segment_ids(ro) -> jax.Array:
-    """1 on real tokens (the prompt without its left padding, and the response), else 0."""
-    T = ro.tokens_BT.shape[1]
-    t_T = jnp.arange(T)[None, :]
-    start_B1 = (ro.prompt_len - ro.prompt_lens_B)[:, None]
-    end_B1 = (ro.prompt_len + ro.response_lens_B)[:, None]
-    return ((t_T >= start_B1) & (t_T < end_B1)).astype(jnp.int32)
-
-
-def prompt_segment_ids(prompts: Prompts) -> jax.Array:
-    """1 on real prompt tokens, 0 on the left padding."""
-    P = prompts.tokens_BP.shape[1]
-    return (jnp.arange(P)[None, :] >= P - prompts.lens_B[:, None]).astype(jnp.int32)
-
-
-def cast_floats(tree, dtype):
-    """Casts floating leaves (weights) to ``dtype``; integer leaves pass."""
-    dtype = jnp.dtype(dtype)
-    return jax.tree.map(
-        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
-    )
-
-
-def sequence_logprobs(
-    params, tokens_BT, positions_BT, segment_ids_BT, model_cfg, sampling, *, with_amax=False
-):
-    """``logp[b, t] = log q(tokens[b, t] | tokens[b, :t])`` under ``sampling``'s processing.
-
-    Position 0 has no prediction and gets 0. Also returns the forward outputs (logits, Q/K/V amax
-    when ``with_amax``, router aux loss).
-    """
-    out = forward(
-        params,
-        tokens_BT,
-        model_cfg,
-        positions_BT=positions_BT,
-        segment_ids_BT=segment_ids_BT,
-        return_qkv_amax=with_amax,
-    )
-    logp = token_logprobs(out.logits_BTV[:, :-1], tokens_BT[:, 1:], sampling)
-    logp_BT = jnp.pad(logp, ((0, 0), (1, 0)))
-    return logp_BT, out
+    logp_ref_BT: jax.Array | None = None  # KL loss term
+    old_values_BT: jax.Array | None = None  # value clipping (GAE)
+    returns_BT: jax.Array | None = None  # value targets (GAE)
 
 
 def rollout_fn(
@@ -205,6 +87,7 @@ def rollout_fn(
     compute_dtype = jnp.dtype(rollout_cfg.compute_dtype)
 
     def rollout_step(state: TrainState, prompts: Prompts) -> RolloutBatch:
+        _check_state(state, rl_cfg)
         params = cast_floats(state.params, compute_dtype)
         rollout_params, qstats = quantize_params(params, rollout_cfg.quant, return_stats=True)
         if constrain_rollout_params is not None:  # gather FP8 weights once, not per token
@@ -237,9 +120,23 @@ def rollout_fn(
             model_cfg,
             rollout_cfg.sampling,
             with_amax=True,
+            with_hidden=rl_cfg.uses_value,
         )
         logp_hp_BT = jnp.where(mask_BT > 0, logp_hp_BT, 0.0)
         logp_old_BT = ro.logp_BT if rl_cfg.correction.bypass else logp_hp_BT
+        logp_ref_BT = values_BT = None
+        if rl_cfg.uses_ref:  # the one extra forward: the frozen reference policy
+            logp_ref_BT, _ = sequence_logprobs(
+                cast_floats(state.ref_params, compute_dtype),
+                ro.tokens_BT,
+                positions_BT,
+                segment_ids_BT,
+                model_cfg,
+                rollout_cfg.sampling,
+            )
+            logp_ref_BT = jnp.where(mask_BT > 0, logp_ref_BT, 0.0)
+        if rl_cfg.uses_value:
+            values_BT = token_values(state.value_head, out.hidden_BTD) * mask_BT
         is_w, keep, metrics = rollout_correction(logp_hp_BT, ro.logp_BT, mask_BT, rl_cfg.correction)
         metrics = dict(metrics)
         metrics["response_len_mean"] = jnp.mean(ro.response_lens_B.astype(jnp.float32))
@@ -255,6 +152,8 @@ def rollout_fn(
             keep_BT=keep.astype(jnp.float32),
             qkv_amax=out.qkv_amax,
             metrics=metrics,
+            logp_ref_BT=logp_ref_BT,
+            values_BT=values_BT,
         )
 
     return rollout_step
@@ -284,6 +183,67 @@ def compute_advantages(rewards_B, mask_BT, rl_cfg: RLConfig):
     )
 
 
+class Targets(NamedTuple):
+    advantages_BT: jax.Array
+    returns_BT: jax.Array | None  # value targets (GAE only)
+    rewards_B: jax.Array  # sequence rewards after the KL penalty (sum of the token rewards)
+
+
+def compute_targets(batch: RolloutBatch, rewards_B, rl_cfg: RLConfig) -> Targets:
+    """Advantages (and GAE returns) from sequence rewards, with the optional KL-in-reward penalty.
+
+    Token rewards: ``r_t = −β·kl_t`` on the response plus ``rewards_B`` at its last token. GRPO
+    and RLOO see their sum ``rewards_B − β Σ_t kl_t``; GAE sees them per token, with the old values
+    of the scoring pass, then (optionally) whitened advantages.
+    """
+    mask_BT = batch.response_mask_BT
+    rewards_B = rewards_B.astype(jnp.float32)
+    penalty_BT = jnp.zeros_like(mask_BT, jnp.float32)
+    if rl_cfg.kl_in_reward > 0.0:
+        penalty_BT = kl_reward_penalty(
+            batch.logp_old_BT, batch.logp_ref_BT, mask_BT, rl_cfg.kl_in_reward, rl_cfg.loss.kl_kind
+        )
+    if not rl_cfg.uses_value:
+        rewards_B = rewards_B + jnp.sum(penalty_BT, axis=1)
+        return Targets(compute_advantages(rewards_B, mask_BT, rl_cfg), None, rewards_B)
+    rewards_BT = terminal_rewards(rewards_B, mask_BT) + penalty_BT
+    adv_BT, returns_BT = gae(rewards_BT, batch.values_BT, mask_BT, rl_cfg.gamma, rl_cfg.lam)
+    if rl_cfg.whiten_advantages:
+        adv_BT = masked_whiten(adv_BT, mask_BT)
+    return Targets(adv_BT, returns_BT, jnp.sum(rewards_BT, axis=1))
+
+
+def _extra_losses(logp_BT, out, value_head, mb: _MiniBatch, rl_cfg: RLConfig, sampling):
+    """``entropy_coef·(−H) + kl_coef·KL + vf_coef·L_V``, each term only when enabled.
+
+    The entropy is always logged (one reduction over the logits, no gradient when unused).
+    """
+    cfg = rl_cfg.loss
+    m_BT = mb.mask_BT * mb.keep_BT
+    bonus, metrics = entropy_bonus(policy_entropy(out.logits_BTV, sampling), m_BT, cfg)
+    loss = cfg.entropy_coef * bonus if cfg.entropy_coef > 0.0 else jnp.zeros((), jnp.float32)
+    if cfg.kl_coef > 0.0:
+        kl, kl_metrics = kl_loss(logp_BT, mb.logp_ref_BT, m_BT, cfg)
+        loss, metrics = loss + cfg.kl_coef * kl, {**metrics, **kl_metrics}
+    if value_head is not None:
+        values_BT = token_values(value_head, out.hidden_BTD)
+        vf, vf_metrics = value_loss(
+            values_BT, mb.old_values_BT, mb.returns_BT, mb.mask_BT, cfg.vf_clip, cfg.agg
+        )
+        loss, metrics = loss + cfg.vf_coef * vf, {**metrics, **vf_metrics}
+    return loss, metrics
+
+
+def _split_trainable(tree, with_value_head: bool):
+    return (tree["policy"], tree["value_head"]) if with_value_head else (tree, None)
+
+
+class _UpdateCarry(NamedTuple):
+    trainable: dict  # params, or {"policy": params, "value_head": ...}
+    opt_state: optax.OptState
+    skips: jax.Array  # int32 non-finite updates skipped so far
+
+
 def _split_minibatches(mb: _MiniBatch, n: int, rng) -> _MiniBatch:
     """Shuffles rows and reshapes every field to [n, B/n, ...]."""
     B = mb.tokens_BT.shape[0]
@@ -301,7 +261,8 @@ def train_fn(
     compute_dtype = jnp.dtype(rollout_cfg.compute_dtype)
     n_mb, n_acc = rl_cfg.num_minibatches, rl_cfg.grad_accum
 
-    def loss_fn(params, mb: _MiniBatch):
+    def loss_fn(trainable, mb: _MiniBatch):
+        params, value_head = _split_trainable(trainable, rl_cfg.uses_value)
         logp_BT, out = sequence_logprobs(
             cast_floats(params, compute_dtype),
             mb.tokens_BT,
@@ -309,6 +270,7 @@ def train_fn(
             mb.segment_ids_BT,
             model_cfg,
             rollout_cfg.sampling,
+            with_hidden=rl_cfg.uses_value,
         )
         loss, metrics = policy_loss(
             logp_BT,
@@ -319,6 +281,10 @@ def train_fn(
             mb.keep_BT,
             rl_cfg.loss,
         )
+        extra, extra_metrics = _extra_losses(
+            logp_BT, out, value_head, mb, rl_cfg, rollout_cfg.sampling
+        )
+        loss, metrics = loss + extra, {**metrics, **extra_metrics}
         if model_cfg.num_experts:
             loss = loss + model_cfg.router_aux_loss_coef * out.aux_loss
             metrics = {**metrics, "router_aux_loss": out.aux_loss}
@@ -340,8 +306,8 @@ def train_fn(
         scale = 1.0 / n_acc
         return jax.tree.map(lambda x: x * scale, (loss0, met0, g0))
 
-    def update(carry, mb: _MiniBatch):
-        params, opt_state, skips = carry
+    def update(carry: _UpdateCarry, mb: _MiniBatch):
+        params, opt_state = carry.trainable, carry.opt_state
         loss, metrics, grads = minibatch_grads(params, mb)
         updates, new_opt = optimizer.update(grads, opt_state, params)
         # The updates are checked too: finite gradients can still give a non-finite step (an
@@ -356,11 +322,13 @@ def train_fn(
             lambda n, o: jnp.where(finite, n, o), (new_params, new_opt), (params, opt_state)
         )
         metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
-        return (params, opt_state, skips + (~finite).astype(jnp.int32)), metrics
+        return _UpdateCarry(params, opt_state, carry.skips + (~finite).astype(jnp.int32)), metrics
 
     def train_step(state: TrainState, batch: RolloutBatch, rewards_B: jax.Array):
+        _check_state(state, rl_cfg)
         mask_BT = batch.response_mask_BT
-        adv_BT = compute_advantages(rewards_B.astype(jnp.float32), mask_BT, rl_cfg)
+        targets = compute_targets(batch, rewards_B, rl_cfg)
+        adv_BT = targets.advantages_BT
         data = _MiniBatch(
             batch.tokens_BT,
             batch.segment_ids_BT,
@@ -370,15 +338,20 @@ def train_fn(
             adv_BT,
             batch.is_weights_BT,
             batch.keep_BT,
+            logp_ref_BT=batch.logp_ref_BT if rl_cfg.loss.kl_coef > 0.0 else None,
+            old_values_BT=batch.values_BT,
+            returns_BT=targets.returns_BT,
         )
         rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 1)
         epochs = jax.vmap(lambda k: _split_minibatches(data, n_mb, k))(
             jax.random.split(rng, rl_cfg.ppo_epochs)
         )
         flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), epochs)
-        (params, opt_state, skips), mb_metrics = jax.lax.scan(
-            update, (state.params, state.opt_state, state.nonfinite_skips), flat
+        carry = _UpdateCarry(
+            _trainable(state.params, state.value_head), state.opt_state, state.nonfinite_skips
         )
+        carry, mb_metrics = jax.lax.scan(update, carry, flat)
+        params, value_head = _split_trainable(carry.trainable, rl_cfg.uses_value)
         kv_scales = state.kv_scales
         if rollout_cfg.static_kv_scales:
             kv_scales = calibrate_kv_scales(
@@ -389,15 +362,20 @@ def train_fn(
             )
         metrics = {k: jnp.mean(v) for k, v in mb_metrics.items()}
         metrics["reward_mean"] = jnp.mean(rewards_B)
+        if rl_cfg.kl_in_reward > 0.0:
+            metrics["reward_with_kl_mean"] = jnp.mean(targets.rewards_B)
+        if targets.returns_BT is not None:
+            metrics["return_mean"] = masked_mean(targets.returns_BT, mask_BT)
         metrics["advantage_abs_mean"] = masked_mean(jnp.abs(adv_BT), mask_BT)
-        metrics["nonfinite_skips"] = skips
+        metrics["nonfinite_skips"] = carry.skips
         new_state = dataclasses.replace(
             state,
             params=params,
-            opt_state=opt_state,
+            opt_state=carry.opt_state,
             kv_scales=kv_scales,
             step=state.step + 1,
-            nonfinite_skips=skips,
+            nonfinite_skips=carry.skips,
+            value_head=value_head,
         )
         return new_state, metrics
 
@@ -441,35 +419,3 @@ def make_fused_step(
         return new_state, batch, {**batch.metrics, **train_metrics}
 
     return jax.jit(fused_step, donate_argnums=(0,))
-
-
-def calibrate_initial_kv_scales(
-    params, prompts: Prompts, model_cfg, rollout_cfg
-) -> KVScales | None:
-    """Step 0 (DESIGN.md §4.5): KV scales from a high-precision pass over the prompts."""
-    if not rollout_cfg.static_kv_scales:
-        return None
-    seg = prompt_segment_ids(prompts)
-    pos = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0)
-    out = jax.jit(
-        lambda p, t, q, s: forward(
-            p, t, model_cfg, positions_BT=q, segment_ids_BT=s, return_qkv_amax=True
-        )
-    )(cast_floats(params, rollout_cfg.compute_dtype), prompts.tokens_BP, pos, seg)
-    return calibrate_kv_scales(
-        out.qkv_amax, rollout_cfg.kv_calib_percentile, rollout_cfg.kv_calib_margin
-    )
-
-
-def init_train_state(params, optimizer, rng, kv_scales: KVScales | None = None) -> TrainState:
-    """FP32 master weights, fresh optimizer state, step 0."""
-    # A copy: the train program donates the state, which must not delete the caller's arrays.
-    params = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), params)
-    return TrainState(
-        params=params,
-        opt_state=optimizer.init(params),
-        kv_scales=kv_scales,
-        step=jnp.zeros((), jnp.int32),
-        rng=rng,
-        nonfinite_skips=jnp.zeros((), jnp.int32),
-    )

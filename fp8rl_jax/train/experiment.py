@@ -10,11 +10,11 @@ import dataclasses
 import os
 
 from fp8rl_jax.models import ModelConfig
-from fp8rl_jax.rl.step import RLConfig, RolloutConfig
+from fp8rl_jax.rl.state import RLConfig, RolloutConfig
 from fp8rl_jax.train.distributed import DistributedConfig
 from fp8rl_jax.train.optim import OptimConfig
-from fp8rl_jax.train.sharding import MeshConfig
 from fp8rl_jax.train.sft import SFTConfig
+from fp8rl_jax.train.sharding import MeshConfig
 
 ARCHITECTURES = (
     "LlamaForCausalLM",

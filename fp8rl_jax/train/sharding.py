@@ -282,13 +282,16 @@ def mirror_params(tree, params, params_sharding, mesh):
 def train_state_shardings(state, cfg: ModelConfig, mesh, rules: ShardingRules = TRAIN_RULES):
     """Shardings of an ``rl.step.TrainState`` (concrete or from ``jax.eval_shape``).
 
-    params by ``rules``; optimizer state mirrors them; KV scales, step, RNG and counters are
-    replicated.
+    params by ``rules``; optimizer state and the frozen reference policy (if any) mirror them;
+    the value head, KV scales, step, RNG and counters are replicated.
     """
     ps = param_shardings(state.params, cfg, mesh, rules)
     base = jax.tree.map(lambda _: replicated(mesh), state)
     return dataclasses.replace(
-        base, params=ps, opt_state=mirror_params(state.opt_state, state.params, ps, mesh)
+        base,
+        params=ps,
+        opt_state=mirror_params(state.opt_state, state.params, ps, mesh),
+        ref_params=None if state.ref_params is None else ps,
     )
 
 

@@ -132,7 +132,7 @@ def _initial_state(run: _Run, params, optimizer, rng) -> TrainState:
         run.prompt_len,
     )
     kv_scales = calibrate_initial_kv_scales(params, _prompts(first), run.model_cfg, exp.rollout)
-    return init_train_state(params, optimizer, rng, kv_scales)
+    return init_train_state(params, optimizer, rng, kv_scales, rl_cfg=run.exp.rl)
 
 
 def train(exp: Experiment, *, progress: bool = True) -> dict:
@@ -161,7 +161,9 @@ def train(exp: Experiment, *, progress: bool = True) -> dict:
 
     rng = jax.random.key(tc.seed + 1)
     abstract = jax.eval_shape(
-        lambda: init_train_state(params, optimizer, rng, _abstract_kv_scales(run, params))
+        lambda: init_train_state(
+            params, optimizer, rng, _abstract_kv_scales(run, params), rl_cfg=exp.rl
+        )
     )
     place = run.placement = make_placement(exp, model_cfg, abstract, prompt_len)
     restored = ckpt.restore_latest(place.restore_target(abstract))

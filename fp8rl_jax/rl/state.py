@@ -1,0 +1,197 @@
+"""What the RL step programs carry: rollout/algorithm configs, the train state, a rollout batch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fp8rl_jax.generation import KVScales, SamplingConfig
+from fp8rl_jax.quant import QuantRecipe
+from fp8rl_jax.rl.correction import RolloutCorrectionConfig
+from fp8rl_jax.rl.losses import LossConfig
+from fp8rl_jax.rl.value import init_value_head
+
+ADVANTAGES = ("grpo", "drgrpo", "rloo", "gae")
+
+
+KV_CACHE_DTYPES = ("bfloat16", "float32", "float8_e4m3fn")
+
+
+KV_SCALE_MODES = ("static", "dynamic")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """How the rollout policy generates: precision of weights and KV cache, sampling, budget."""
+
+    sampling: SamplingConfig = SamplingConfig()
+    max_new_tokens: int = 16  # response budget per sequence
+    stop_token_ids: tuple[int, ...] = ()  # generation of a row stops after any of these
+    quant: QuantRecipe | None = QuantRecipe()  # FP8 W8A8 recipe; None = BF16 rollout
+    kv_cache_dtype: str = "bfloat16"  # one of KV_CACHE_DTYPES
+    kv_scale_mode: str = "static"  # FP8 KV scales: "static" (recalibrated per step) | "dynamic"
+    compute_dtype: str = "bfloat16"  # activations / non-FP8 weights in rollout and scoring
+    kv_calib_percentile: float = 99.9  # percentile over micro-batch amax (NeMo-RL)
+    kv_calib_margin: float = 1.05  # headroom multiplier on the amax
+    decode_attention_impl: str | None = None  # None: jnp; "auto"/"pallas_*": Pallas decode kernel
+
+    def __post_init__(self):
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"RolloutConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
+        if self.kv_scale_mode not in KV_SCALE_MODES:
+            raise ValueError(
+                f"RolloutConfig.kv_scale_mode must be one of {KV_SCALE_MODES}, "
+                f"got {self.kv_scale_mode!r}"
+            )
+        if self.max_new_tokens < 1:
+            raise ValueError(
+                f"RolloutConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+            )
+
+    @property
+    def fp8_kv(self) -> bool:
+        return self.kv_cache_dtype.startswith("float8")
+
+    @property
+    def static_kv_scales(self) -> bool:
+        return self.fp8_kv and self.kv_scale_mode == "static"
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """The algorithm: advantages, PPO epochs/minibatches, loss, rollout correction."""
+
+    group_size: int = 8  # G responses per prompt (GRPO group)
+    advantage: str = "grpo"  # "grpo" | "drgrpo" (no std division) | "rloo" | "gae" (value head)
+    ppo_epochs: int = 1  # passes over the rollout batch
+    num_minibatches: int = 1  # optimizer updates per epoch
+    grad_accum: int = 1  # micro-batches accumulated per minibatch update
+    loss: LossConfig = LossConfig()
+    correction: RolloutCorrectionConfig = RolloutCorrectionConfig()
+    gamma: float = 1.0  # GAE discount per token
+    lam: float = 1.0  # GAE λ (1: Monte-Carlo returns minus the value baseline)
+    whiten_advantages: bool = True  # GAE: whiten advantages over the batch's response tokens
+    kl_in_reward: float = 0.0  # β of the per-token reward penalty −β·KL(π_old‖π_ref); 0: off
+
+    def __post_init__(self):
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(
+                f"RLConfig.advantage must be one of {ADVANTAGES}, got {self.advantage!r}"
+            )
+        for name in ("group_size", "ppo_epochs", "num_minibatches", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RLConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"RLConfig.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.kl_in_reward < 0.0:
+            raise ValueError(f"RLConfig.kl_in_reward must be >= 0, got {self.kl_in_reward}")
+
+    @property
+    def uses_ref(self) -> bool:
+        """Whether the steps need the reference policy (KL as a loss term or a reward penalty)."""
+        return self.loss.kl_coef > 0.0 or self.kl_in_reward > 0.0
+
+    @property
+    def uses_value(self) -> bool:
+        """Whether the steps need the value head (PPO with GAE)."""
+        return self.advantage == "gae"
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    """Everything a step needs and a checkpoint saves; donated to the train program."""
+
+    params: dict  # FP32 master weights
+    opt_state: optax.OptState
+    kv_scales: KVScales | None  # static FP8 KV scales for the next rollout (None: not used)
+    step: jax.Array  # int32 number of completed RL steps
+    rng: jax.Array  # base key; step t uses fold_in(rng, t)
+    nonfinite_skips: jax.Array  # int32 updates skipped for a non-finite loss, gradient or update
+    # {"w": [D, 1], "b": [1]} FP32, trained with the policy (advantage="gae"); kept out of
+    # ``params`` so the policy pytree still matches ``models.logical_axes`` (sharding, eval).
+    value_head: dict | None = None
+    # Frozen reference policy for the KL terms: one more copy of the weights (4 B/param in FP32,
+    # 2 B/param if passed in BF16), read once per step by the rollout program's extra forward.
+    ref_params: dict | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RolloutBatch:
+    """One rollout, scored and corrected, ready for the update (all arrays [B, T] unless noted)."""
+
+    tokens_BT: jax.Array  # prompt + response, left-padded prompts
+    segment_ids_BT: jax.Array  # 1 for real tokens, 0 for left padding
+    positions_BT: jax.Array  # per-row positions (left-padding invariant)
+    response_mask_BT: jax.Array  # 1 on generated tokens up to and including the stop token
+    logp_rollout_BT: jax.Array  # rollout (FP8) policy log-probs of the sampled tokens
+    logp_old_BT: jax.Array  # high-precision policy log-probs at the params that generated
+    is_weights_BT: jax.Array  # rollout-correction importance weights (stop-gradient)
+    keep_BT: jax.Array  # rollout-correction keep mask (MIS / rejection)
+    qkv_amax: dict  # per-layer Q/K/V amax of the scoring pass, for KV-scale recalibration
+    metrics: dict  # rollout-correction and generation metrics (device scalars)
+    logp_ref_BT: jax.Array | None = None  # reference-policy log-probs (when RLConfig.uses_ref)
+    values_BT: jax.Array | None = None  # old values V_t of the scoring pass (advantage="gae")
+
+
+def _check_state(state: TrainState, rl_cfg: RLConfig) -> None:
+    """Trace-time check that the state holds what ``rl_cfg`` needs."""
+    if rl_cfg.uses_ref and state.ref_params is None:
+        raise ValueError(
+            "KL to a reference policy (loss.kl_coef or kl_in_reward > 0) needs "
+            "TrainState.ref_params: build the state with init_train_state(..., rl_cfg=rl_cfg)"
+        )
+    if rl_cfg.uses_value != (state.value_head is not None):
+        raise ValueError(
+            'advantage="gae" needs TrainState.value_head, and only it has one: build the state '
+            f"with init_train_state(..., rl_cfg=rl_cfg) (advantage={rl_cfg.advantage!r})"
+        )
+
+
+def _trainable(params, value_head):
+    """What the optimizer updates: the policy, and the value head when there is one."""
+    return params if value_head is None else {"policy": params, "value_head": value_head}
+
+
+def init_train_state(
+    params,
+    optimizer,
+    rng,
+    kv_scales: KVScales | None = None,
+    *,
+    rl_cfg: RLConfig | None = None,
+    ref_params=None,
+) -> TrainState:
+    """FP32 master weights, fresh optimizer state, step 0; what ``rl_cfg`` needs besides.
+
+    ``advantage="gae"`` adds a zero-initialized value head. KL to a reference (``rl_cfg.uses_ref``)
+    keeps ``ref_params`` (default: a frozen FP32 copy of ``params``, +4 B/param; pass BF16
+    weights to halve that). ``ref_params`` is kept whenever it is given.
+    """
+    # A copy: the train program donates the state, which must not delete the caller's arrays.
+    params = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), params)
+    if ref_params is None and rl_cfg is not None and rl_cfg.uses_ref:
+        ref_params = params
+    if ref_params is not None:
+        ref_params = jax.tree.map(lambda x: jnp.array(x, copy=True), ref_params)
+    value_head = None
+    if rl_cfg is not None and rl_cfg.uses_value:
+        value_head = init_value_head(params["embed"].shape[-1])
+    return TrainState(
+        params=params,
+        opt_state=optimizer.init(_trainable(params, value_head)),
+        kv_scales=kv_scales,
+        step=jnp.zeros((), jnp.int32),
+        rng=rng,
+        nonfinite_skips=jnp.zeros((), jnp.int32),
+        value_head=value_head,
+        ref_params=ref_params,
+    )
