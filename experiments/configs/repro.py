@@ -33,7 +33,7 @@ ARMS = {
     "moe_fp8_tis": ("fp8_tis", True, False),
 }
 
-RL_STEPS = 150  # per run; sized so 9 arms x 3 seeds fit ~45 min on 2 shared CPU cores
+RL_STEPS = 150  # per run: 40-110 s each (SFT, compiles, evals included) on 2 shared CPU cores
 EVAL_EVERY = 25
 EVAL_SIZE = 256
 

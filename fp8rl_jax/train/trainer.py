@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8rl_jax.generation import Prompts, SamplingConfig, generate
+from fp8rl_jax.generation import Prompts, SamplingConfig, bucket_length, generate
 from fp8rl_jax.quant import quantize_params
 from fp8rl_jax.rl.step import (
     TrainState,
@@ -45,6 +45,20 @@ class NonFiniteError(RuntimeError):
 
 def _prompts(batch) -> Prompts:
     return Prompts(jnp.asarray(batch.tokens_BP), jnp.asarray(batch.lens_B))
+
+
+def prompt_length(task, tokenizer, generated_sample: int = 256) -> int:
+    """Padded prompt length P: the longest prompt (+ BOS) of both splits, rounded up to a bucket.
+
+    Finite datasets are scanned whole, so no later prompt can overflow P; generated tasks are
+    sampled. One P per run means the rollout program compiles once.
+    """
+    longest = 0
+    for split in ("train", "eval"):
+        n = task.num_examples(split) or generated_sample
+        for i in range(n):
+            longest = max(longest, len(tokenizer.encode(task.sample(i, split).prompt)) + 1)
+    return bucket_length(longest)
 
 
 def _completions(tokenizer, tokens_BT: np.ndarray, prompt_len: int) -> list[str]:
@@ -145,14 +159,7 @@ def train(exp: Experiment, *, progress: bool = True) -> dict:
     os.makedirs(tc.run_dir, exist_ok=True)
     task, tokenizer = build_task(exp.task, exp.model.hf_checkpoint)
     model_cfg, params = build_model(exp.model, tokenizer, jax.random.key(tc.seed))
-    prompt_len = (
-        max(
-            len(tokenizer.encode(task.sample(i, s).prompt)) + 1
-            for s in ("train", "eval")
-            for i in range(64)
-        )
-        + 2
-    )
+    prompt_len = prompt_length(task, tokenizer)
     run = _Run(exp, task, tokenizer, model_cfg, prompt_len)
     optimizer = make_optimizer(exp.optim)
     ckpt = CheckpointManager(
