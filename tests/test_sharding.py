@@ -15,6 +15,7 @@ from fp8rl_jax.models import ModelConfig, init_cache
 from fp8rl_jax.quant import QuantRecipe, quantize_params
 from fp8rl_jax.rl.step import init_train_state
 from fp8rl_jax.train import sharding as sh
+from fp8rl_jax.train.memory import memory_estimate
 
 D, H, K, C, F = 64, 4, 2, 16, 128
 
@@ -206,10 +207,8 @@ def _qwen3_30b_a3b() -> ModelConfig:
 
 
 def test_memory_estimate_qwen3_8b_worked_numbers():
-    bf16 = sh.memory_estimate(_qwen3_8b(), batch_size=256, seq_len=8192)
-    fp8 = sh.memory_estimate(
-        _qwen3_8b(), batch_size=256, seq_len=8192, kv_cache_dtype="float8_e4m3fn"
-    )
+    bf16 = memory_estimate(_qwen3_8b(), batch_size=256, seq_len=8192)
+    fp8 = memory_estimate(_qwen3_8b(), batch_size=256, seq_len=8192, kv_cache_dtype="float8_e4m3fn")
     # Per layer: wq+wo 2*4096*4096, wk+wv 2*4096*1024, MLP 3*4096*12288, norms 2*4096 + 2*128.
     per_layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288 + 2 * 4096 + 2 * 128
     assert bf16.n_params == 36 * per_layer + 2 * 151936 * 4096 + 4096 == 8_190_735_360
@@ -223,7 +222,7 @@ def test_memory_estimate_qwen3_8b_worked_numbers():
 
 
 def test_memory_estimate_qwen3_30b_a3b_worked_numbers():
-    m = sh.memory_estimate(_qwen3_30b_a3b(), batch_size=1, seq_len=1)
+    m = memory_estimate(_qwen3_30b_a3b(), batch_size=1, seq_len=1)
     per_layer = 2 * 2048 * 4096 + 2 * 2048 * 512 + 2048 * 128 + 3 * 128 * 2048 * 768 + 4352
     assert m.n_params == 48 * per_layer + 2 * 151936 * 2048 + 2048 == 30_532_122_624
     assert m.kv_bytes_per_token == 2 * 48 * 4 * 128 * 2 == 98_304  # 96 KiB

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import re
 from typing import ClassVar
@@ -32,8 +33,9 @@ class _BinaryArithmeticTask(GeneratedTask):
         if not 1 <= self.digits <= 9:
             raise ValueError(f"{self.name}.digits must be in [1, 9], got {self.digits}")
 
+    @abc.abstractmethod
     def _result(self, a: int, b: int) -> int:
-        raise NotImplementedError
+        """The answer to ``a <op> b``."""
 
     def _generate(self, rng: np.random.Generator) -> Example:
         a, b = (int(x) for x in rng.integers(0, 10**self.digits, size=2))
@@ -85,8 +87,9 @@ class _DigitStringTask(GeneratedTask):
                 f"{self.name}: need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}"
             )
 
+    @abc.abstractmethod
     def _transform(self, digits: str) -> str:
-        raise NotImplementedError
+        """The answer for a digit string."""
 
     def _generate(self, rng: np.random.Generator) -> Example:
         length = int(rng.integers(self.min_len, self.max_len + 1))
