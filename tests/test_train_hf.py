@@ -38,6 +38,10 @@ def test_qwen3_config_trains_from_a_local_hf_checkpoint(tmp_path):
     for r in rows[1:]:
         assert all(math.isfinite(r[k]) for k in ("kl", "loss", "grad_norm", "is_weight_mean"))
         assert r["quant_nonfinite"] == 0 and r["nonfinite_skips"] == 0
+        # the recalibrated static FP8 KV scales are logged, finite and positive, none invalid
+        assert 0 < r["kv_scale_k_min"] <= r["kv_scale_k_max"] < math.inf
+        assert 0 < r["kv_scale_v_min"] <= r["kv_scale_v_max"] < math.inf
+        assert r["kv_scale_invalid"] == 0
     config = json.loads((run_dir / "config.json").read_text())
     assert config["rollout"]["kv_cache_dtype"] == "float8_e4m3fn"
     assert config["rl"]["correction"]["is_level"] == "token"

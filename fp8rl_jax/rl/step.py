@@ -251,6 +251,17 @@ def _split_minibatches(mb: _MiniBatch, n: int, rng) -> _MiniBatch:
     return jax.tree.map(lambda x: x[perm].reshape(n, B // n, *x.shape[1:]), mb)
 
 
+def kv_scale_metrics(kv_scales) -> dict:
+    """Range of the static FP8 KV scales and how many amax entries were invalid (0/NaN/Inf)."""
+    return {
+        "kv_scale_k_min": jnp.min(kv_scales.k),
+        "kv_scale_k_max": jnp.max(kv_scales.k),
+        "kv_scale_v_min": jnp.min(kv_scales.v),
+        "kv_scale_v_max": jnp.max(kv_scales.v),
+        "kv_scale_invalid": kv_scales.num_invalid,
+    }
+
+
 def train_fn(
     model_cfg: ModelConfig,
     rollout_cfg: RolloutConfig,
@@ -367,6 +378,8 @@ def train_fn(
         if targets.returns_BT is not None:
             metrics["return_mean"] = masked_mean(targets.returns_BT, mask_BT)
         metrics["advantage_abs_mean"] = masked_mean(jnp.abs(adv_BT), mask_BT)
+        if rollout_cfg.static_kv_scales:  # DESIGN §4.5: the scales the next rollout uses, logged
+            metrics.update(kv_scale_metrics(kv_scales))
         metrics["nonfinite_skips"] = carry.skips
         new_state = dataclasses.replace(
             state,
