@@ -1,4 +1,4 @@
-"""fp8rl_jax.rl: rollout correction, advantages and losses (pure functions)."""
+"""fp8rl_jax.rl: rollout correction, advantages, losses, and the jitted RL step programs."""
 
 from fp8rl_jax.rl.advantages import gae, grpo_advantages, masked_whiten, rloo_advantages
 from fp8rl_jax.rl.correction import RolloutCorrectionConfig, mismatch_metrics, rollout_correction
@@ -13,8 +13,18 @@ from fp8rl_jax.rl.losses import (
     policy_loss,
     value_loss,
 )
+from fp8rl_jax.rl.state import RLConfig, RolloutBatch, RolloutConfig, TrainState, init_train_state
+from fp8rl_jax.rl.step import make_fused_step, make_rollout_step, make_train_step
 
 __all__ = [
+    "RLConfig",
+    "RolloutBatch",
+    "RolloutConfig",
+    "TrainState",
+    "init_train_state",
+    "make_fused_step",
+    "make_rollout_step",
+    "make_train_step",
     "LossConfig",
     "RolloutCorrectionConfig",
     "aggregate_loss",
