@@ -263,3 +263,39 @@ def test_cli_config_errors_name_the_field(tmp_path, flag, needles):
     for needle in needles:
         assert needle in output, output[-3000:]
     assert not (tmp_path / "run").exists()  # nothing written for an invalid config
+
+
+@pytest.mark.slow
+def test_export_hf_writes_the_trained_policy(env, reference, tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.configs import tiny
+    from fp8rl_jax.models import init_weights, load_hf_checkpoint
+    from fp8rl_jax.train.experiment import experiment_from_config
+
+    out = tmp_path / "hf"
+    flags = [f"--config.{k}={v}" for k, v in _overrides(reference).items()]
+    argv = [
+        sys.executable,
+        "experiments/export_hf.py",
+        f"--config=experiments/configs/tiny.py:{ARM}",
+    ]
+    argv += [*flags, f"--out={out}", "--dtype=float32"]
+    proc = _check(subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True))
+    assert f"exported step {STEPS}" in proc.stdout
+
+    cfg, weights = load_hf_checkpoint(out, dtype=jnp.float32)
+    config = tiny.get_config(ARM)
+    for k, v in _overrides(reference).items():
+        section, name = k.split(".")
+        config[section][name] = v
+    exp = experiment_from_config(config)
+    want = exp.model.tiny_config(cfg.vocab_size)
+    fields = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "qk_norm")
+    assert all(getattr(cfg, f) == getattr(want, f) for f in (*fields, "architecture"))
+    fresh = init_weights(cfg, jax.random.key(exp.trainer.seed), jnp.float32)
+    assert jax.tree.structure(weights) == jax.tree.structure(fresh)
+    assert all(np.isfinite(np.asarray(w)).all() for w in jax.tree.leaves(weights))
+    # SFT + RL moved the weights away from the initialization
+    assert not np.allclose(weights["layers"][0]["mlp"]["w_up"], fresh["layers"][0]["mlp"]["w_up"])

@@ -1,0 +1,39 @@
+"""Export a run's trained policy as an HF checkpoint: the same --config as the run, plus --out.
+
+    .venv/bin/python experiments/export_hf.py --config=experiments/configs/tiny.py:fp8_tis \
+        --out=exports/tiny_fp8_tis
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "The run's experiment config file.")
+_OUT = flags.DEFINE_string("out", None, "Output directory for config.json + *.safetensors.")
+_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Exported weight dtype.")
+
+
+def main(argv):
+    del argv
+    from absl import logging as absl_logging
+
+    from fp8rl_jax.train.config import ConfigError
+    from fp8rl_jax.train.experiment import experiment_from_config
+    from fp8rl_jax.train.export import export_hf
+
+    try:
+        exp = experiment_from_config(_CONFIG.value)
+    except ConfigError as e:
+        raise app.UsageError(str(e)) from None
+    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every restore at INFO
+    step = export_hf(exp, _OUT.value, dtype=_DTYPE.value)
+    print(f"exported step {step} of {exp.trainer.run_dir} to {os.path.abspath(_OUT.value)}")
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["config", "out"])
+    app.run(main)

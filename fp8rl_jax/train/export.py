@@ -1,0 +1,57 @@
+"""Export a run's trained policy as a Hugging Face checkpoint (servable by vLLM / SGLang)."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+from fp8rl_jax.models import ModelConfig, init_weights, save_hf_checkpoint
+from fp8rl_jax.rl.scoring import cast_floats
+from fp8rl_jax.rl.state import init_train_state
+from fp8rl_jax.train.checkpoint import CheckpointManager
+from fp8rl_jax.train.experiment import Experiment
+from fp8rl_jax.train.optim import make_optimizer
+from fp8rl_jax.train.setup import build_task
+
+
+def _model_config(exp: Experiment) -> ModelConfig:
+    if exp.model.hf_checkpoint:
+        return ModelConfig.from_hf_config(exp.model.hf_checkpoint)
+    _, tokenizer = build_task(exp.task, exp.model.hf_checkpoint)
+    return exp.model.tiny_config(tokenizer.vocab_size)
+
+
+def export_hf(exp: Experiment, out_dir: str, *, dtype=jnp.bfloat16) -> int:
+    """Writes the params of ``exp``'s newest readable checkpoint to ``out_dir`` in the HF layout.
+
+    Only shapes are built to restore (no weights are loaded from the base checkpoint); the base
+    checkpoint's tokenizer and generation files are copied along. Returns the exported step.
+    """
+    cfg = _model_config(exp)
+    rl, optimizer = exp.rl, make_optimizer(exp.optim)
+
+    def abstract_state():
+        params = init_weights(cfg, jax.random.key(0), jnp.float32)
+        kv = None
+        if exp.rollout.static_kv_scales:
+            from fp8rl_jax.generation import KVScales
+
+            shape = (cfg.num_layers, cfg.num_kv_heads)
+            kv = KVScales(
+                jnp.ones(shape), jnp.ones(shape), jnp.ones(shape), jnp.zeros((), jnp.int32)
+            )
+        return init_train_state(params, optimizer, jax.random.key(0), kv, rl_cfg=rl)
+
+    ckpt_dir = os.path.join(exp.trainer.run_dir, "checkpoints")
+    restored = CheckpointManager(ckpt_dir).restore_latest(jax.eval_shape(abstract_state))
+    if restored is None:
+        raise FileNotFoundError(f"export_hf: no checkpoint under {ckpt_dir}")
+    save_hf_checkpoint(
+        out_dir,
+        cfg,
+        cast_floats(restored.state.params, dtype),
+        extra_files_from=exp.model.hf_checkpoint or None,
+    )
+    return int(restored.step)
