@@ -17,7 +17,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 FP8_DTYPES = {
     "float8_e4m3fn": jnp.float8_e4m3fn,
@@ -98,12 +97,3 @@ def dequantize(q: QArray, dtype=jnp.float32) -> jax.Array:
     """``x ~= values * scales`` (computed in FP32, then cast to ``dtype``)."""
     s = expand_scales(q.scales, q.values.shape, q.block_shape)
     return (q.values.astype(jnp.float32) * s).astype(dtype)
-
-
-def is_qarray(x) -> bool:
-    return isinstance(x, QArray)
-
-
-def qarray_nbytes_np(shape, block_shape) -> int:
-    """Bytes of a QArray of ``shape`` (1 per value + 4 per scale), without building it."""
-    return int(np.prod(shape)) + 4 * int(np.prod(scales_shape(tuple(shape), tuple(block_shape))))

@@ -3,27 +3,17 @@
 from fp8rl_jax.quant.matmul import matmul
 from fp8rl_jax.quant.params import QuantStats, path_str, quantize_params, should_quantize
 from fp8rl_jax.quant.recipe import DEFAULT_EXCLUDE, QuantRecipe
-from kernels_pallas.qarray import QArray, dequantize, fp8_dtype, fp8_max, is_qarray
+from kernels_pallas.qarray import QArray, dequantize, fp8_dtype, fp8_max
 from kernels_pallas.quantize import quantize_activations, quantize_blockwise
-
-
-def count_nonfinite(x):
-    """Number of NaN/Inf entries of ``x`` (int32, on device)."""
-    import jax.numpy as jnp
-
-    return jnp.sum(~jnp.isfinite(x)).astype(jnp.int32)
-
 
 __all__ = [
     "DEFAULT_EXCLUDE",
     "QArray",
     "QuantRecipe",
     "QuantStats",
-    "count_nonfinite",
     "dequantize",
     "fp8_dtype",
     "fp8_max",
-    "is_qarray",
     "matmul",
     "path_str",
     "quantize_activations",

@@ -61,17 +61,12 @@ def should_quantize(name: str, leaf, recipe: QuantRecipe, n_layers: int) -> bool
     return True
 
 
-def _quantize_leaf(w: jax.Array, recipe: QuantRecipe) -> QArray:
+def _quantize_leaf(name: str, w: jax.Array, recipe: QuantRecipe) -> QArray:
     block = w.shape[-2:] if recipe.per_tensor else recipe.weight_block
-    return quantize_blockwise(w, block, recipe.dtype, pow2_scales=recipe.pow2_scales)
-
-
-def _raise_if_nonfinite_eager(name: str, w) -> None:
-    if isinstance(w, jax.core.Tracer):
-        return
-    bad = int(jnp.sum(~jnp.isfinite(w)))
-    if bad:
-        raise ValueError(f"quantize_params: weight {name!r} has {bad} NaN/Inf entries")
+    try:  # eagerly, quantize_blockwise rejects NaN/Inf; name the weight in the error
+        return quantize_blockwise(w, block, recipe.dtype, pow2_scales=recipe.pow2_scales)
+    except ValueError as e:
+        raise ValueError(f"quantize_params: weight {name!r}: {e}") from None
 
 
 def quantize_params(params, recipe: QuantRecipe | None, *, return_stats: bool = False):
@@ -92,9 +87,8 @@ def quantize_params(params, recipe: QuantRecipe | None, *, return_stats: bool = 
     out, nonfinite, n_q, n_kept = [], jnp.zeros((), jnp.int32), 0, 0
     for name, (_, leaf) in zip(names, flat, strict=True):
         if should_quantize(name, leaf, recipe, n_layers):
-            _raise_if_nonfinite_eager(name, leaf)
             nonfinite = nonfinite + jnp.sum(~jnp.isfinite(leaf)).astype(jnp.int32)
-            out.append(_quantize_leaf(leaf, recipe))
+            out.append(_quantize_leaf(name, leaf, recipe))
             n_q += 1
         else:
             n_kept += int(hasattr(leaf, "ndim") and leaf.ndim >= 2)
