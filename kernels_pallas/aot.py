@@ -81,6 +81,22 @@ def prepare_environment() -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class AotCase:
+    """One thing to compile ahead of time: ``fn(*args)`` for ``target`` at a named real shape.
+
+    Kernel packages list theirs in ``<op>/aot_cases.py`` (``cases() -> list[AotCase]``);
+    ``scripts/aot_check.py`` compiles them all and prints the table.
+    """
+
+    op: str  # e.g. "fp8_matmul"
+    impl: str  # e.g. "pallas_mosaic_gpu"
+    target: str  # one of TARGETS
+    label: str  # the real shape, e.g. "Qwen3-8B q_proj M=16 (decode)"
+    fn: Callable  # traced with jax.jit
+    args: tuple  # ShapeDtypeStructs (pytrees allowed)
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelReport:
     """ptxas resource report of one Mosaic GPU kernel."""
 
