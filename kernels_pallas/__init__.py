@@ -3,11 +3,13 @@
 This package never imports ``fp8rl_jax`` (the library imports it, not the reverse).
 """
 
+from kernels_pallas.backend import KernelImpls
 from kernels_pallas.fp8_matmul import fp8_matmul
 from kernels_pallas.qarray import QArray, dequantize, fp8_dtype, fp8_max
 from kernels_pallas.quantize import quantize_activations, quantize_blockwise
 
 __all__ = [
+    "KernelImpls",
     "QArray",
     "dequantize",
     "fp8_dtype",

@@ -19,6 +19,7 @@ from fp8rl_jax.generation import (
 from fp8rl_jax.generation.generate import _generate
 from fp8rl_jax.models import ModelConfig, forward, init_weights, load_hf_checkpoint
 from fp8rl_jax.quant import QuantRecipe, quantize_params
+from kernels_pallas import KernelImpls
 
 FIX = "tests/fixtures/hf"
 GREEDY = SamplingConfig(temperature=0.0)
@@ -193,7 +194,7 @@ def test_fp8_w8a8_weights_generate():
 
 
 def test_decode_kernel_route_matches_jnp_attention():
-    """decode_impl="xla" (the kernels' reference, through the dispatcher) = the model's jnp path."""
+    """decode_attention="xla" (the kernel op's reference) = the model's jnp path."""
     cfg = ModelConfig(
         vocab_size=32, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
         intermediate_size=64,
@@ -203,6 +204,14 @@ def test_decode_kernel_route_matches_jnp_attention():
     kw = dict(max_new_tokens=5, kv_cache_dtype="float32")
     greedy = SamplingConfig(temperature=0.0)
     a = generate(w, prompts, cfg, greedy, jax.random.key(1), **kw)
-    b = generate(w, prompts, cfg, greedy, jax.random.key(1), decode_impl="xla", **kw)
+    b = generate(
+        w,
+        prompts,
+        cfg,
+        greedy,
+        jax.random.key(1),
+        kernels=KernelImpls(decode_attention="xla"),
+        **kw,
+    )
     np.testing.assert_array_equal(a.tokens_BT, b.tokens_BT)
     np.testing.assert_allclose(a.logp_BT, b.logp_BT, atol=1e-5)

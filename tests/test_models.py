@@ -23,6 +23,7 @@ from fp8rl_jax.models.attention import project_qkv
 from fp8rl_jax.models.layers import rms_norm
 from fp8rl_jax.models.rope import rope_cos_sin, rope_frequencies
 from fp8rl_jax.quant import QArray, QuantRecipe, path_str, quantize_params
+from kernels_pallas import KernelImpls
 
 CFG = ModelConfig(
     vocab_size=128,
@@ -37,7 +38,7 @@ CFG = ModelConfig(
     qk_norm=True,
     architecture="Qwen3ForCausalLM",
 )
-fwd = jax.jit(forward, static_argnames=("cfg", "return_qkv_amax", "return_hidden", "decode_impl"))
+fwd = jax.jit(forward, static_argnames=("cfg", "return_qkv_amax", "return_hidden", "kernels"))
 
 
 @functools.cache
@@ -249,7 +250,7 @@ def test_fp8_cache_saturating_scale_is_caught():
 
 @pytest.mark.parametrize("mode", ["none", "static", "dynamic"])
 def test_decode_kernel_path_equals_jnp_attention(mode):
-    """decode_impl="xla" (kernels_pallas.decode_attention reference) == our attention, T = 1."""
+    """decode_attention="xla" (the kernel op's reference) == our attention, T = 1."""
     w = weights()
     t = tokens((2, 6), 11)
     dtype = jnp.float32 if mode == "none" else jnp.float8_e4m3fn
@@ -261,7 +262,7 @@ def test_decode_kernel_path_equals_jnp_attention(mode):
         w, t[:, :5], CFG, cache=cache, segment_ids_BT=jnp.ones((2, 5), jnp.int32).at[0, 0].set(0)
     ).cache
     ref = fwd(w, t[:, 5:], CFG, cache=cache)
-    out = fwd(w, t[:, 5:], CFG, cache=cache, decode_impl="xla")
+    out = fwd(w, t[:, 5:], CFG, cache=cache, kernels=KernelImpls(decode_attention="xla"))
     np.testing.assert_allclose(out.logits_BTV, ref.logits_BTV, atol=1e-5)
 
 

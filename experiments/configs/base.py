@@ -66,7 +66,9 @@ def get_config() -> config_dict.ConfigDict:
     r.compute_dtype = "bfloat16"  # rollout activations and the scoring (pi_old) pass
     r.kv_calib_percentile = 99.9
     r.kv_calib_margin = 1.05
-    # None: decode attention in jnp; "auto": the Pallas decode kernel on Hopper/TPU.
+    # Kernel choices: "auto" (the Pallas kernel where its support check passes, else XLA) |
+    # "xla" | "pallas_mosaic_gpu" | "pallas_tpu". decode_attention_impl None: jnp attention.
+    r.matmul_impl = "auto"  # W8A8 linear layers
     r.decode_attention_impl = config_dict.placeholder(str)
     r.sampling = config_dict.ConfigDict(dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))
     r.quant = q = config_dict.ConfigDict()

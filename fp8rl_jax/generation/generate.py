@@ -11,8 +11,8 @@ length, done flag, own cache row via ``KVCache.lengths_B``/``valid_BS``). A fini
 refilled by ``models.reset_rows`` + a one-row prefill into its cache row and resetting its
 ``DecodeState`` entries; this function does not do that yet (it stops when all rows are done).
 
-The T = 1 decode step runs the model's own jnp ``attention`` over the cache (the model code has no
-hook for ``kernels_pallas.decode_attention`` yet); the dispatcher has the same contract.
+The T = 1 decode step runs the model's jnp ``attention`` over the cache, or
+``kernels_pallas.decode_attention`` when ``kernels.decode_attention`` names an implementation.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import numpy as np
 from fp8rl_jax.generation.kv_scales import KVScales
 from fp8rl_jax.generation.sampling import SamplingConfig, sample
 from fp8rl_jax.models import ModelConfig, QKVAmax, forward, init_cache
+from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -106,7 +107,7 @@ def _static_scales(kv_scales, cfg, mode):
     return kv_scales["k"], kv_scales["v"]
 
 
-def _prefill(weights, prompts: Prompts, cfg, cache):
+def _prefill(weights, prompts: Prompts, cfg, cache, kernels: KernelImpls):
     b, p = prompts.tokens_BP.shape
     pad_B = p - prompts.lens_B
     t = jnp.arange(p, dtype=jnp.int32)[None]
@@ -120,6 +121,7 @@ def _prefill(weights, prompts: Prompts, cfg, cache):
         segment_ids_BT=real_BP.astype(jnp.int32),
         cache=cache,
         return_qkv_amax=True,
+        kernels=kernels,
     )
     return out.logits_BTV[:, -1], out.cache, out.qkv_amax
 
@@ -143,16 +145,16 @@ def _record(state: DecodeState, tok_B, logp_B, stop_ids, max_new) -> DecodeState
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "cfg", "sampling", "cache_dtype", "mode", "max_new_tokens", "stop_ids", "decode_impl"
+        "cfg", "sampling", "cache_dtype", "mode", "max_new_tokens", "stop_ids", "kernels"
     ),
 )  # fmt: skip
 def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_dtype, mode,
-              max_new_tokens, stop_ids, decode_impl=None):  # fmt: skip
+              max_new_tokens, stop_ids, kernels):  # fmt: skip
     b, p = prompts.tokens_BP.shape
     cache = init_cache(
         cfg, b, p + max_new_tokens, dtype=cache_dtype, mode=mode, k_scale=k_scale, v_scale=v_scale
     )
-    logits_BV, cache, amax = _prefill(weights, prompts, cfg, cache)
+    logits_BV, cache, amax = _prefill(weights, prompts, cfg, cache, kernels)
     state = DecodeState(
         step=jnp.zeros((), jnp.int32),
         last_B=jnp.zeros((b,), jnp.int32),
@@ -178,7 +180,7 @@ def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_d
             positions_BT=pos_B[:, None],
             segment_ids_BT=(~s.done_B)[:, None].astype(jnp.int32),
             cache=s.cache,
-            decode_impl=decode_impl,
+            kernels=kernels,
         )
         step = s.step + 1
         tok, logp = sample(jax.random.fold_in(rng, step), out.logits_BTV[:, 0], sampling)
@@ -210,7 +212,7 @@ def generate(
     kv_scales: KVScales | None = None,
     max_new_tokens: int,
     stop_token_ids: Sequence[int] = (),
-    decode_impl: str | None = None,
+    kernels: KernelImpls = DEFAULT_KERNELS,
 ) -> Rollout:
     """Samples up to ``max_new_tokens`` per prompt; one compiled program per padded shape.
 
@@ -220,8 +222,9 @@ def generate(
     ``kv_scale_mode`` "static" (``kv_scales`` required: ``KVScales`` or a dict with k, v [L, K])
     or "dynamic" (a scale per cached vector). Generation of a row stops after a token in
     ``stop_token_ids`` (kept in the response) or at the budget; the loop exits when all rows stop.
-    ``decode_impl``: None runs decode attention in jnp; "auto" | "xla" | "pallas_mosaic_gpu" |
-    "pallas_tpu" routes the one-token decode steps through ``kernels_pallas.decode_attention``.
+    ``kernels``: the implementation of each kernel op (the W8A8 matmul; decode attention, where
+    None runs the model's jnp attention and "auto" | "xla" | "pallas_*" route the one-token steps
+    through ``kernels_pallas.decode_attention``).
     """
     if not isinstance(prompts, Prompts):
         prompts = Prompts(*(jnp.asarray(x, jnp.int32) for x in prompts))
@@ -236,5 +239,5 @@ def generate(
     stop_ids = tuple(int(t) for t in stop_token_ids)
     return _generate(
         weights, prompts, rng, k_scale, v_scale, cfg=cfg, sampling=sampling, cache_dtype=dtype,
-        mode=mode, max_new_tokens=int(max_new_tokens), stop_ids=stop_ids, decode_impl=decode_impl,
+        mode=mode, max_new_tokens=int(max_new_tokens), stop_ids=stop_ids, kernels=kernels,
     )  # fmt: skip

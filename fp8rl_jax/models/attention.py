@@ -14,13 +14,13 @@ from kernels_pallas.quantize import saturating_cast
 _MASKED = float(jnp.finfo(jnp.float32).min)  # finite: a fully masked row stays NaN-free
 
 
-def project_qkv(p: dict, x_BTD: jax.Array, cos_BTC, sin_BTC, cfg: ModelConfig):
+def project_qkv(p: dict, x_BTD: jax.Array, cos_BTC, sin_BTC, cfg: ModelConfig, impl="auto"):
     """q [B, T, H, C], k and v [B, T, K, C]: projections, bias, QK-norm, then RoPE (as HF)."""
     B, T, _ = x_BTD.shape
     H, K, C = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    q = linear(x_BTD, p["wq"], p.get("q_bias")).reshape(B, T, H, C)
-    k = linear(x_BTD, p["wk"], p.get("k_bias")).reshape(B, T, K, C)
-    v = linear(x_BTD, p["wv"], p.get("v_bias")).reshape(B, T, K, C)
+    q = linear(x_BTD, p["wq"], p.get("q_bias"), impl=impl).reshape(B, T, H, C)
+    k = linear(x_BTD, p["wk"], p.get("k_bias"), impl=impl).reshape(B, T, K, C)
+    v = linear(x_BTD, p["wv"], p.get("v_bias"), impl=impl).reshape(B, T, K, C)
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)

@@ -18,12 +18,13 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     return (w * normed.astype(x.dtype)).astype(x.dtype)
 
 
-def linear(x: jax.Array, w, bias: jax.Array | None = None) -> jax.Array:
-    """``x @ w (+ bias)`` in ``x``'s dtype; ``w`` may be a QArray (blockwise W8A8)."""
-    y = matmul(x, w)
+def linear(x: jax.Array, w, bias: jax.Array | None = None, *, impl: str = "auto") -> jax.Array:
+    """``x @ w (+ bias)`` in ``x``'s dtype; ``w`` may be a QArray (blockwise W8A8 by ``impl``)."""
+    y = matmul(x, w, impl=impl)
     return y if bias is None else y + bias.astype(y.dtype)
 
 
-def swiglu_mlp(p: dict, x: jax.Array) -> jax.Array:
+def swiglu_mlp(p: dict, x: jax.Array, *, impl: str = "auto") -> jax.Array:
     """``W_down (silu(x W_gate) ⊙ x W_up)`` (Shazeer 2020, arXiv 2002.05202)."""
-    return linear(jax.nn.silu(linear(x, p["w_gate"])) * linear(x, p["w_up"]), p["w_down"])
+    gate = jax.nn.silu(linear(x, p["w_gate"], impl=impl))
+    return linear(gate * linear(x, p["w_up"], impl=impl), p["w_down"], impl=impl)

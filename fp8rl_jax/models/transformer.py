@@ -20,6 +20,7 @@ from fp8rl_jax.models.config import ModelConfig
 from fp8rl_jax.models.layers import linear, rms_norm, swiglu_mlp
 from fp8rl_jax.models.moe import load_balancing_loss, moe_mlp
 from fp8rl_jax.models.rope import rope_cos_sin
+from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
 from kernels_pallas.decode_attention import decode_attention
 
 
@@ -59,7 +60,8 @@ def _attention_layer(p, h_BTD, layer, ctx):
     """Self-attention of one layer; returns (output [B, T, D], amax triple, cache writes)."""
     cfg, cache = ctx["cfg"], ctx["cache"]
     B, T, _ = h_BTD.shape
-    q, k, v = project_qkv(p, h_BTD, ctx["cos"], ctx["sin"], cfg)
+    kernels: KernelImpls = ctx["kernels"]
+    q, k, v = project_qkv(p, h_BTD, ctx["cos"], ctx["sin"], cfg, kernels.matmul)
     amax = qkv_amax(q, k, v, ctx["valid_BT"]) if ctx["want_amax"] else None
     sm_scale = cfg.head_dim**-0.5
     if cache is None:
@@ -70,28 +72,27 @@ def _attention_layer(p, h_BTD, layer, ctx):
             q = fake_quantize_q(q, cache.q_scale[layer])
         writes = kvc.write_layer(cache, layer, k, v, ctx["slots_BT"])
         k_c, v_c, ks, vs = writes
-        if ctx["decode_impl"] is not None and T == 1:
+        if kernels.decode_attention is not None and T == 1:
             # For one query per row, the slot mask [B, 1, S] is exactly the kernel's valid_BS.
             o = decode_attention(
                 q[:, 0], k_c, v_c, ctx["mask"][:, 0], k_scale=ks, v_scale=vs, sm_scale=sm_scale,
-                impl=ctx["decode_impl"],
+                impl=kernels.decode_attention,
             )[:, None]  # fmt: skip
         else:
             o = attention(
                 q, k_c, v_c, ctx["mask"], sm_scale=sm_scale, mode=cache.mode, k_scale=ks, v_scale=vs
             )
-    o = linear(o.reshape(B, T, cfg.num_heads * cfg.head_dim), p["wo"], p.get("o_bias"))
+    o = o.reshape(B, T, cfg.num_heads * cfg.head_dim)
+    o = linear(o, p["wo"], p.get("o_bias"), impl=kernels.matmul)
     return o, amax, writes
 
 
-def _context(
-    weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, want_amax, decode_impl=None
-):
+def _context(weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, want_amax, kernels):
     B, T = tokens_BT.shape
     seg = jnp.ones((B, T), jnp.int32) if segment_ids_BT is None else segment_ids_BT
     valid_BT = seg != 0
     ctx = dict(cfg=cfg, cache=cache, valid_BT=valid_BT, want_amax=want_amax)
-    ctx["decode_impl"] = decode_impl
+    ctx["kernels"] = kernels
     if cache is None:
         ctx["mask"] = causal_segment_mask(seg)
         default_pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
@@ -117,7 +118,7 @@ def forward(
     cache: kvc.KVCache | None = None,
     return_qkv_amax: bool = False,
     return_hidden: bool = False,
-    decode_impl: str | None = None,
+    kernels: KernelImpls = DEFAULT_KERNELS,
 ) -> ForwardOut:
     """Causal LM forward; returns a ``ForwardOut`` (logits f32, cache, Q/K/V amax, aux loss).
 
@@ -126,12 +127,13 @@ def forward(
     slots ``lengths_B + arange(T)`` (with cache). With a cache the T tokens of row b are written at
     slots ``lengths_B[b] + arange(T)`` (pad tokens written but invalid) and attend over the valid
     slots up to their own; the returned cache has ``lengths_B + T``. The compute dtype is that of
-    ``weights["embed"]``; norms, softmax and router run in f32. ``decode_impl`` (None, "auto",
-    "xla", "pallas_mosaic_gpu", "pallas_tpu"): one-token steps over a cache run
-    ``kernels_pallas.decode_attention`` with that impl instead of the jnp ``attention``.
+    ``weights["embed"]``; norms, softmax and router run in f32. ``kernels`` picks the
+    implementation of each kernel op: ``matmul`` for QArray (W8A8) weights; ``decode_attention``
+    (None: the jnp ``attention``) for one-token steps over a cache, through
+    ``kernels_pallas.decode_attention``.
     """
     ctx = _context(
-        weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, return_qkv_amax, decode_impl
+        weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, return_qkv_amax, kernels
     )
     x = weights["embed"][tokens_BT]
     amaxes, writes, router = [], [], []
@@ -146,7 +148,7 @@ def forward(
             y, stats = moe_mlp(p["mlp"], h, ctx["valid_BT"], cfg)
             router.append(stats)
         else:
-            y = swiglu_mlp(p["mlp"], h)
+            y = swiglu_mlp(p["mlp"], h, impl=kernels.matmul)
         x = x + y
     h = rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
     new_cache = None

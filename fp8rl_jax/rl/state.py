@@ -13,6 +13,7 @@ from fp8rl_jax.quant import QuantRecipe
 from fp8rl_jax.rl.correction import RolloutCorrectionConfig
 from fp8rl_jax.rl.losses import LossConfig
 from fp8rl_jax.rl.value import init_value_head
+from kernels_pallas.backend import KernelImpls
 
 ADVANTAGES = ("grpo", "drgrpo", "rloo", "gae")
 
@@ -36,7 +37,10 @@ class RolloutConfig:
     compute_dtype: str = "bfloat16"  # activations / non-FP8 weights in rollout and scoring
     kv_calib_percentile: float = 99.9  # percentile over micro-batch amax (NeMo-RL)
     kv_calib_margin: float = 1.05  # headroom multiplier on the amax
-    decode_attention_impl: str | None = None  # None: jnp; "auto"/"pallas_*": Pallas decode kernel
+    matmul_impl: str = (
+        "auto"  # W8A8 linear layers: "auto" | "xla" | "pallas_mosaic_gpu" | "pallas_tpu"
+    )
+    decode_attention_impl: str | None = None  # None: jnp; "auto"/"xla"/"pallas_*": decode kernel op
 
     def __post_init__(self):
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -49,10 +53,16 @@ class RolloutConfig:
                 f"RolloutConfig.kv_scale_mode must be one of {KV_SCALE_MODES}, "
                 f"got {self.kv_scale_mode!r}"
             )
+        KernelImpls(self.matmul_impl, self.decode_attention_impl)  # validates the names
         if self.max_new_tokens < 1:
             raise ValueError(
                 f"RolloutConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}"
             )
+
+    @property
+    def kernels(self) -> KernelImpls:
+        """The kernel choices of the rollout program (static)."""
+        return KernelImpls(matmul=self.matmul_impl, decode_attention=self.decode_attention_impl)
 
     @property
     def fp8_kv(self) -> bool:

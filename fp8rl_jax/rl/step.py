@@ -105,7 +105,7 @@ def rollout_fn(
             kv_scales=state.kv_scales if rollout_cfg.static_kv_scales else None,
             max_new_tokens=rollout_cfg.max_new_tokens,
             stop_token_ids=rollout_cfg.stop_token_ids,
-            decode_impl=rollout_cfg.decode_attention_impl,
+            kernels=rollout_cfg.kernels,
         )
         segment_ids_BT = rollout_segment_ids(ro)
         positions_BT = jnp.maximum(jnp.cumsum(segment_ids_BT, axis=1) - 1, 0)

@@ -98,7 +98,7 @@ def make_eval_fn(run: _Run):
             kv_scales=kv_scales if rc.static_kv_scales else None,
             max_new_tokens=rc.max_new_tokens,
             stop_token_ids=rc.stop_token_ids,
-            decode_impl=rc.decode_attention_impl,
+            kernels=rc.kernels,
         ).tokens_BT
 
     eval_generate = place.jit_eval(eval_generate, n)
