@@ -180,7 +180,10 @@ def _topology(target: str):
             platform="cuda", topology_name="", topology="1x1x1", target_config=H100_TARGET_CONFIG
         )
     if target in _TPU_TOPOLOGY:
-        return topologies.get_topology_desc(platform="tpu", topology_name=_TPU_TOPOLOGY[target])
+        # One chip per host: libtpu 0.0.48 (jax 0.11.2) defaults to 2x2x1, which 1x1 cannot fill.
+        return topologies.get_topology_desc(
+            platform="tpu", topology_name=_TPU_TOPOLOGY[target], chips_per_host_bounds=[1, 1, 1]
+        )
     raise ValueError(f"aot: unknown target {target!r}; expected one of {TARGETS}")
 
 
@@ -328,9 +331,9 @@ def export_for(target: str, fn: Callable, *args) -> CompileResult:
     return CompileResult(target, exported, [], n)
 
 
-def one_line(exc: BaseException, limit: int = 300) -> str:
+def one_line(exc: BaseException, limit: int = 400) -> str:
     """The compiler's reason in one line: the first informative line of the message."""
-    text = str(exc).strip() or type(exc).__name__
+    text = re.sub(r"/\S*/(\w+/\w+\.py)", r"\1", str(exc).strip()) or type(exc).__name__
     lines = [" ".join(ln.split()) for ln in text.splitlines() if ln.strip()]
     generic = ("traceback", "---", "for simplicity", "the above exception")
     line = next((ln for ln in lines if not ln.lower().startswith(generic)), lines[0])

@@ -84,7 +84,11 @@ def test_one_line_and_status_rules():
     assert aot.one_line(err) == (
         "ValueError: Mosaic GPU kernel exceeds available shared memory: smem_bytes=249920 > 1"
     )
-    assert len(aot.one_line(ValueError("x" * 1000))) == 300
+    assert len(aot.one_line(ValueError("x" * 1000))) == 400
+    where = ValueError("Block spec in pallas_call _kernel at /a/b/kernels_pallas/op/tpu.py:43 has")
+    assert (
+        aot.one_line(where) == "ValueError: Block spec in pallas_call _kernel at op/tpu.py:43 has"
+    )
     case = aot.AotCase("op", "pallas_mosaic_gpu", "h100", "label", None, ())
     xla_case = aot.AotCase("op", "xla", "h100", "label", None, ())
     ok = aot.KernelReport("k", 100, 0, 0, 0, 1024)
