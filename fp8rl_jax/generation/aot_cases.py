@@ -76,21 +76,18 @@ def rollout_fn(cfg, shape: RolloutShape, recipe, kv_cache_dtype: str, impls: dic
 
 def rollout_args(cfg, shape: RolloutShape):
     """Abstract arguments of ``rollout_fn``: BF16 params (eval_shape of the init) and inputs."""
-    params = jax.eval_shape(functools.partial(init_weights, cfg, dtype=jnp.bfloat16), _key())
     sds = jax.ShapeDtypeStruct
+    key = sds((2,), jnp.uint32)  # a raw PRNG key
+    params = jax.eval_shape(functools.partial(init_weights, cfg, dtype=jnp.bfloat16), key)
     b, p, lk = shape.batch, shape.prompt_len, (cfg.num_layers, cfg.num_kv_heads)
     return (
         params,
         sds((b, p), jnp.int32),
         sds((b,), jnp.int32),
-        sds((2,), jnp.uint32),
+        key,
         sds(lk, jnp.float32),
         sds(lk, jnp.float32),
     )
-
-
-def _key():
-    return jax.ShapeDtypeStruct((2,), jnp.uint32)
 
 
 def _label(cfg, shape: RolloutShape, impls: dict) -> str:
