@@ -26,6 +26,7 @@ import functools
 import glob
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Callable
 
@@ -69,15 +70,41 @@ device_description_str: "NVIDIA H100 80GB HBM3"
 
 H100_SMEM_BYTES = 232448
 TARGETS = ("h100", "v5e", "v6e")
+PLATFORM = {"h100": "cuda", "v5e": "tpu", "v6e": "tpu"}
 _TPU_TOPOLOGY = {"v5e": "v5e:1x1", "v6e": "v6e:1x1"}
+# What jax.devices() would report on each target; Pallas reads it from the abstract mesh when
+# lowering without a device (tpu_info for TPU generations, the SM count for Mosaic GPU).
+_DEVICE_KIND = {
+    "h100": ("NVIDIA H100 80GB HBM3", 132, "gpu"),
+    "v5e": ("TPU v5 lite", 1, "tpu"),
+    "v6e": ("TPU v6 lite", 1, "tpu"),
+}
+# The custom call each Pallas backend leaves in the compiled HLO / exported StableHLO.
+_KERNEL_MARKERS = {"cuda": ("mosaic_gpu",), "tpu": ("tpu_custom_call",)}
+
+STATUSES = ("ok", "fail", "smem", "spill", "no-kernel", "crash", "timeout")
 
 
 def prepare_environment() -> None:
-    """Environment variables the deviceless plugins need; call before jax initializes backends."""
+    """Environment variables the deviceless plugins need; call before jax initializes backends.
+
+    Meant for AOT processes (``aot_check.py``, ``bench_bytes.py``): it restricts jax to the CPU
+    backend (the CUDA and TPU topologies come from their plugins without a device).
+    """
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    # Only the CPU backend initializes; the CUDA and TPU topologies come from their plugins.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # Several AOT processes (aot_check's workers, other users) may load libtpu at once.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    # No device to autotune on: XLA's GEMM fusions take their default configs (and compile faster).
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_gpu_autotune_level" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_gpu_autotune_level=0".strip()
+    if "jax" in sys.modules:  # jax read JAX_PLATFORMS at import; its backends start later
+        sys.modules["jax"].config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +112,8 @@ class AotCase:
     """One thing to compile ahead of time: ``fn(*args)`` for ``target`` at a named real shape.
 
     Kernel packages list theirs in ``<op>/aot_cases.py`` (``cases() -> list[AotCase]``);
-    ``scripts/aot_check.py`` compiles them all and prints the table.
+    ``scripts/aot_check.py`` compiles them all and prints the table. A ``pallas_*`` impl must
+    leave at least one Pallas kernel in the compiled program (a silent fallback fails the case).
     """
 
     op: str  # e.g. "fp8_matmul"
@@ -95,25 +123,39 @@ class AotCase:
     fn: Callable  # traced with jax.jit
     args: tuple  # ShapeDtypeStructs (pytrees allowed)
 
+    @property
+    def key(self) -> str:
+        return f"{self.op} | {self.impl} | {self.target} | {self.label}"
+
+    @property
+    def expects_kernel(self) -> bool:
+        return self.impl.startswith("pallas")
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelReport:
-    """ptxas resource report of one Mosaic GPU kernel."""
+    """ptxas resource report of one Mosaic GPU kernel (plus Mosaic's dynamic SMEM when dumped)."""
 
     name: str
     registers: int
-    spill_stores: int
-    spill_loads: int
-    smem_bytes: int  # static SMEM ptxas reports (Mosaic GPU allocates dynamic SMEM: see below)
+    spill_stores: int  # bytes
+    spill_loads: int  # bytes
+    static_smem_bytes: int = 0  # what ptxas reports (Mosaic GPU allocates SMEM dynamically)
+    dynamic_smem_bytes: int = 0  # Mosaic GPU's scratch (``*.resources.txt`` dump), 0 if absent
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.static_smem_bytes + self.dynamic_smem_bytes
 
 
 @dataclasses.dataclass
 class CompileResult:
-    """A compiled executable and what the compile reported."""
+    """A compiled executable (or, for the quick tier, an export) and what the compile reported."""
 
     target: str
-    compiled: object  # jax.stages.Compiled
-    kernels: list[KernelReport]  # Mosaic GPU kernels (empty for TPU and XLA-only programs)
+    compiled: object  # jax.stages.Compiled, or jax.export.Exported for the quick tier
+    kernels: list[KernelReport]  # Mosaic GPU ptxas reports (empty for TPU, XLA-only and export)
+    num_pallas_kernels: int = 0  # Pallas custom calls in the compiled HLO / exported module
 
     @property
     def max_registers(self) -> int:
@@ -121,7 +163,12 @@ class CompileResult:
 
     @property
     def spills(self) -> int:
+        """Spilled bytes (stores + loads) over all kernels."""
         return sum(k.spill_stores + k.spill_loads for k in self.kernels)
+
+    @property
+    def max_smem_bytes(self) -> int:
+        return max((k.smem_bytes for k in self.kernels), default=0)
 
 
 @functools.cache
@@ -133,7 +180,10 @@ def _topology(target: str):
             platform="cuda", topology_name="", topology="1x1x1", target_config=H100_TARGET_CONFIG
         )
     if target in _TPU_TOPOLOGY:
-        return topologies.get_topology_desc(platform="tpu", topology_name=_TPU_TOPOLOGY[target])
+        # One chip per host: libtpu 0.0.48 (jax 0.11.2) defaults to 2x2x1, which 1x1 cannot fill.
+        return topologies.get_topology_desc(
+            platform="tpu", topology_name=_TPU_TOPOLOGY[target], chips_per_host_bounds=[1, 1, 1]
+        )
     raise ValueError(f"aot: unknown target {target!r}; expected one of {TARGETS}")
 
 
@@ -143,6 +193,17 @@ def target_mesh(target: str):
     from jax.sharding import Mesh
 
     return Mesh(np.array(_topology(target).devices[:1]), ("x",))
+
+
+def abstract_mesh(target: str):
+    """A one-device ``AbstractMesh`` that names the target's device kind (no plugin needed)."""
+    from jax.sharding import AbstractDevice, AbstractMesh
+
+    if target not in _DEVICE_KIND:
+        raise ValueError(f"aot: unknown target {target!r}; expected one of {TARGETS}")
+    kind, cores, platform = _DEVICE_KIND[target]
+    device = AbstractDevice(device_kind=kind, num_cores=cores, platform=platform)
+    return AbstractMesh((1,), ("x",), abstract_device=device)
 
 
 def abstract_args(target: str, *args):
@@ -164,19 +225,46 @@ def abstract_args(target: str, *args):
 _PTXAS_RE = re.compile(
     r"Function properties for (?P<name>\S+).*?(?P<stores>\d+) bytes spill stores, "
     r"(?P<loads>\d+) bytes spill loads.*?Used (?P<regs>\d+) registers"
-    r"(?:.*?(?P<smem>\d+) bytes smem)?",
+    r"(?:[^\n]*?(?P<smem>\d+) bytes smem)?",
     re.S,
 )
+_SCRATCH_RE = re.compile(r"smem_scratch_bytes=(\d+)")
 
 
-def parse_ptxas(text: str) -> list[KernelReport]:
+def parse_ptxas(text: str, dynamic_smem_bytes: int = 0) -> list[KernelReport]:
     """Kernel reports from ptxas ``-v`` output (one entry per compiled function)."""
     return [
         KernelReport(
-            m["name"], int(m["regs"]), int(m["stores"]), int(m["loads"]), int(m["smem"] or 0)
-        )
+            m["name"],
+            int(m["regs"]),
+            int(m["stores"]),
+            int(m["loads"]),
+            int(m["smem"] or 0),
+            dynamic_smem_bytes,
+        )  # fmt: skip
         for m in _PTXAS_RE.finditer(text)
     ]
+
+
+def parse_resources(text: str) -> int:
+    """Mosaic GPU's dynamic SMEM (``smem_scratch_bytes``) from a ``*.resources.txt`` dump, or 0."""
+    m = _SCRATCH_RE.search(text)
+    return int(m.group(1)) if m else 0
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def read_dumps(directory: str) -> list[KernelReport]:
+    """Kernel reports of every ``<kernel>.ptxas`` (and ``<kernel>.resources.txt``) in a dump dir."""
+    reports = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.ptxas"))):
+        res = path[: -len(".ptxas")] + ".resources.txt"
+        scratch = parse_resources(_read(res)) if os.path.exists(res) else 0
+        reports.extend(parse_ptxas(_read(path), scratch))
+    return reports
 
 
 @contextlib.contextmanager
@@ -189,15 +277,21 @@ def _mosaic_gpu_dump():
         reports: list[KernelReport] = []
         try:
             yield reports
-            for path in sorted(glob.glob(os.path.join(d, "*.ptxas"))):
-                with open(path) as f:
-                    reports.extend(parse_ptxas(f.read()))
+            reports.extend(read_dumps(d))
         finally:
             for k, v in old.items():
                 if v is None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+def count_kernels(text: str, target: str) -> int:
+    """Pallas kernels (Mosaic GPU / Mosaic TPU custom calls) in HLO or StableHLO text."""
+    markers = _KERNEL_MARKERS[PLATFORM[target]]
+    pat = re.compile(r"custom_call_target\s*=\s*\"(" + "|".join(markers) + r")[^\"]*\"")
+    pat_mlir = re.compile(r"stablehlo\.custom_call\s+@(" + "|".join(markers) + r")\w*")
+    return len(pat.findall(text)) + len(pat_mlir.findall(text))
 
 
 def compile_for(target: str, fn: Callable, *args, static_argnames=(), **kwargs) -> CompileResult:
@@ -215,4 +309,44 @@ def compile_for(target: str, fn: Callable, *args, static_argnames=(), **kwargs) 
     dump = _mosaic_gpu_dump() if target == "h100" else contextlib.nullcontext([])
     with dump as reports, jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
         compiled = jitted.lower(*abstract, **kwargs).compile()
-    return CompileResult(target, compiled, reports)
+    n = count_kernels(compiled.as_text(), target)
+    return CompileResult(target, compiled, reports, n)
+
+
+def export_for(target: str, fn: Callable, *args) -> CompileResult:
+    """Quick tier: ``jax.export`` lowering for the target's platform ("cuda" or "tpu").
+
+    Runs Pallas to Mosaic MLIR and, for Mosaic GPU, the Python passes (layout inference, the SMEM
+    budget); not ptxas or the Mosaic TPU compiler, so no registers or spills. No plugin needed.
+    """
+    import jax
+
+    def sds(x):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "dtype") else x
+
+    abstract = jax.tree.map(sds, args)
+    with jax.sharding.use_abstract_mesh(abstract_mesh(target)):
+        exported = jax.export.export(jax.jit(fn), platforms=[PLATFORM[target]])(*abstract)
+    n = count_kernels(exported.mlir_module(), target)
+    return CompileResult(target, exported, [], n)
+
+
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """The compiler's reason in one line: the first informative line of the message."""
+    text = re.sub(r"/\S*/(\w+/\w+\.py)", r"\1", str(exc).strip()) or type(exc).__name__
+    lines = [" ".join(ln.split()) for ln in text.splitlines() if ln.strip()]
+    generic = ("traceback", "---", "for simplicity", "the above exception")
+    line = next((ln for ln in lines if not ln.lower().startswith(generic)), lines[0])
+    line = f"{type(exc).__name__}: {line}"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def status_of(case: AotCase, result: CompileResult | None, exc: BaseException | None) -> str:
+    """ok | fail (compile error) | smem (over the SMEM budget) | spill | no-kernel."""
+    if exc is not None:
+        return "smem" if "shared memory" in str(exc) else "fail"
+    if case.expects_kernel and result.num_pallas_kernels == 0:
+        return "no-kernel"
+    if result.spills or result.max_smem_bytes > H100_SMEM_BYTES:
+        return "spill" if result.spills else "smem"
+    return "ok"

@@ -1,0 +1,111 @@
+"""Ahead-of-time compile cases of the whole rollout program (``scripts/aot_check.py``).
+
+One jit holds what a rollout step runs: ``quantize_params`` (the per-step FP8 weight sync) and
+``generate`` (prefill + ``while_loop`` decode) with W8A8 linear layers and a static FP8 KV cache.
+The model has Qwen3-8B widths but only ``NUM_LAYERS`` of its 36 layers (every layer compiles to
+the same code; the label says so); its weights are ``jax.eval_shape`` of the init, so nothing is
+allocated. ``IMPLS`` is the one place that picks the kernels per target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+
+import jax
+import jax.numpy as jnp
+
+from fp8rl_jax.generation.generate import generate
+from fp8rl_jax.generation.sampling import SamplingConfig
+from fp8rl_jax.models import ModelConfig, RopeConfig, init_weights
+from fp8rl_jax.quant import QuantRecipe, quantize_params
+from kernels_pallas.aot import AotCase
+
+NUM_LAYERS = 2
+QWEN3_8B = ModelConfig(
+    vocab_size=151936, hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8,
+    head_dim=128, intermediate_size=12288, rms_norm_eps=1e-6, rope=RopeConfig(theta=1e6),
+    max_position_embeddings=40960, qk_norm=True, architecture="Qwen3ForCausalLM",
+)  # fmt: skip
+STOP_IDS = (151645, 151643)  # Qwen <|im_end|>, <|endoftext|>
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutShape:
+    """Rows, padded prompt length and response budget of one compiled rollout program."""
+
+    batch: int = 64  # B
+    prompt_len: int = 1024  # P
+    max_new_tokens: int = 3072  # N; the cache holds P + N slots
+
+
+# Kernel choice per target. generate() takes decode_impl today; matmul_impl reaches it once
+# generate() has that argument (until then W8A8 matmuls run impl="auto", which resolves to the
+# XLA path on a CPU-only AOT host). The label of each case says which impls were in effect.
+IMPLS = {
+    "h100": {"decode_impl": "pallas_mosaic_gpu", "matmul_impl": "pallas_mosaic_gpu"},
+    "v5e": {"decode_impl": "pallas_tpu", "matmul_impl": "pallas_tpu"},
+    "v6e": {"decode_impl": "pallas_tpu", "matmul_impl": "pallas_tpu"},
+}
+XLA_IMPLS = {"decode_impl": "xla", "matmul_impl": "xla"}
+
+
+def supported_impls(impls: dict) -> dict:
+    """The entries of ``impls`` that ``generate`` accepts as keyword arguments."""
+    params = inspect.signature(generate).parameters
+    return {k: v for k, v in impls.items() if k in params}
+
+
+def rollout_fn(cfg, shape: RolloutShape, recipe, kv_cache_dtype: str, impls: dict):
+    """``(params, tokens_BP, lens_B, rng, kv_k_LK, kv_v_LK) -> Rollout``: weight sync + generate."""
+
+    def rollout(params, tokens_BP, lens_B, rng, k_LK, v_LK):
+        weights = quantize_params(params, recipe)
+        fp8_kv = kv_cache_dtype.startswith("float8")
+        return generate(
+            weights, (tokens_BP, lens_B), cfg, SamplingConfig(temperature=1.0), rng,
+            kv_cache_dtype=kv_cache_dtype, kv_scale_mode="static",
+            kv_scales={"k": k_LK, "v": v_LK} if fp8_kv else None,
+            max_new_tokens=shape.max_new_tokens, stop_token_ids=STOP_IDS,
+            **supported_impls(impls),
+        )  # fmt: skip
+
+    return rollout
+
+
+def rollout_args(cfg, shape: RolloutShape):
+    """Abstract arguments of ``rollout_fn``: BF16 params (eval_shape of the init) and inputs."""
+    sds = jax.ShapeDtypeStruct
+    key = sds((2,), jnp.uint32)  # a raw PRNG key
+    params = jax.eval_shape(functools.partial(init_weights, cfg, dtype=jnp.bfloat16), key)
+    b, p, lk = shape.batch, shape.prompt_len, (cfg.num_layers, cfg.num_kv_heads)
+    return (
+        params,
+        sds((b, p), jnp.int32),
+        sds((b,), jnp.int32),
+        key,
+        sds(lk, jnp.float32),
+        sds(lk, jnp.float32),
+    )
+
+
+def _label(cfg, shape: RolloutShape, impls: dict) -> str:
+    matmul = supported_impls(impls).get("matmul_impl", "auto")
+    return (
+        f"Qwen3-8B widths, {cfg.num_layers}/36 layers, B={shape.batch} P={shape.prompt_len} "
+        f"N={shape.max_new_tokens}, W8A8 + FP8 static KV, matmul={matmul}"
+    )
+
+
+def cases() -> list[AotCase]:
+    """quantize_params + generate (W8A8, FP8 static KV, the decode kernel) per target."""
+    cfg = dataclasses.replace(QWEN3_8B, num_layers=NUM_LAYERS)
+    shape, recipe = RolloutShape(), QuantRecipe()
+    out = []
+    for target, impls in [*IMPLS.items(), ("h100", XLA_IMPLS)]:
+        fn = rollout_fn(cfg, shape, recipe, "float8_e4m3fn", impls)
+        impl = impls["decode_impl"]
+        label = _label(cfg, shape, impls)
+        out.append(AotCase("rollout", impl, target, label, fn, rollout_args(cfg, shape)))
+    return out
