@@ -49,13 +49,14 @@ def iteration_bytes(arm: tuple, layers: int, args) -> hlo_bytes.LoopBytes:
     """Bytes of one decode iteration of the rollout program with ``layers`` layers."""
     from fp8rl_jax.generation import aot_cases
     from fp8rl_jax.quant import QuantRecipe
+    from kernels_pallas.backend import KernelImpls
 
     _, fp8_weights, kv_dtype = arm
     cfg = dataclasses.replace(aot_cases.QWEN3_8B, num_layers=layers)
     shape = aot_cases.RolloutShape(args.batch, args.prompt_len, args.context - args.prompt_len)
-    impls = {"decode_impl": args.decode_impl, "matmul_impl": args.matmul_impl}
+    kernels = KernelImpls(matmul=args.matmul_impl, decode_attention=args.decode_impl)
     recipe = QuantRecipe() if fp8_weights else None
-    fn = aot_cases.rollout_fn(cfg, shape, recipe, kv_dtype, impls)
+    fn = aot_cases.rollout_fn(cfg, shape, recipe, kv_dtype, kernels)
     result = aot.compile_for("h100", fn, *aot_cases.rollout_args(cfg, shape))
     return hlo_bytes.loop_iteration_bytes(result.compiled.as_text())
 
@@ -83,8 +84,8 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=16, help="rows decoded per iteration (B)")
     p.add_argument("--context", type=int, default=8192, help="KV cache slots (P + N)")
     p.add_argument("--prompt-len", type=int, default=128, help="P (prefill is outside the loop)")
-    p.add_argument("--decode-impl", default=None, help="generate(decode_impl=...); None: jnp")
-    p.add_argument("--matmul-impl", default=None, help="used once generate() accepts it")
+    p.add_argument("--decode-impl", default=None, help="KernelImpls.decode_attention; None: jnp")
+    p.add_argument("--matmul-impl", default="auto", help="KernelImpls.matmul (W8A8 layers)")
     p.add_argument("--check-linear", action="store_true", help="also compile 3 layers")
     p.add_argument("--out", default=os.path.join(REPO, "experiments/results/bench_bytes.json"))
     return p.parse_args(argv)

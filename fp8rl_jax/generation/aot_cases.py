@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +20,7 @@ from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.models import ModelConfig, RopeConfig, init_weights
 from fp8rl_jax.quant import QuantRecipe, quantize_params
 from kernels_pallas.aot import AotCase
+from kernels_pallas.backend import KernelImpls
 
 NUM_LAYERS = 2
 QWEN3_8B = ModelConfig(
@@ -40,24 +40,16 @@ class RolloutShape:
     max_new_tokens: int = 3072  # N; the cache holds P + N slots
 
 
-# Kernel choice per target. generate() takes decode_impl today; matmul_impl reaches it once
-# generate() has that argument (until then W8A8 matmuls run impl="auto", which resolves to the
-# XLA path on a CPU-only AOT host). The label of each case says which impls were in effect.
+# Kernel choice per target (the decode kernel and the W8A8 matmul).
 IMPLS = {
-    "h100": {"decode_impl": "pallas_mosaic_gpu", "matmul_impl": "pallas_mosaic_gpu"},
-    "v5e": {"decode_impl": "pallas_tpu", "matmul_impl": "pallas_tpu"},
-    "v6e": {"decode_impl": "pallas_tpu", "matmul_impl": "pallas_tpu"},
+    "h100": KernelImpls(matmul="pallas_mosaic_gpu", decode_attention="pallas_mosaic_gpu"),
+    "v5e": KernelImpls(matmul="pallas_tpu", decode_attention="pallas_tpu"),
+    "v6e": KernelImpls(matmul="pallas_tpu", decode_attention="pallas_tpu"),
 }
-XLA_IMPLS = {"decode_impl": "xla", "matmul_impl": "xla"}
+XLA_IMPLS = KernelImpls(matmul="xla", decode_attention="xla")
 
 
-def supported_impls(impls: dict) -> dict:
-    """The entries of ``impls`` that ``generate`` accepts as keyword arguments."""
-    params = inspect.signature(generate).parameters
-    return {k: v for k, v in impls.items() if k in params}
-
-
-def rollout_fn(cfg, shape: RolloutShape, recipe, kv_cache_dtype: str, impls: dict):
+def rollout_fn(cfg, shape: RolloutShape, recipe, kv_cache_dtype: str, kernels: KernelImpls):
     """``(params, tokens_BP, lens_B, rng, kv_k_LK, kv_v_LK) -> Rollout``: weight sync + generate."""
 
     def rollout(params, tokens_BP, lens_B, rng, k_LK, v_LK):
@@ -68,7 +60,7 @@ def rollout_fn(cfg, shape: RolloutShape, recipe, kv_cache_dtype: str, impls: dic
             kv_cache_dtype=kv_cache_dtype, kv_scale_mode="static",
             kv_scales={"k": k_LK, "v": v_LK} if fp8_kv else None,
             max_new_tokens=shape.max_new_tokens, stop_token_ids=STOP_IDS,
-            **supported_impls(impls),
+            kernels=kernels,
         )  # fmt: skip
 
     return rollout
@@ -90,11 +82,10 @@ def rollout_args(cfg, shape: RolloutShape):
     )
 
 
-def _label(cfg, shape: RolloutShape, impls: dict) -> str:
-    matmul = supported_impls(impls).get("matmul_impl", "auto")
+def _label(cfg, shape: RolloutShape, kernels: KernelImpls) -> str:
     return (
         f"Qwen3-8B widths, {cfg.num_layers}/36 layers, B={shape.batch} P={shape.prompt_len} "
-        f"N={shape.max_new_tokens}, W8A8 + FP8 static KV, matmul={matmul}"
+        f"N={shape.max_new_tokens}, W8A8 + FP8 static KV, matmul={kernels.matmul}"
     )
 
 
@@ -103,9 +94,11 @@ def cases() -> list[AotCase]:
     cfg = dataclasses.replace(QWEN3_8B, num_layers=NUM_LAYERS)
     shape, recipe = RolloutShape(), QuantRecipe()
     out = []
-    for target, impls in [*IMPLS.items(), ("h100", XLA_IMPLS)]:
-        fn = rollout_fn(cfg, shape, recipe, "float8_e4m3fn", impls)
-        impl = impls["decode_impl"]
-        label = _label(cfg, shape, impls)
-        out.append(AotCase("rollout", impl, target, label, fn, rollout_args(cfg, shape)))
+    for target, kernels in [*IMPLS.items(), ("h100", XLA_IMPLS)]:
+        fn = rollout_fn(cfg, shape, recipe, "float8_e4m3fn", kernels)
+        label = _label(cfg, shape, kernels)
+        case = AotCase(
+            "rollout", kernels.decode_attention, target, label, fn, rollout_args(cfg, shape)
+        )
+        out.append(case)
     return out
