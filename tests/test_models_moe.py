@@ -65,9 +65,12 @@ def test_ragged_equals_dense_reference_bf16():
 
 
 def test_fp8_experts_equal_dense_reference_with_dequantized_weights():
-    """QArray [E, in, out] experts (per-expert 128x128 blocks): W8A8 ragged == dense W8A8 (f32)."""
+    """QArray [E, out, in] experts (K-major, per-expert 128x128 blocks): W8A8 ragged == dense
+    W8A8 (f32), and both close to the high-precision experts (which a transposed use is not)."""
+    hp = weights()["layers"][0]["mlp"]
     p = quantize_params(weights(), QuantRecipe())["layers"][0]["mlp"]
     assert isinstance(p["w_gate"], QArray) and p["w_gate"].scales.shape == (4, 1, 1)
+    assert p["w_gate"].shape == (hp["w_gate"].shape[0], *hp["w_gate"].shape[:0:-1])
     assert not isinstance(p["router"], QArray)
     x = x_BTD()
     y, _ = moe_mlp(p, x, jnp.ones(x.shape[:2], bool), CFG)
