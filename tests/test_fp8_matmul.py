@@ -237,6 +237,19 @@ def test_mosaic_gpu_support_check():
     assert _supports("pallas_mosaic_gpu", *_sds_q(16, 256, 256), interpret=True) is None
 
 
+def test_smem_count_is_mosaic_gpus_count():
+    """``smem_bytes`` against Mosaic GPU's own ``smem_bytes`` for these tiles (K=4096), read from
+    the deviceless H100 compile; the last one is over the 232448 B budget and Mosaic rejects it."""
+    count = lambda cfg, x_b, out_b, fused: mgpu.smem_bytes(cfg, 4096, x_b, out_b, fused)
+    assert count(MgpuConfig(128, 128, 4), 1, 2, False) == 165952
+    assert count(MgpuConfig(16, 64, 4, swap_ab=True), 1, 2, False) == 44096
+    assert count(MgpuConfig(128, 128, 3), 2, 2, True) == 198704
+    assert count(MgpuConfig(128, 128, 3), 2, 4, True) == 231472  # fused, f32 out: fits
+    assert count(MgpuConfig(128, 128, 6), 1, 2, False) == 232544 > mgpu.SMEM_BYTES
+    assert mgpu.default_config(4096, 12288, 4096, fused=True).max_concurrent_steps == 3
+    assert mgpu.default_config(4096, 12288, 4096).max_concurrent_steps == 4
+
+
 def test_tpu_support_check():
     with _on(_V6E):
         assert _supports("pallas_tpu", *_sds_q(1, 28672, 8192)) is None

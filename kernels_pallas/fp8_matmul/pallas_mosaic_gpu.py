@@ -47,7 +47,8 @@ from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_max
 GROUP = 128  # K group of activation scales and K block (and N block) of weight scales
 SMEM_BYTES = 232448  # H100/H200 shared_memory_per_block_optin (227 KiB), Mosaic GPU's budget
 _WGMMA_M = 64  # rows of one warpgroup's wgmma tile
-_SMEM_SLACK = 2048  # barriers and alignment padding the estimate below does not itemize
+_SMEM_ALIGN = 1024  # Mosaic GPU rounds every SMEM scratch buffer up to this (SMEM_ALIGNMENT)
+_REDUCTION_SCRATCH = 2048  # SMEM a kernel with a reduction reserves (CompilerParams default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,14 +78,24 @@ class MgpuConfig:
         return None
 
 
+def _align(nbytes: int) -> int:
+    return -(-nbytes // _SMEM_ALIGN) * _SMEM_ALIGN
+
+
 def smem_bytes(cfg: MgpuConfig, k: int, x_itemsize: int, out_itemsize: int, fused: bool) -> int:
-    """SMEM the kernel allocates: the pipeline ring, the epilogue tile and the fused x̂ tile."""
-    stages = min(cfg.max_concurrent_steps, k // GROUP)
-    ring = cfg.block_m * GROUP * x_itemsize + cfg.block_n * GROUP
-    ring += 0 if fused else cfg.block_m * 4
-    out = cfg.block_m * cfg.block_n * out_itemsize
-    xq = cfg.block_m * GROUP if fused else 0
-    return stages * ring + out + xq + _SMEM_SLACK
+    """The SMEM the kernel allocates, counted as Mosaic GPU counts it: every scratch buffer
+    rounded up to 1 KiB (``SMEM_ALIGNMENT``), 8 B per pipeline barrier (a produced and a consumed
+    one per stage), and the reduction scratch the fused row amax reserves. Equals the
+    ``smem_bytes`` of ``mosaic/gpu/core.py`` for every case in ``aot_cases.py`` (jax 0.11.2 and
+    0.12.0.1)."""
+    stages = min(cfg.max_concurrent_steps, k // GROUP)  # the pipeline never holds more
+    ring = [cfg.block_m * GROUP * x_itemsize, cfg.block_n * GROUP]
+    ring += [] if fused else [cfg.block_m * 4]
+    total = sum(_align(stages * b) for b in ring) + 2 * stages * 8
+    total += _align(cfg.block_m * cfg.block_n * out_itemsize)  # epilogue tile
+    if fused:
+        total += _align(cfg.block_m * GROUP) + _REDUCTION_SCRATCH  # x̂ tile, amax scratch
+    return total
 
 
 def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2):

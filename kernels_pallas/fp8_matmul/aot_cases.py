@@ -1,0 +1,107 @@
+"""Ahead-of-time compile cases of ``fp8_matmul`` at real linear-layer shapes (``aot_check.py``).
+
+Each row of ``LAYERS`` is one linear layer (K = in, N = out; the rollout weight is a QArray
+``[N, K]``) and the token counts M it is compiled at: decode (M <= 64: swap-AB on Hopper) and
+prefill (M >= 128). Every row runs for each entry of ``KINDS``: the Hopper kernel with FP8
+activations (a QArray) and with BF16 activations (the path ``quant.matmul`` takes: quantized
+in-kernel for M > 64, by XLA then the swap-AB kernel below), the TPU kernel on v5e and v6e, and
+the XLA fallback on H100 (``XLA_LAYERS``: FP8 GEMMs batched over K blocks for M <= 32, BF16
+dequantize + GEMM above). ``EXTRA`` adds E5M2 and F32-output cases (the F32 fused epilogue is
+the tightest SMEM fit). Every case is one the support check accepts (``fp8_matmul`` raises for an
+explicit impl it rejects), so compiling them all proves the check for these shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from kernels_pallas.aot import AotCase
+from kernels_pallas.fp8_matmul.api import fp8_matmul
+from kernels_pallas.qarray import QArray
+
+DECODE_M = (1, 16, 64)
+PREFILL_M = (128, 4096, 8192)
+ALL_M = DECODE_M + PREFILL_M
+
+# (model, layer, K, N, token counts M)
+LAYERS = (
+    ("Qwen3-8B", "q_proj|o_proj", 4096, 4096, ALL_M),
+    ("Qwen3-8B", "k_proj|v_proj", 4096, 1024, (16, 4096)),
+    ("Qwen3-8B", "gate|up_proj", 4096, 12288, ALL_M),
+    ("Qwen3-8B", "down_proj", 12288, 4096, (16, 4096)),
+    ("Qwen3-30B-A3B", "q_proj", 2048, 4096, (16, 4096)),
+    ("Qwen3-30B-A3B", "k_proj|v_proj", 2048, 512, (16, 4096)),
+    ("Qwen3-30B-A3B", "o_proj", 4096, 2048, (16, 4096)),
+    ("Llama-3-70B", "q_proj|o_proj", 8192, 8192, (16, 4096)),
+    ("Llama-3-70B", "k_proj|v_proj", 8192, 1024, (16, 4096)),
+    ("Llama-3-70B", "gate|up_proj", 8192, 28672, (1, 64, 8192)),
+    ("Llama-3-70B", "down_proj", 28672, 8192, (16, 4096)),
+)
+# The XLA fallback on H100: one layer per model at every M (both of its methods).
+XLA_LAYERS = (
+    ("Qwen3-8B", "gate|up_proj", 4096, 12288, ALL_M),
+    ("Qwen3-30B-A3B", "q_proj", 2048, 4096, (16, 4096)),
+    ("Llama-3-70B", "gate|up_proj", 8192, 28672, (16, 4096)),
+)
+# (impl, target, activations): "fp8" a per-token QArray, "bf16" raw activations
+KINDS = (
+    ("pallas_mosaic_gpu", "h100", "fp8"),
+    ("pallas_mosaic_gpu", "h100", "bf16"),
+    ("pallas_tpu", "v5e", "fp8"),
+    ("pallas_tpu", "v6e", "fp8"),
+)
+XLA_KINDS = (("xla", "h100", "fp8"),)
+_Q8 = ("Qwen3-8B", "q_proj", 4096, 4096)
+_G8 = ("Qwen3-8B", "gate|up_proj", 4096, 12288)
+_E4, _E5, _BF, _F32 = "float8_e4m3fn", "float8_e5m2", "bfloat16", "float32"
+# (impl, target, activations, FP8 format, output dtype, model, layer, K, N, M)
+EXTRA = (
+    ("pallas_mosaic_gpu", "h100", "fp8", _E5, _BF, *_Q8, 16),
+    ("pallas_mosaic_gpu", "h100", "fp8", _E5, _BF, *_Q8, 4096),
+    ("pallas_mosaic_gpu", "h100", "bf16", _E4, _F32, *_G8, 4096),  # 226 KiB of 227
+    ("pallas_mosaic_gpu", "h100", "fp8", _E4, _F32, *_G8, 16),
+    ("pallas_tpu", "v6e", "fp8", _E5, _BF, *_Q8, 16),
+    ("pallas_tpu", "v5e", "bf16", _E4, _BF, *_G8, 4096),
+)
+
+
+def _operands(m: int, k: int, n: int, x_kind: str, fmt: str = "float8_e4m3fn"):
+    """(x, w_q) as ShapeDtypeStructs: x [M, K] (QArray with 1x128 groups, or BF16), w [N, K]."""
+    sds, f8, f32 = jax.ShapeDtypeStruct, jnp.dtype(fmt), jnp.float32
+    if x_kind == "fp8":
+        x = QArray(sds((m, k), f8), sds((m, -(-k // 128)), f32), (128,), jnp.bfloat16)
+    else:
+        x = sds((m, k), jnp.bfloat16)
+    w = QArray(sds((n, k), f8), sds((-(-n // 128), -(-k // 128)), f32), (128, 128), jnp.bfloat16)
+    return x, w
+
+
+def _call(x, w_q, *, impl: str, out_dtype: str):
+    return fp8_matmul(x, w_q, out_dtype=jnp.dtype(out_dtype), impl=impl)
+
+
+def _case(impl, target, x_kind, fmt, out_dtype, model, layer, k, n, m) -> AotCase:
+    phase = "decode" if m <= 64 else "prefill"
+    tags = [x_kind + " x"]
+    tags += [] if fmt == "float8_e4m3fn" else ["e5m2"]
+    tags += [] if out_dtype == "bfloat16" else [f"{out_dtype} out"]
+    label = f"{model} {layer} K={k} N={n} M={m} ({phase}, {', '.join(tags)})"
+    fn = functools.partial(_call, impl=impl, out_dtype=out_dtype)
+    return AotCase("fp8_matmul", impl, target, label, fn, _operands(m, k, n, x_kind, fmt))
+
+
+def _cases(layers, kinds) -> list[AotCase]:
+    return [
+        _case(impl, target, x_kind, "float8_e4m3fn", "bfloat16", model, layer, k, n, m)
+        for impl, target, x_kind in kinds
+        for model, layer, k, n, ms in layers
+        for m in ms
+    ]
+
+
+def cases() -> list[AotCase]:
+    """Every (kernel, target, activation kind) at every layer shape, the XLA fallback, extras."""
+    return _cases(LAYERS, KINDS) + _cases(XLA_LAYERS, XLA_KINDS) + [_case(*e) for e in EXTRA]
