@@ -225,8 +225,12 @@ def test_mosaic_gpu_support_check():
             assert reason in _supports("pallas_mosaic_gpu", *ops)
         x8, _ = _sds_q(16, 256, 256, E5M2)
         assert "formats differ" in _supports("pallas_mosaic_gpu", x8, _sds_q(16, 256, 256)[1])
-        big = MgpuConfig(block_m=128, block_n=128, max_concurrent_steps=6)
+        big = MgpuConfig(block_m=128, block_n=128, max_concurrent_steps=4)  # fused: 247872 B
         assert "SMEM" in _supports("pallas_mosaic_gpu", bf16_x, _sds_q(1, 4096, 4096)[1], big)
+        deep = MgpuConfig(block_m=16, block_n=64, max_concurrent_steps=8, swap_ab=True)
+        assert "max_concurrent_steps" in _supports(
+            "pallas_mosaic_gpu", *_sds_q(16, 4096, 4096), deep
+        )
         swap = MgpuConfig(block_m=16, block_n=64, swap_ab=True)
         fused_swap = mgpu.supports(16, 4096, 4096, swap, fused=True, x_itemsize=2, out_itemsize=2)
         assert "no swap_ab" in fused_swap  # raw x with a swap config is quantized by XLA instead

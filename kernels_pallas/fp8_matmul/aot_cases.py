@@ -7,7 +7,9 @@ activations (a QArray) and with BF16 activations (the path ``quant.matmul`` take
 in-kernel for M > 64, by XLA then the swap-AB kernel below), the TPU kernel on v5e and v6e, and
 the XLA fallback on H100 (``XLA_LAYERS``: FP8 GEMMs batched over K blocks for M <= 32, BF16
 dequantize + GEMM above). ``EXTRA`` adds E5M2 and F32-output cases (the F32 fused epilogue is
-the tightest SMEM fit). Every case is one the support check accepts (``fp8_matmul`` raises for an
+the tightest SMEM fit); ``TILES`` compiles non-default tile configurations the checks accept
+(both compute-warpgroup counts, swap-AB from 8 to 64 rows, deep rings, N % 128 != 0, K tails of
+the ring, big TPU tiles). Every case is one the support check accepts (``fp8_matmul`` raises for an
 explicit impl it rejects), so compiling them all proves the check for these shapes.
 """
 
@@ -19,6 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas.aot import AotCase
+from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
+from kernels_pallas.fp8_matmul import pallas_tpu as tpu
 from kernels_pallas.fp8_matmul.api import fp8_matmul
 from kernels_pallas.qarray import QArray
 
@@ -68,6 +72,30 @@ EXTRA = (
 )
 
 
+_G, _T = mgpu.MgpuConfig, tpu.TpuConfig
+# Tile configurations the support check accepts beyond the per-shape defaults above:
+# (impl, targets, activations, output dtype, K, N, M, config)
+TILES = (
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4160, 4096, None),  # N % 128: 128x64
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 384, 4096, 256, None),  # 3 K steps < 4 stages
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4097, None),  # M tail
+    ("pallas_mosaic_gpu", ("h100",), "fp8", "float16", 4096, 4096, 4096, None),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(64, 64)),  # one WG
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 64, _G(64, 128)),  # fused decode
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 4096, _G(128, 64, 3)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 32, _G(32, 128, 4, True)),  # 2 WGs
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 5, _G(8, 64, 4, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 48, _G(48, 64, 6, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _G(16, 64, 6, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(64, 64, 6)),  # deepest
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 16, _G(16, 64, 4, True)),
+    ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 384, 256, 48, _T(block_m=32, block_k=256)),
+    ("pallas_tpu", ("v5e", "v6e"), "fp8", _F32, 4096, 4096, 4096, _T(512, block_k=1024)),
+    ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 4096, _T(1024, block_k=2048)),
+    ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 16, _T(compute_dtype="float32")),
+)
+
+
 def _operands(m: int, k: int, n: int, x_kind: str, fmt: str = "float8_e4m3fn"):
     """(x, w_q) as ShapeDtypeStructs: x [M, K] (QArray with 1x128 groups, or BF16), w [N, K]."""
     sds, f8, f32 = jax.ShapeDtypeStruct, jnp.dtype(fmt), jnp.float32
@@ -79,8 +107,18 @@ def _operands(m: int, k: int, n: int, x_kind: str, fmt: str = "float8_e4m3fn"):
     return x, w
 
 
-def _call(x, w_q, *, impl: str, out_dtype: str):
-    return fp8_matmul(x, w_q, out_dtype=jnp.dtype(out_dtype), impl=impl)
+def _call(x, w_q, *, impl: str, out_dtype: str, config=None):
+    return fp8_matmul(x, w_q, out_dtype=jnp.dtype(out_dtype), impl=impl, config=config)
+
+
+def _tile_cases() -> list[AotCase]:
+    out = []
+    for impl, targets, x_kind, out_dtype, k, n, m, cfg in TILES:
+        fn = functools.partial(_call, impl=impl, out_dtype=out_dtype, config=cfg)
+        label = f"tiles K={k} N={n} M={m} {x_kind} x, {out_dtype} out, {cfg or 'default config'}"
+        for target in targets:
+            out.append(AotCase("fp8_matmul", impl, target, label, fn, _operands(m, k, n, x_kind)))
+    return out
 
 
 def _case(impl, target, x_kind, fmt, out_dtype, model, layer, k, n, m) -> AotCase:
@@ -104,4 +142,5 @@ def _cases(layers, kinds) -> list[AotCase]:
 
 def cases() -> list[AotCase]:
     """Every (kernel, target, activation kind) at every layer shape, the XLA fallback, extras."""
-    return _cases(LAYERS, KINDS) + _cases(XLA_LAYERS, XLA_KINDS) + [_case(*e) for e in EXTRA]
+    extra = [_case(*e) for e in EXTRA] + _tile_cases()
+    return _cases(LAYERS, KINDS) + _cases(XLA_LAYERS, XLA_KINDS) + extra

@@ -48,6 +48,8 @@ GROUP = 128  # K group of activation scales and K block (and N block) of weight 
 SMEM_BYTES = 232448  # H100/H200 shared_memory_per_block_optin (227 KiB), Mosaic GPU's budget
 _WGMMA_M = 64  # rows of one warpgroup's wgmma tile
 _SMEM_ALIGN = 1024  # Mosaic GPU rounds every SMEM scratch buffer up to this (SMEM_ALIGNMENT)
+_MAX_STAGES = 6  # deepest ring that compiled without spills for every tile shape tried
+_MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 - 1)
 _REDUCTION_SCRATCH = 2048  # SMEM a kernel with a reduction reserves (CompilerParams default)
 
 
@@ -57,7 +59,7 @@ class MgpuConfig:
 
     block_m: int = 128  # x rows per CTA: 64 or 128 (64 per compute WG); swap_ab: 8..64, mult. of 8
     block_n: int = 128  # w rows (output columns) per CTA: 64 or 128 (swap_ab: 64 per compute WG)
-    max_concurrent_steps: int = 4  # SMEM ring depth of the TMA pipeline (K steps in flight)
+    max_concurrent_steps: int = 4  # SMEM ring depth of the TMA pipeline (K steps in flight), <= 6
     swap_ab: bool = False  # compute yᵀ = w xᵀ so that M is the wgmma N (decode)
 
     @property
@@ -73,8 +75,10 @@ class MgpuConfig:
             return f"swap_ab block_m must be a multiple of 8 in [8, 64], got {self.block_m}"
         if not self.swap_ab and self.block_m not in (64, 128):
             return f"block_m must be 64 or 128, got {self.block_m}"
-        if self.max_concurrent_steps < 2:
-            return f"max_concurrent_steps must be >= 2, got {self.max_concurrent_steps}"
+        if not 2 <= self.max_concurrent_steps <= _MAX_STAGES:
+            # Deeper rings spill registers (ptxas, H100: 64x64 tiles spill from 8 stages).
+            steps = self.max_concurrent_steps
+            return f"max_concurrent_steps must be in [2, {_MAX_STAGES}], got {steps}"
         return None
 
 
@@ -240,6 +244,8 @@ def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize
         return f"N={n} must be a multiple of block_n={cfg.block_n}"
     if m < 1:
         return "M must be >= 1"
+    if max(pl.cdiv(m, cfg.block_m), n // cfg.block_n) > _MAX_GRID:
+        return f"the CTA grid ({pl.cdiv(m, cfg.block_m)} x {n // cfg.block_n}) exceeds {_MAX_GRID}"
     used = smem_bytes(cfg, k, x_itemsize, out_itemsize, fused)
     if used > SMEM_BYTES:
         return f"tiles need {used} B of SMEM > {SMEM_BYTES} B (fewer stages or smaller tiles)"

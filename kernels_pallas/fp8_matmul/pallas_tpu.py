@@ -31,6 +31,7 @@ from jax.experimental.pallas import tpu as pltpu
 from kernels_pallas.qarray import QArray
 
 GROUP = 128  # K group of activation scales, and both block dims of weight scales
+VMEM_BYTES = 12 * 2**20  # tile budget, under the 16 MiB default scoped VMEM limit of v5e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +85,17 @@ def tiles(m: int, k: int, n: int, cfg: TpuConfig) -> tuple[int, int] | str:
         return "M must be >= 1"
     block_k = cfg.block_k if k % cfg.block_k == 0 else GROUP
     # 8-bit tiles need rows in multiples of 32 on TPU; small M (decode) gets a single short tile.
-    return min(cfg.block_m, pl.cdiv(m, 32) * 32), block_k
+    block_m = min(cfg.block_m, pl.cdiv(m, 32) * 32)
+    if (used := vmem_bytes(block_m, cfg.block_n, block_k)) > VMEM_BYTES:
+        return f"tiles need ~{used} B of VMEM > {VMEM_BYTES} B (smaller block_m or block_k)"
+    return block_m, block_k
+
+
+def vmem_bytes(block_m: int, block_n: int, block_k: int) -> int:
+    """VMEM of one grid step, generously: double-buffered x, w, s_x (lanes padded to 128) and
+    f32-sized output blocks, plus the f32 accumulator."""
+    ins = block_m * block_k + block_n * block_k + block_m * 128 * 4
+    return 2 * ins + 2 * block_m * block_n * 4 + block_m * block_n * 4
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "interpret", "config"))
