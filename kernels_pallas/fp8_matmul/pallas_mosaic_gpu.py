@@ -137,15 +137,10 @@ def _quantize_rows(x, fp8_dtype):
     return xq, s
 
 
-def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fused: bool, wdt):
-    """One CTA: one output tile over all K steps. ``out`` is y [M_pad, N], or yᵀ when swapped."""
-    k = w_gmem.shape[1]
-    out_dtype = out_gmem.dtype
-    bm, bn, swap = cfg.block_m, cfg.block_n, cfg.swap_ab
-    a_blk, b_blk = (bn, bm) if swap else (bm, bn)  # rows of the A and B operand tiles
-    a_idx, b_idx = lax.axis_index("a"), lax.axis_index("b")
-    m_idx, n_idx = (b_idx, a_idx) if swap else (a_idx, b_idx)
-    m_slice, n_slice = pl.ds(m_idx * bm, bm), pl.ds(n_idx * bn, bn)
+def _pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, *, cfg, fused, wdt):
+    """(BlockSpecs, GMEM views) of the K-step pipeline: x [bm, 128], K-major w [bn, 128], and
+    the x scales [1, bm] unless fused (transforms keyed on the 128-byte K row)."""
+    bm, bn = cfg.block_m, cfg.block_n
     in_specs = [
         plgpu.BlockSpec(
             (bm, GROUP), lambda kk: (0, kk), transforms=_smem_transforms(x_gmem.dtype, GROUP)
@@ -156,11 +151,51 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
     if not fused:
         in_specs.append(plgpu.BlockSpec((1, bm), lambda kk: (kk, 0)))
         gmem_in.append(sx_gmem.at[:, m_slice])
+    return in_specs, gmem_in
+
+
+def _k_step(x_smem, w_smem, sx_ref, acc, sw, xq_smem, *, cfg: MgpuConfig, fused: bool, wdt):
+    """One 128-K step of one compute warpgroup: ``acc + (x̂ ŵᵀ)_kb · s_x · s_w`` (or transposed)."""
+    wg = lax.axis_index("wg")
+    tm, swap = _WGMMA_M, cfg.swap_ab
+    wg_rows = pl.ds(wg * tm, tm)
+    if fused:  # each warpgroup quantizes its 64 x rows (never swapped: see supports)
+        xq, sx = _quantize_rows(x_smem[wg_rows, :], wdt)
+        xq_smem[wg] = xq
+        plgpu.commit_smem()  # make the register->SMEM stores visible to the wgmma
+        x_op = xq_smem.at[wg]
+    else:
+        sx = sx_ref[0, :] if swap else sx_ref[0, wg_rows]
+        x_op = x_smem if swap else x_smem.at[wg_rows]
+    lhs, rhs = (w_smem.at[wg_rows], x_op.T) if swap else (x_op, w_smem.T)
+    b_blk = cfg.block_m if swap else cfg.block_n
+
+    def mma(acc_ref):
+        plgpu.wgmma(acc_ref, lhs, rhs)
+        plgpu.wgmma_wait(0)
+        return acc_ref[...]
+
+    acc_k = pl.run_scoped(mma, plgpu.ACC((tm, b_blk), jnp.float32))
+    scale = lax.broadcast_in_dim(sx * sw, (tm, b_blk), [1 if swap else 0])
+    return acc + acc_k * scale
+
+
+def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fused: bool, wdt):
+    """One CTA: one output tile over all K steps. ``out`` is y [M_pad, N], or yᵀ when swapped."""
+    out_dtype = out_gmem.dtype
+    bm, bn, swap, tm = cfg.block_m, cfg.block_n, cfg.swap_ab, _WGMMA_M
+    a_blk, b_blk = (bn, bm) if swap else (bm, bn)  # rows of the A and B operand tiles
+    a_idx, b_idx = lax.axis_index("a"), lax.axis_index("b")
+    m_idx, n_idx = (b_idx, a_idx) if swap else (a_idx, b_idx)
+    in_specs, gmem_in = _pipeline_operands(
+        x_gmem, sx_gmem, w_gmem, pl.ds(m_idx * bm, bm), pl.ds(n_idx * bn, bn),
+        cfg=cfg, fused=fused, wdt=wdt,
+    )  # fmt: skip
 
     def get_pipeline(body, compute_context):
         return plgpu.emit_pipeline_warp_specialized(
             body,
-            grid=(k // GROUP,),
+            grid=(w_gmem.shape[1] // GROUP,),
             memory_registers=40,
             in_specs=in_specs,
             wg_axis="wg",
@@ -170,7 +205,7 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
         )
 
     ignore = lambda *_, **__: None
-    nwg, tm = cfg.num_compute_wgs, _WGMMA_M
+    nwg = cfg.num_compute_wgs
     scratch = dict(
         pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(*gmem_in),
         out_smem=plgpu.SMEM(
@@ -184,40 +219,23 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
     @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
     def _scope(pipeline_allocs, out_smem, xq_smem):
         wg = lax.axis_index("wg")
-        wg_rows = pl.ds(wg * tm, tm)
         # The 128-row weight block of this warpgroup's output columns (swap) or of the CTA (not).
         nb = (n_idx * bn + (wg * tm if swap else 0)) // GROUP
 
         def compute_context(eval_pipeline):
             acc0 = plgpu.layout_cast(jnp.zeros((tm, b_blk), jnp.float32), plgpu.Layout.WGMMA)
-            acc = eval_pipeline(acc0)
-            out_smem[wg] = acc.astype(out_dtype)
+            out_smem[wg] = eval_pipeline(acc0).astype(out_dtype)
             plgpu.commit_smem()
             dst = out_gmem.at[pl.ds(a_idx * a_blk, a_blk), pl.ds(b_idx * b_blk, b_blk)]
-            plgpu.copy_smem_to_gmem(out_smem.at[wg], dst.at[wg_rows])
+            plgpu.copy_smem_to_gmem(out_smem.at[wg], dst.at[pl.ds(wg * tm, tm)])
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
         def body(idx, x_smem, w_smem, *rest):
             *sx_ref, acc = rest
             sw = sw_gmem[nb, idx[0]]  # issued before the wgmma so its latency overlaps it
-            if fused:  # each warpgroup quantizes its 64 x rows (never swapped: see supports)
-                xq, sx = _quantize_rows(x_smem[wg_rows, :], wdt)
-                xq_smem[wg] = xq
-                plgpu.commit_smem()  # make the register->SMEM stores visible to the wgmma
-                x_op = xq_smem.at[wg]
-            else:
-                sx = sx_ref[0][0, :] if swap else sx_ref[0][0, wg_rows]
-                x_op = x_smem if swap else x_smem.at[wg_rows]
-            lhs, rhs = (w_smem.at[wg_rows], x_op.T) if swap else (x_op, w_smem.T)
-
-            def mma(acc_ref):
-                plgpu.wgmma(acc_ref, lhs, rhs)
-                plgpu.wgmma_wait(0)
-                return acc_ref[...]
-
-            acc_k = pl.run_scoped(mma, plgpu.ACC((tm, b_blk), jnp.float32))
-            scale = lax.broadcast_in_dim(sx * sw, (tm, b_blk), [1 if swap else 0])
-            return acc + acc_k * scale
+            sx_ref = sx_ref[0] if sx_ref else None
+            step = functools.partial(_k_step, cfg=cfg, fused=fused, wdt=wdt)
+            return step(x_smem, w_smem, sx_ref, acc, sw, xq_smem)
 
         get_pipeline(body, compute_context)(*gmem_in, allocations=pipeline_allocs)
 
