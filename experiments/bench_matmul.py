@@ -11,6 +11,8 @@ only) and ``<impl>+quant`` (raw BF16 x: includes activation quantization, the vL
 fused in-kernel for ``pallas_mosaic_gpu``), and on GPU ``te_fp8_tensor`` (Transformer Engine
 per-tensor current-scaling FP8 GEMM) when ``transformer_engine.jax`` imports. On CPU the FP8 path
 is the jnp reference (``xla``), an emulation that dequantizes: its "speedup" is not an FP8 result.
+On GPU ``xla`` is the XLA fast path (FP8 GEMMs batched over K blocks for M <= 32, BF16 dequantize
++ BF16 GEMM above: ``kernels_pallas/fp8_matmul/xla.py``), the fallback ``auto`` uses.
 
 Usage: ``python experiments/bench_matmul.py --quick`` (CPU, ~30 s); on a GPU without flags.
 """
@@ -29,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels_pallas.fp8_matmul import default_impl, fp8_matmul
-from kernels_pallas.quantize import quantize_activations, quantize_blockwise
+from kernels_pallas.quantize import quantize_activations, quantize_weight
 
 DECODE_M = (1, 16, 64, 128)
 LARGE_M = 4096
@@ -107,7 +109,7 @@ def bench_shape(m, n, k, impls, n_runs, flush, platform, te_ok):
     kx, kw = jax.random.split(jax.random.key(m * 131 + n * 7 + k))
     x = jax.random.normal(kx, (m, k), jnp.bfloat16)
     w = (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
-    xq, wq = quantize_activations(x), quantize_blockwise(w)
+    xq, wq = quantize_activations(x), quantize_weight(w)  # w [K, N] -> QArray [N, K]
     bf16 = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype))
     rows = [("bf16", _time(bf16, (x, w), n_runs, flush))]
     for impl in impls:

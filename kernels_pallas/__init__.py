@@ -5,16 +5,18 @@ This package never imports ``fp8rl_jax`` (the library imports it, not the revers
 
 from kernels_pallas.backend import KernelImpls
 from kernels_pallas.fp8_matmul import fp8_matmul
-from kernels_pallas.qarray import QArray, dequantize, fp8_dtype, fp8_max
-from kernels_pallas.quantize import quantize_activations, quantize_blockwise
+from kernels_pallas.qarray import QArray, dequantize, dequantize_weight, fp8_dtype, fp8_max
+from kernels_pallas.quantize import quantize_activations, quantize_blockwise, quantize_weight
 
 __all__ = [
     "KernelImpls",
     "QArray",
     "dequantize",
+    "dequantize_weight",
     "fp8_dtype",
     "fp8_matmul",
     "fp8_max",
     "quantize_activations",
     "quantize_blockwise",
+    "quantize_weight",
 ]

@@ -5,9 +5,15 @@ example the expert axis of stacked MoE weights) have block size 1. ``values`` ke
 shape (no padding is stored); ``scales`` have shape ``leading + ceil(trailing / block_shape)``, tail
 blocks being partial. Dequantization is ``values * scales`` broadcast over each block.
 
-Conventions used across the project:
-  * weights ``w[..., in, out]``: ``block_shape=(128, 128)`` (DeepSeek-V3 / veRL convention);
+Layout convention: **the contraction axis is last in every QArray** (8-bit wgmma reads both
+operands K-major, and the TPU kernel contracts on the lane axis):
+  * weights ``w[..., N, K]`` (out x in: the HF / DeepGEMM / vLLM layout) with
+    ``block_shape=(128, 128)`` = (N block, K block) and scales ``[..., N/128, K/128]``; MoE expert
+    stacks are ``[E, N, K]``. Plain BF16/F32 training weights stay ``[..., K, N]`` (in x out):
+    ``quantize_weight`` takes that layout and transposes while it quantizes (one pass);
   * activations ``x[..., K]``: ``block_shape=(128,)``, i.e. per-token groups of 128 (1x128 tiles).
+``dequantize`` always returns the stored layout, so ``dequantize(quantize_weight(w_KN))`` is
+``[..., N, K]`` (``≈ w_KN.mT``); ``dequantize_weight`` returns the training layout ``[..., K, N]``.
 """
 
 from __future__ import annotations
@@ -97,3 +103,10 @@ def dequantize(q: QArray, dtype=jnp.float32) -> jax.Array:
     """``x ~= values * scales`` (computed in FP32, then cast to ``dtype``)."""
     s = expand_scales(q.scales, q.values.shape, q.block_shape)
     return (q.values.astype(jnp.float32) * s).astype(dtype)
+
+
+def dequantize_weight(w_q: QArray, dtype=jnp.float32) -> jax.Array:
+    """A weight QArray ``[..., N, K]`` back in the training layout ``[..., K, N]``."""
+    if len(w_q.block_shape) != 2:
+        raise ValueError(f"dequantize_weight: not a weight QArray (block_shape {w_q.block_shape})")
+    return jnp.swapaxes(dequantize(w_q, dtype), -1, -2)

@@ -90,3 +90,26 @@ def quantize_activations(x: jax.Array, group_size: int = 128, dtype=jnp.float8_e
     ``s_{t,g} = amax_{c in g} |x_{t,c}| / fp8_max`` (DeepSeek-V3 activation tiles).
     """
     return quantize_blockwise(x, (group_size,), dtype)
+
+
+def quantize_weight(
+    w: jax.Array,
+    block_shape: tuple[int, int] = (128, 128),
+    dtype=jnp.float8_e4m3fn,
+    *,
+    pow2_scales: bool = False,
+) -> QArray:
+    """Rollout copy of a training weight ``w[..., K, N]``: a QArray ``[..., N, K]`` (K-major).
+
+    ``block_shape`` is ``(K block, N block)``, in the order of ``w``'s axes; the QArray's
+    ``block_shape`` is ``(N block, K block)`` (see ``qarray.py``). The transpose is part of the
+    quantization pass (XLA fuses it into the amax and cast fusions), so the K-major layout the FP8
+    kernels need costs no extra pass. Same formula as ``quantize_blockwise``.
+    """
+    if w.ndim < 2 or len(block_shape) != 2:
+        raise ValueError(
+            f"quantize_weight: needs a weight [..., K, N] and a (K, N) block, got {w.shape} "
+            f"and {block_shape}"
+        )
+    bk, bn = (int(b) for b in block_shape)
+    return quantize_blockwise(jnp.swapaxes(w, -1, -2), (bn, bk), dtype, pow2_scales=pow2_scales)

@@ -10,6 +10,7 @@ import pytest
 from fp8rl_jax.models import ModelConfig, forward, init_cache, init_weights
 from fp8rl_jax.models.moe import moe_mlp, moe_mlp_dense_reference, route
 from fp8rl_jax.quant import QArray, QuantRecipe, quantize_params
+from kernels_pallas import KernelImpls
 
 CFG = ModelConfig(
     vocab_size=128,
@@ -65,9 +66,12 @@ def test_ragged_equals_dense_reference_bf16():
 
 
 def test_fp8_experts_equal_dense_reference_with_dequantized_weights():
-    """QArray [E, in, out] experts (per-expert 128x128 blocks): W8A8 ragged == dense W8A8 (f32)."""
+    """QArray [E, out, in] experts (K-major, per-expert 128x128 blocks): W8A8 ragged == dense
+    W8A8 (f32), and both close to the high-precision experts (which a transposed use is not)."""
+    hp = weights()["layers"][0]["mlp"]
     p = quantize_params(weights(), QuantRecipe())["layers"][0]["mlp"]
     assert isinstance(p["w_gate"], QArray) and p["w_gate"].scales.shape == (4, 1, 1)
+    assert p["w_gate"].shape == (hp["w_gate"].shape[0], *hp["w_gate"].shape[:0:-1])
     assert not isinstance(p["router"], QArray)
     x = x_BTD()
     y, _ = moe_mlp(p, x, jnp.ones(x.shape[:2], bool), CFG)
@@ -105,7 +109,7 @@ def test_aux_loss_formula_with_padding():
     from fp8rl_jax.models.layers import rms_norm
     from fp8rl_jax.models.transformer import _attention_layer, _context
 
-    ctx = _context(w, t, CFG, None, seg, None, False)
+    ctx = _context(w, t, CFG, None, seg, None, False, KernelImpls())
     lp = w["layers"][0]
     x = w["embed"][t]
     x = x + _attention_layer(lp["attn"], rms_norm(x, lp["attn_norm"], 1e-6), 0, ctx)[0]

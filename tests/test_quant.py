@@ -9,11 +9,13 @@ from fp8rl_jax.quant import (
     QArray,
     QuantRecipe,
     dequantize,
+    dequantize_weight,
     fp8_max,
     matmul,
     quantize_activations,
     quantize_blockwise,
     quantize_params,
+    quantize_weight,
 )
 from kernels_pallas.fp8_matmul import fp8_matmul_reference
 from kernels_pallas.qarray import SCALE_TINY, expand_scales
@@ -130,6 +132,24 @@ def test_stacked_experts_match_per_expert_quantization():
         q[0, 0, 0]
 
 
+def test_quantize_weight_is_the_transposed_blockwise_quantization():
+    """[K, N] training weight -> QArray [N, K] with (N, K) blocks: the same numbers as quantizing
+    w.T directly; a (K block, N block) = (128, 64) block becomes block_shape (64, 128)."""
+    w = jax.random.normal(jax.random.key(7), (2, 256, 200), jnp.float32)  # [E, K, N]
+    q = quantize_weight(w, (128, 64))
+    assert q.shape == (2, 200, 256) and q.block_shape == (64, 128) and q.scales.shape == (2, 4, 2)
+    qt = quantize_blockwise(jnp.swapaxes(w, -1, -2), (64, 128))
+    np.testing.assert_array_equal(q.values.astype(jnp.float32), qt.values.astype(jnp.float32))
+    np.testing.assert_array_equal(q.scales, qt.scales)
+    # K block 0, N block 3 (columns 192..199) has its own scale: the max over that block of w.
+    np.testing.assert_allclose(q.scales[0, 3, 0], jnp.max(jnp.abs(w[0, :128, 192:])) / 448.0)
+    back = dequantize_weight(q)
+    assert back.shape == w.shape
+    np.testing.assert_allclose(back, w, rtol=2.0**-4, atol=jnp.max(jnp.abs(w)) / 448 / 2**6)
+    with pytest.raises(ValueError, match="not a weight"):
+        dequantize_weight(quantize_activations(w))
+
+
 def _params(d=64, f=128, n_layers=3, v=256):
     k = iter(jax.random.split(jax.random.key(4), 32))
     layer = lambda: {
@@ -168,6 +188,11 @@ def test_quantize_params_under_jit_counts_nonfinite_and_raises_eagerly():
     q, stats = run(params)
     assert int(stats.nonfinite) == 0 and stats.n_quantized == 9
     assert isinstance(q["layers"][0]["attn"]["wq"], QArray)
+    w1 = q["layers"][0]["mlp"]["w1"]  # [d=64, f=128] training weight -> [128, 64] (K-major)
+    assert w1.shape == (128, 64) and w1.block_shape == (128, 128) and w1.scales.shape == (1, 1)
+    np.testing.assert_allclose(
+        dequantize_weight(w1), params["layers"][0]["mlp"]["w1"], rtol=2.0**-4, atol=1e-2
+    )
     bad = jax.tree_util.tree_map(lambda a: a, params)
     bad["layers"][1]["mlp"]["w1"] = bad["layers"][1]["mlp"]["w1"].at[0, :3].set(jnp.nan)
     _, stats = run(bad)
@@ -181,7 +206,7 @@ def test_matmul_array_and_qarray_weights():
     w = jax.random.normal(jax.random.key(6), (256, 128), jnp.float32)
     y = matmul(x, w)
     np.testing.assert_allclose(y, jnp.einsum("btk,kn->btn", x, w, precision="highest"), rtol=1e-5)
-    wq = quantize_blockwise(w)
+    wq = quantize_weight(w)
     yq = matmul(x, wq)
     assert yq.shape == (2, 3, 128) and yq.dtype == jnp.float32
     want = fp8_matmul_reference(quantize_activations(x.reshape(6, 256)), wq, out_dtype=jnp.float32)

@@ -135,10 +135,13 @@ def test_qarray_scales_follow_values_only_when_block_aligned():
     mesh = sh.abstract_mesh(sh.MeshConfig(data=2, fsdp=2, tensor=2), 8)
     out = sh.param_shardings(w, cfg, mesh, sh.TRAIN_RULES)
     up, wk = out["layers"][0]["mlp"]["w_up"], out["layers"][0]["attn"]["wk"]
-    # w_up [256, 512]: shards of 128 x 256 hold whole 128-blocks -> scales [2, 4] shard the same.
-    assert up.values.spec == P("fsdp", "tensor") and up.scales.spec == P("fsdp", "tensor")
-    # wk [256, 2*64]: a tensor shard of 64 columns is half a block -> that scale dim replicates.
-    assert wk.values.spec == P("fsdp", "tensor") and wk.scales.spec == P("fsdp", None)
+    # QArray weights are [out, in] and shard like the [in, out] weight, dims swapped.
+    w_up_spec = sh.param_specs(_abstract_weights(cfg), cfg, mesh, sh.TRAIN_RULES)["layers"][0]
+    assert w_up_spec["mlp"]["w_up"] == P("fsdp", "tensor")
+    # w_up [512, 256]: shards of 256 x 128 hold whole 128-blocks -> scales [4, 2] shard the same.
+    assert up.values.spec == P("tensor", "fsdp") and up.scales.spec == P("tensor", "fsdp")
+    # wk [2*64, 256]: a tensor shard of 64 rows is half a block -> that scale dim replicates.
+    assert wk.values.spec == P("tensor", "fsdp") and wk.scales.spec == P(None, "fsdp")
     assert out["embed"].spec == P("tensor", "fsdp")  # not quantized: plain sharding
 
 

@@ -41,11 +41,12 @@ def test_quantize_params_runs_sharded_without_gathering_weights():
     # shard holds half a 128-column block): one scalar per straddling block.
     assert r["all_reduce_max_elems"] <= 1
     assert r["out_shardings_match_rule"]
-    assert r["w_up_values_spec"] == r["w_up_scales_spec"] == "P('fsdp', 'tensor')"
-    assert r["w_up_values_shard_shape"] == [128, 256]
+    # QArray weights are [out, in] (K-major): the [in, out] weight's spec, dims swapped.
+    assert r["w_up_values_spec"] == r["w_up_scales_spec"] == "P('tensor', 'fsdp')"
+    assert r["w_up_values_shard_shape"] == [256, 128]
     # The rollout layout: FP8 weights whole over data/fsdp, heads over tensor (4 heads x 64 =
-    # 2 shards of 128 columns: whole blocks, so the scales split the same way).
-    assert r["rollout_wq_specs"] == ["P(None, 'tensor')", "P(None, 'tensor')"]
+    # 2 shards of 128 rows: whole blocks, so the scales split the same way).
+    assert r["rollout_wq_specs"] == ["P('tensor',)", "P('tensor',)"]
 
 
 def _check(report: dict) -> None:

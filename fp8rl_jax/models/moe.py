@@ -1,11 +1,12 @@
 """Mixture of experts (Qwen3-MoE): top-k softmax routing, dropless grouped SwiGLU experts.
 
 Tokens are sorted by expert and the experts run as ``jax.lax.ragged_dot`` over the groups (no
-token dropping, no capacity factor). FP8 experts (QArray ``[E, in, out]``, one 128x128 block grid
-per expert) run an emulated W8A8 grouped matmul: activations are quantized per token in 1x128
-groups of the weight's K block, both operands are dequantized in f32 and ragged_dot accumulates
-in f32. That equals the per-K-group two-scale sum of DESIGN.md §4.3 up to f32 rounding (it is the
-numerics of ``fp8_matmul_reference``); a real FP8 grouped GEMM kernel can replace it later.
+token dropping, no capacity factor). FP8 experts (QArray ``[E, out, in]``, K-major like every
+QArray weight, one 128x128 block grid per expert) run an emulated W8A8 grouped matmul: activations
+are quantized per token in 1x128 groups of the weight's K block, both operands are dequantized in
+f32 and ragged_dot accumulates in f32. That equals the per-K-group two-scale sum of DESIGN.md §4.3
+up to f32 rounding (it is the numerics of ``fp8_matmul_reference``); a real FP8 grouped GEMM kernel
+can replace it later.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8rl_jax.models.config import ModelConfig
-from kernels_pallas.qarray import QArray, dequantize
+from kernels_pallas.qarray import QArray, dequantize, dequantize_weight
 from kernels_pallas.quantize import quantize_activations
 
 
@@ -71,12 +72,13 @@ def load_balancing_loss(stats: list[RouterStats], num_experts: int) -> jax.Array
 
 
 def _grouped_matmul(x_MD: jax.Array, w_EDF, group_sizes_E: jax.Array) -> jax.Array:
-    """Rows of ``x`` sorted by expert times their expert's weight; QArray: emulated W8A8."""
+    """Rows of ``x`` sorted by expert times their expert's weight (``[E, D, F]``, or a QArray
+    ``[E, F, D]``: emulated W8A8)."""
     if isinstance(w_EDF, QArray):
-        x_q = quantize_activations(x_MD, w_EDF.block_shape[0], w_EDF.values.dtype)
+        x_q = quantize_activations(x_MD, w_EDF.block_shape[1], w_EDF.values.dtype)
         y = jax.lax.ragged_dot(
             dequantize(x_q, jnp.float32),
-            dequantize(w_EDF, jnp.float32),
+            dequantize_weight(w_EDF, jnp.float32),
             group_sizes_E,
             precision=jax.lax.Precision.HIGHEST,
             preferred_element_type=jnp.float32,
@@ -116,8 +118,8 @@ def moe_mlp(p: dict, x_BTD: jax.Array, valid_BT: jax.Array, cfg: ModelConfig):
 def _dense_expert_matmul(x, w, spec: str):
     """f32 einsum; a QArray weight also fake-quantizes ``x`` per token (the W8A8 semantics)."""
     if isinstance(w, QArray):
-        x = dequantize(quantize_activations(x, w.block_shape[0], w.values.dtype), jnp.float32)
-        w = dequantize(w, jnp.float32)
+        x = dequantize(quantize_activations(x, w.block_shape[1], w.values.dtype), jnp.float32)
+        w = dequantize_weight(w, jnp.float32)
     return jnp.einsum(spec, x, w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
 
 

@@ -3,8 +3,8 @@
 from fp8rl_jax.quant.matmul import matmul
 from fp8rl_jax.quant.params import QuantStats, path_str, quantize_params, should_quantize
 from fp8rl_jax.quant.recipe import DEFAULT_EXCLUDE, QuantRecipe
-from kernels_pallas.qarray import QArray, dequantize, fp8_dtype, fp8_max
-from kernels_pallas.quantize import quantize_activations, quantize_blockwise
+from kernels_pallas.qarray import QArray, dequantize, dequantize_weight, fp8_dtype, fp8_max
+from kernels_pallas.quantize import quantize_activations, quantize_blockwise, quantize_weight
 
 __all__ = [
     "DEFAULT_EXCLUDE",
@@ -12,12 +12,14 @@ __all__ = [
     "QuantRecipe",
     "QuantStats",
     "dequantize",
+    "dequantize_weight",
     "fp8_dtype",
     "fp8_max",
     "matmul",
     "path_str",
     "quantize_activations",
     "quantize_blockwise",
+    "quantize_weight",
     "quantize_params",
     "should_quantize",
 ]

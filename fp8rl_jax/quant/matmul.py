@@ -10,23 +10,24 @@ from kernels_pallas.qarray import QArray
 
 
 def matmul(
-    x_TK: jax.Array, w_KN: jax.Array | QArray, *, out_dtype=None, impl: str = "auto"
+    x_TK: jax.Array, w: jax.Array | QArray, *, out_dtype=None, impl: str = "auto"
 ) -> jax.Array:
     """``x @ w`` over the last axis of ``x``; a QArray weight runs the blockwise W8A8 path.
 
-    With a plain weight the product runs in the weight's dtype with FP32 accumulation; with a
-    QArray the activations are quantized per token (1 x K-block groups, the weight's FP8 format)
-    and ``fp8_matmul`` (``impl``) applies both scales per K group. The output dtype defaults to
-    ``x``'s.
+    A plain weight is ``[K, N]`` (training layout) and the product runs in its dtype with FP32
+    accumulation. A QArray weight is ``[N, K]`` (``quantize_weight``, K-major for the FP8
+    kernels): the activations are quantized per token (1 x K-block groups, the weight's FP8
+    format) and ``fp8_matmul`` (``impl``) applies both scales per K group. The output dtype
+    defaults to ``x``'s.
     """
     out_dtype = jnp.dtype(out_dtype or x_TK.dtype)
-    if isinstance(w_KN, QArray):
-        return fp8_matmul(x_TK, w_KN, out_dtype=out_dtype, impl=impl)
+    if isinstance(w, QArray):
+        return fp8_matmul(x_TK, w, out_dtype=out_dtype, impl=impl)
     y = jnp.einsum(
         "...k,kn->...n",
-        x_TK.astype(w_KN.dtype),
-        w_KN,
+        x_TK.astype(w.dtype),
+        w,
         preferred_element_type=jnp.float32,
-        precision=jax.lax.Precision.HIGHEST if w_KN.dtype == jnp.float32 else None,
+        precision=jax.lax.Precision.HIGHEST if w.dtype == jnp.float32 else None,
     )
     return y.astype(out_dtype)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from fp8rl_jax.quant.recipe import QuantRecipe
 from kernels_pallas.qarray import QArray
-from kernels_pallas.quantize import quantize_blockwise
+from kernels_pallas.quantize import quantize_weight
 
 _LAYER_RE = re.compile(r"layers[./\[']+(\d+)")
 
@@ -61,16 +61,21 @@ def should_quantize(name: str, leaf, recipe: QuantRecipe, n_layers: int) -> bool
     return True
 
 
-def _quantize_leaf(name: str, w: jax.Array, recipe: QuantRecipe) -> QArray:
-    block = w.shape[-2:] if recipe.per_tensor else recipe.weight_block
+def _quantize_leaf(name: str, w_KN: jax.Array, recipe: QuantRecipe) -> QArray:
+    """Training weight [..., K, N] -> rollout QArray [..., N, K] (K-major, ``quantize_weight``)."""
+    block = w_KN.shape[-2:] if recipe.per_tensor else recipe.weight_block
     try:  # eagerly, quantize_blockwise rejects NaN/Inf; name the weight in the error
-        return quantize_blockwise(w, block, recipe.dtype, pow2_scales=recipe.pow2_scales)
+        return quantize_weight(w_KN, block, recipe.dtype, pow2_scales=recipe.pow2_scales)
     except ValueError as e:
         raise ValueError(f"quantize_params: weight {name!r}: {e}") from None
 
 
 def quantize_params(params, recipe: QuantRecipe | None, *, return_stats: bool = False):
     """Replaces linear-layer weights with blockwise FP8 QArrays (DESIGN.md §4.2, §4.4).
+
+    Each quantized ``[..., K, N]`` weight becomes a QArray ``[..., N, K]`` (the K-major layout the
+    FP8 kernels need; the transpose is fused into this pass, which reads and writes every weight
+    anyway). Weights that are kept stay as they are.
 
     Runs inside jit (the per-step weight sync). Eagerly, NaN/Inf weights raise a ValueError;
     under jit they are counted in ``QuantStats.nonfinite`` (``return_stats=True``).

@@ -17,10 +17,11 @@ Divisibility: a dim sharded over axes (a1, a2, ...) keeps the longest prefix who
 divides it (counted in heads for flattened head dims, so TP never splits a head); the dropped
 axes replicate that dim, logged once per weight. Nothing is left for XLA to fail on.
 
-QArray scales (``[.., ceil(in/b), ceil(out/b)]``): a blocked scale dim takes the mesh axes of its
-values dim iff every values shard holds whole blocks, ``(dim / n) % b == 0``; then scale shard i
-covers exactly values shard i and quantization needs no communication. Otherwise that scale dim
-is replicated (it is 1/b of the values' size).
+QArray weights are stored ``[.., out, in]`` (K-major) and shard like the ``[.., in, out]`` weight
+they quantize, dims swapped. Their scales (``[.., ceil(out/b), ceil(in/b)]``): a blocked scale dim
+takes the mesh axes of its values dim iff every values shard holds whole blocks,
+``(dim / n) % b == 0``; then scale shard i covers exactly values shard i and quantization needs no
+communication. Otherwise that scale dim is replicated (it is 1/b of the values' size).
 
 Axis types are ``AxisType.Auto`` (GSPMD/Shardy propagation): the model code has no sharding
 annotations and jax 0.11+ ``jax.make_mesh`` defaults to Explicit axes, which would reject it.
@@ -190,9 +191,24 @@ def _place_fsdp(spec: list, shape, names, fsdp: tuple[str, ...], sizes, where: s
     _warn_once(f"sharding: {where}: no dim of {tuple(shape)} divides {fsdp}; replicated")
 
 
+def _swap_last2(t):
+    return (*t[:-2], t[-1], t[-2])
+
+
+def _logical_shape(leaf) -> tuple[int, ...]:
+    """The training-layout shape a leaf's logical names describe: a QArray weight is stored
+    ``[.., N, K]`` (K-major, ``quantize_weight``) for names of the ``[.., K, N]`` weight."""
+    if isinstance(leaf, QArray) and len(leaf.block_shape) == 2:
+        return _swap_last2(tuple(leaf.shape))
+    return tuple(leaf.shape)
+
+
 def _qarray_spec(q, names, sizes, rules, where, units):
-    """(values spec, scales spec): a scale dim shares its values dim's axes iff block-aligned."""
-    v = spec_for(q.values.shape, names, sizes, rules, where, units)
+    """(values spec, scales spec): the values shard like the ``[.., K, N]`` weight they quantize
+    (its spec with the last two dims swapped, so quantizing needs no communication); a scale dim
+    shares its values dim's axes iff block-aligned."""
+    v = spec_for(_logical_shape(q), names, sizes, rules, where, units)
+    v = _swap_last2(v) if len(q.block_shape) == 2 else v
     lead = q.values.ndim - len(q.block_shape)
     s = list(v[:lead])
     for j, b in enumerate(q.block_shape):
@@ -223,7 +239,7 @@ def param_specs(weights, cfg: ModelConfig, mesh, rules: ShardingRules):
 
     def one(path, names, leaf):
         where = path_str(path)
-        units = _units(cfg, names, leaf.shape)
+        units = _units(cfg, names, _logical_shape(leaf))
         if isinstance(leaf, QArray):
             v, s = _qarray_spec(leaf, names, sizes, rules, where, units)
             return QArray(P(*map(_entry, v)), P(*map(_entry, s)), leaf.block_shape, leaf.dtype)

@@ -1,11 +1,16 @@
 """Ahead-of-time compile cases of ``fp8_matmul`` at real linear-layer shapes (``aot_check.py``).
 
-Each row of ``LAYERS`` is one linear layer ``[in=K, out=N]`` and the token counts M it is
-compiled at: decode (M <= 64) and prefill (M >= 128). ``KINDS`` says which layers each
-(impl, target) runs: the Hopper kernel with FP8 activations (a QArray) and with BF16 activations
-(quantized in-kernel: the path ``quant.matmul`` takes), the TPU kernel on v5e (and on v6e for
-``ONE_PER_MODEL``), and the XLA fallback on H100. When the kernel's signature or weight layout
-changes, only ``_operands`` and ``_call`` need to follow.
+Each row of ``LAYERS`` is one linear layer (K = in, N = out; the rollout weight is a QArray
+``[N, K]``) and the token counts M it is compiled at: decode (M <= 64: swap-AB on Hopper) and
+prefill (M >= 128). Every row runs for each entry of ``KINDS``: the Hopper kernel with FP8
+activations (a QArray) and with BF16 activations (the path ``quant.matmul`` takes: quantized
+in-kernel for M > 64, by XLA then the swap-AB kernel below), the TPU kernel on v5e and v6e, and
+the XLA fallback on H100 (``XLA_LAYERS``: FP8 GEMMs batched over K blocks for M <= 32, BF16
+dequantize + GEMM above). ``EXTRA`` adds E5M2 and F32-output cases (the F32 fused epilogue is
+the tightest SMEM fit); ``TILES`` compiles non-default tile configurations the checks accept
+(both compute-warpgroup counts, swap-AB from 8 to 64 rows, deep rings, N % 128 != 0, K tails of
+the ring, big TPU tiles). Every case is one the support check accepts (``fp8_matmul`` raises for an
+explicit impl it rejects), so compiling them all proves the check for these shapes.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas.aot import AotCase
+from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
+from kernels_pallas.fp8_matmul import pallas_tpu as tpu
 from kernels_pallas.fp8_matmul.api import fp8_matmul
 from kernels_pallas.qarray import QArray
 
@@ -37,50 +44,103 @@ LAYERS = (
     ("Llama-3-70B", "gate|up_proj", 8192, 28672, (1, 64, 8192)),
     ("Llama-3-70B", "down_proj", 28672, 8192, (16, 4096)),
 )
-# One layer per model at one decode and one prefill M: for the XLA fallback on H100, and for v6e
-# (the same TPU kernel as on v5e; a different chip generation for the Mosaic TPU compiler).
-ONE_PER_MODEL = (
-    ("Qwen3-8B", "gate|up_proj", 4096, 12288, (16, 4096)),
+# The XLA fallback on H100: one layer per model at every M (both of its methods).
+XLA_LAYERS = (
+    ("Qwen3-8B", "gate|up_proj", 4096, 12288, ALL_M),
     ("Qwen3-30B-A3B", "q_proj", 2048, 4096, (16, 4096)),
     ("Llama-3-70B", "gate|up_proj", 8192, 28672, (16, 4096)),
 )
-# (impl, target, activations, layers): activations "fp8" a per-token QArray, "bf16" raw
+# (impl, target, activations): "fp8" a per-token QArray, "bf16" raw activations
 KINDS = (
-    ("pallas_mosaic_gpu", "h100", "fp8", LAYERS),
-    ("pallas_mosaic_gpu", "h100", "bf16", LAYERS),
-    ("pallas_tpu", "v5e", "fp8", LAYERS),
-    ("pallas_tpu", "v6e", "fp8", ONE_PER_MODEL),
-    ("xla", "h100", "fp8", ONE_PER_MODEL),
+    ("pallas_mosaic_gpu", "h100", "fp8"),
+    ("pallas_mosaic_gpu", "h100", "bf16"),
+    ("pallas_tpu", "v5e", "fp8"),
+    ("pallas_tpu", "v6e", "fp8"),
+)
+XLA_KINDS = (("xla", "h100", "fp8"),)
+_Q8 = ("Qwen3-8B", "q_proj", 4096, 4096)
+_G8 = ("Qwen3-8B", "gate|up_proj", 4096, 12288)
+_E4, _E5, _BF, _F32 = "float8_e4m3fn", "float8_e5m2", "bfloat16", "float32"
+# (impl, target, activations, FP8 format, output dtype, model, layer, K, N, M)
+EXTRA = (
+    ("pallas_mosaic_gpu", "h100", "fp8", _E5, _BF, *_Q8, 16),
+    ("pallas_mosaic_gpu", "h100", "fp8", _E5, _BF, *_Q8, 4096),
+    ("pallas_mosaic_gpu", "h100", "bf16", _E4, _F32, *_G8, 4096),  # 226 KiB of 227
+    ("pallas_mosaic_gpu", "h100", "fp8", _E4, _F32, *_G8, 16),
+    ("pallas_tpu", "v6e", "fp8", _E5, _BF, *_Q8, 16),
+    ("pallas_tpu", "v5e", "bf16", _E4, _BF, *_G8, 4096),
 )
 
-F8 = jnp.float8_e4m3fn
-F32 = jnp.float32
+
+_G, _T = mgpu.MgpuConfig, tpu.TpuConfig
+# Tile configurations the support check accepts beyond the per-shape defaults above:
+# (impl, targets, activations, output dtype, K, N, M, config)
+TILES = (
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4160, 4096, None),  # N % 128: 128x64
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 384, 4096, 256, None),  # 3 K steps < 4 stages
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4097, None),  # M tail
+    ("pallas_mosaic_gpu", ("h100",), "fp8", "float16", 4096, 4096, 4096, None),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(64, 64)),  # one WG
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 64, _G(64, 128)),  # fused decode
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 4096, _G(128, 64, 3)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 32, _G(32, 128, 4, True)),  # 2 WGs
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 5, _G(8, 64, 4, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 48, _G(48, 64, 6, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _G(16, 64, 6, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(64, 64, 6)),  # deepest
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 16, _G(16, 64, 4, True)),
+    ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 384, 256, 48, _T(block_m=32, block_k=256)),
+    ("pallas_tpu", ("v5e", "v6e"), "fp8", _F32, 4096, 4096, 4096, _T(512, block_k=1024)),
+    ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 4096, _T(1024, block_k=2048)),
+    ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 16, _T(compute_dtype="float32")),
+)
 
 
-def _operands(m: int, k: int, n: int, x_kind: str):
-    """(x, w_q) as ShapeDtypeStructs: x [M, K] (QArray with 1x128 groups, or BF16), w [K, N]."""
-    sds = jax.ShapeDtypeStruct
+def _operands(m: int, k: int, n: int, x_kind: str, fmt: str = "float8_e4m3fn"):
+    """(x, w_q) as ShapeDtypeStructs: x [M, K] (QArray with 1x128 groups, or BF16), w [N, K]."""
+    sds, f8, f32 = jax.ShapeDtypeStruct, jnp.dtype(fmt), jnp.float32
     if x_kind == "fp8":
-        x = QArray(sds((m, k), F8), sds((m, -(-k // 128)), F32), (128,), jnp.bfloat16)
+        x = QArray(sds((m, k), f8), sds((m, -(-k // 128)), f32), (128,), jnp.bfloat16)
     else:
         x = sds((m, k), jnp.bfloat16)
-    w = QArray(sds((k, n), F8), sds((-(-k // 128), -(-n // 128)), F32), (128, 128), jnp.bfloat16)
+    w = QArray(sds((n, k), f8), sds((-(-n // 128), -(-k // 128)), f32), (128, 128), jnp.bfloat16)
     return x, w
 
 
-def _call(x, w_q, *, impl: str):
-    return fp8_matmul(x, w_q, out_dtype=jnp.bfloat16, impl=impl)
+def _call(x, w_q, *, impl: str, out_dtype: str, config=None):
+    return fp8_matmul(x, w_q, out_dtype=jnp.dtype(out_dtype), impl=impl, config=config)
+
+
+def _tile_cases() -> list[AotCase]:
+    out = []
+    for impl, targets, x_kind, out_dtype, k, n, m, cfg in TILES:
+        fn = functools.partial(_call, impl=impl, out_dtype=out_dtype, config=cfg)
+        label = f"tiles K={k} N={n} M={m} {x_kind} x, {out_dtype} out, {cfg or 'default config'}"
+        for target in targets:
+            out.append(AotCase("fp8_matmul", impl, target, label, fn, _operands(m, k, n, x_kind)))
+    return out
+
+
+def _case(impl, target, x_kind, fmt, out_dtype, model, layer, k, n, m) -> AotCase:
+    phase = "decode" if m <= 64 else "prefill"
+    tags = [x_kind + " x"]
+    tags += [] if fmt == "float8_e4m3fn" else ["e5m2"]
+    tags += [] if out_dtype == "bfloat16" else [f"{out_dtype} out"]
+    label = f"{model} {layer} K={k} N={n} M={m} ({phase}, {', '.join(tags)})"
+    fn = functools.partial(_call, impl=impl, out_dtype=out_dtype)
+    return AotCase("fp8_matmul", impl, target, label, fn, _operands(m, k, n, x_kind, fmt))
+
+
+def _cases(layers, kinds) -> list[AotCase]:
+    return [
+        _case(impl, target, x_kind, "float8_e4m3fn", "bfloat16", model, layer, k, n, m)
+        for impl, target, x_kind in kinds
+        for model, layer, k, n, ms in layers
+        for m in ms
+    ]
 
 
 def cases() -> list[AotCase]:
-    """Every (kernel, target, activation kind) of ``KINDS`` at its layer shapes."""
-    out = []
-    for impl, target, x_kind, layers in KINDS:
-        for model, layer, k, n, ms in layers:
-            for m in ms:
-                phase = "decode" if m <= 64 else "prefill"
-                label = f"{model} {layer} K={k} N={n} M={m} ({phase}, {x_kind} x)"
-                args = _operands(m, k, n, x_kind)
-                fn = functools.partial(_call, impl=impl)
-                out.append(AotCase("fp8_matmul", impl, target, label, fn, args))
-    return out
+    """Every (kernel, target, activation kind) at every layer shape, the XLA fallback, extras."""
+    extra = [_case(*e) for e in EXTRA] + _tile_cases()
+    return _cases(LAYERS, KINDS) + _cases(XLA_LAYERS, XLA_KINDS) + extra

@@ -1,29 +1,34 @@
 """Blockwise FP8 W8A8 matmul for Hopper (sm_90) with Pallas Mosaic GPU.
 
-DeepGEMM / CUTLASS example 67 structure: a warp-specialized pipeline (one TMA warpgroup, one or
+DeepGEMM ``sm90_fp8_gemm_1d2d`` structure: a warp-specialized pipeline (one TMA warpgroup, one or
 two compute warpgroups) streams 128-wide K slices of ``x`` and ``w`` into an SMEM ring; each
-compute warpgroup runs one FP8 wgmma per slice into a fresh f32 accumulator ``acc_k`` and
-promotes it in registers: ``acc += acc_k * s_x[m, kb] * s_w[kb, n]``. Promoting every 128 K keeps
-the tensor core's limited-precision FP8 accumulation short (DeepSeek-V3 §3.3.2).
+compute warpgroup runs one FP8 wgmma per slice into a fresh f32 accumulator ``acc_k`` and promotes
+it in registers, ``acc += acc_k * s_x[m, kb] * s_w[nb, kb]``. Promoting every 128 K keeps the
+tensor core's limited-precision FP8 accumulation short (DeepSeek-V3 §3.3.2).
 
-Layout of the operands the kernel reads (prepared by ``fp8_matmul_mgpu``):
-  * ``x``: FP8 [M_pad, K] (M padded to ``block_m``), or raw BF16/F32 [M_pad, K] when fused;
-  * ``s_x^T``: f32 [K/128, M_pad] (transposed so one K step is one contiguous TMA row);
-  * ``w``: FP8 [K, N];
-  * ``s_w``: f32 [K/128, N], the 128x128 block scales repeated over each block's 128 columns,
-    so the promotion is a row-vector times column-vector broadcast in the WGMMA layout. This costs
-    1/32 of the weight bytes of extra traffic (4 bytes per 128 weight bytes).
+8-bit wgmma takes both operands K-major (``wgmma.py``: "Only f16 WGMMA supports transposes"), so
+the weight is stored ``[N, K]`` (the QArray weight convention, ``qarray.py``) and its SMEM tile
+``(block_n, 128)`` enters the wgmma as ``w_smem.T``; SMEM transforms key on the 128-byte K row
+(tiling (8, 128), swizzle 128). Two tile orders:
 
-Fused activation quantization (``fp8_matmul_mgpu_fused``): ``x`` arrives in BF16; each compute
-warpgroup loads its [64, 128] slice from SMEM into registers, takes the row amax, computes
+  * ``swap_ab=False`` (prefill): ``y[m, n] = x[m, :] · w[n, :]``, A = x rows (64 per compute
+    warpgroup), B = ``w_smem.T``;
+  * ``swap_ab=True`` (decode, M <= 64): ``yᵀ[n, m] = w[n, :] · x[m, :]``, A = 64 weight rows per
+    warpgroup, B = ``x_smem.T``: M becomes the wgmma N (8..64, a multiple of 8) instead of being
+    padded to 64 rows, and both operands stay K-major (tokamax sm90 swap-AB). The kernel writes
+    ``yᵀ [N, M_pad]`` and the wrapper transposes that small array.
+
+Scales: ``s_x`` travels as ``[K/128, M_pad]`` f32 (one contiguous TMA row per K step); the weight
+scale is one f32 scalar per 128x128 block, read from ``s_w [N/128, K/128]`` in GMEM each step (a
+warpgroup's 64 weight rows never straddle two blocks, since ``block_n <= 128`` divides 128).
+
+Fused activation quantization (``fp8_matmul_mgpu_fused``, prefill order): ``x`` arrives in
+BF16/F16; each compute warpgroup loads its [64, 128] slice, takes the row amax, computes
 ``s = max(amax, tiny) / fp8_max``, casts ``clip(x / s)`` to FP8 and stores it into a private
-swizzled SMEM tile that feeds the wgmma. This removes the separate pass over ``x`` (one read of
-BF16 x and one write + read of FP8 x) and is numerically the same formula as
-``quantize_activations``. It is verified in GPU interpret mode only (see the tests).
+swizzled SMEM tile that feeds the wgmma: the formula of ``quantize_activations``.
 
-Unproven here: real-hardware lowering and speed (no Hopper GPU was available when this was
-written); GPU interpret mode checks semantics (TMA, barriers, wgmma math), not register layouts
-or performance.
+GPU interpret mode (``InterpretGPUParams``) checks semantics only; the deviceless H100 compile
+(``aot_cases.py``) checks the hardware rules (K-major, SMEM budget, registers, spills).
 """
 
 from __future__ import annotations
@@ -39,37 +44,81 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_max
 
-GROUP = 128  # K group of activation scales and K block of weight scales the kernel supports
+GROUP = 128  # K group of activation scales and K block (and N block) of weight scales
+SMEM_BYTES = 232448  # H100/H200 shared_memory_per_block_optin (227 KiB), Mosaic GPU's budget
 _WGMMA_M = 64  # rows of one warpgroup's wgmma tile
+_SMEM_ALIGN = 1024  # Mosaic GPU rounds every SMEM scratch buffer up to this (SMEM_ALIGNMENT)
+_MAX_STAGES = 6  # deepest ring that compiled without spills for every tile shape tried
+_MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 - 1)
+_REDUCTION_SCRATCH = 2048  # SMEM a kernel with a reduction reserves (CompilerParams default)
 
 
 @dataclasses.dataclass(frozen=True)
 class MgpuConfig:
     """Tile configuration of the Hopper kernel (a static argument)."""
 
-    block_m: int = 128  # rows per CTA; split over the compute warpgroups (64 rows each)
-    block_n: int = 128  # columns per CTA
-    max_concurrent_steps: int = 4  # SMEM ring depth of the TMA pipeline (K steps in flight)
+    block_m: int = 128  # x rows per CTA: 64 or 128 (64 per compute WG); swap_ab: 8..64, mult. of 8
+    block_n: int = 128  # w rows (output columns) per CTA: 64 or 128 (swap_ab: 64 per compute WG)
+    max_concurrent_steps: int = 4  # SMEM ring depth of the TMA pipeline (K steps in flight), <= 6
+    swap_ab: bool = False  # compute yᵀ = w xᵀ so that M is the wgmma N (decode)
 
     @property
     def num_compute_wgs(self) -> int:
-        return self.block_m // _WGMMA_M
+        rows = self.block_n if self.swap_ab else self.block_m
+        return rows // _WGMMA_M
 
-    def validate(self) -> None:
-        if self.block_m not in (64, 128):
-            raise ValueError(f"MgpuConfig.block_m must be 64 or 128, got {self.block_m}")
-        if self.block_n % 64 or not 64 <= self.block_n <= 256:
-            raise ValueError(f"MgpuConfig.block_n must be 64, 128, 192 or 256, got {self.block_n}")
-        if self.max_concurrent_steps < 2:
-            raise ValueError("MgpuConfig.max_concurrent_steps must be >= 2")
+    def invalid(self) -> str | None:
+        """Why this tile configuration is illegal, or None."""
+        if self.block_n not in (64, 128):
+            return f"block_n must be 64 or 128 (one weight scale per warpgroup), got {self.block_n}"
+        if self.swap_ab and (self.block_m % 8 or not 8 <= self.block_m <= 64):
+            return f"swap_ab block_m must be a multiple of 8 in [8, 64], got {self.block_m}"
+        if not self.swap_ab and self.block_m not in (64, 128):
+            return f"block_m must be 64 or 128, got {self.block_m}"
+        if not 2 <= self.max_concurrent_steps <= _MAX_STAGES:
+            # Deeper rings spill registers (ptxas, H100: 64x64 tiles spill from 8 stages).
+            steps = self.max_concurrent_steps
+            return f"max_concurrent_steps must be in [2, {_MAX_STAGES}], got {steps}"
+        return None
 
 
-def default_config(m: int, n: int) -> MgpuConfig:
-    """Untuned defaults: decode (M <= 64) uses 64x64 CTAs, so N=7168 gives 112 CTAs to stream the
-    weight (the memory-bound case wants many CTAs); otherwise 128x128 CTAs with 2 compute WGs."""
-    if m <= 64:
-        return MgpuConfig(block_m=64, block_n=64)
-    return MgpuConfig(block_m=128, block_n=128 if n % 128 == 0 else 64)
+def _align(nbytes: int) -> int:
+    return -(-nbytes // _SMEM_ALIGN) * _SMEM_ALIGN
+
+
+def smem_bytes(cfg: MgpuConfig, k: int, x_itemsize: int, out_itemsize: int, fused: bool) -> int:
+    """The SMEM the kernel allocates, counted as Mosaic GPU counts it: every scratch buffer
+    rounded up to 1 KiB (``SMEM_ALIGNMENT``), 8 B per pipeline barrier (a produced and a consumed
+    one per stage), and the reduction scratch the fused row amax reserves. Equals the
+    ``smem_bytes`` of ``mosaic/gpu/core.py`` for every case in ``aot_cases.py`` (jax 0.11.2 and
+    0.12.0.1)."""
+    stages = min(cfg.max_concurrent_steps, k // GROUP)  # the pipeline never holds more
+    ring = [cfg.block_m * GROUP * x_itemsize, cfg.block_n * GROUP]
+    ring += [] if fused else [cfg.block_m * 4]
+    total = sum(_align(stages * b) for b in ring) + 2 * stages * 8
+    total += _align(cfg.block_m * cfg.block_n * out_itemsize)  # epilogue tile
+    if fused:
+        total += _align(cfg.block_m * GROUP) + _REDUCTION_SCRATCH  # x̂ tile, amax scratch
+    return total
+
+
+def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2):
+    """Untuned defaults. Decode (M <= 64, unfused): swap-AB with 64 weight rows per CTA, so N=4096
+    gives 64 CTAs streaming the weight, and M rounded up to 16. Otherwise 128x128 CTAs with two
+    compute warpgroups (64x128 if N % 128). The ring is as deep as fits the SMEM budget (<= 4
+    stages; the fused variant's BF16 x tiles allow 3)."""
+    if m <= 64 and not fused:
+        cfg = MgpuConfig(block_m=-(-m // 16) * 16, block_n=64, swap_ab=True)
+    elif m <= 64:
+        cfg = MgpuConfig(block_m=64, block_n=64 if n % 128 else 128)
+    else:
+        cfg = MgpuConfig(block_m=128, block_n=128 if n % 128 == 0 else 64)
+    x_itemsize = 2 if fused else 1
+    for stages in range(cfg.max_concurrent_steps, 1, -1):
+        cfg = dataclasses.replace(cfg, max_concurrent_steps=stages)
+        if smem_bytes(cfg, k, x_itemsize, out_itemsize, fused) <= SMEM_BYTES:
+            break
+    return cfg
 
 
 def _smem_transforms(dtype, minor: int):
@@ -88,29 +137,65 @@ def _quantize_rows(x, fp8_dtype):
     return xq, s
 
 
-def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fused: bool, wdt):
-    """One CTA computes one [block_m, block_n] output tile over all K steps."""
-    k = w_gmem.shape[0]
-    out_dtype = out_gmem.dtype
-    tm, tn = _WGMMA_M, cfg.block_n
-    m_slice = pl.ds(lax.axis_index("m") * cfg.block_m, cfg.block_m)
-    n_slice = pl.ds(lax.axis_index("n") * tn, tn)
+def _pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, *, cfg, fused, wdt):
+    """(BlockSpecs, GMEM views) of the K-step pipeline: x [bm, 128], K-major w [bn, 128], and
+    the x scales [1, bm] unless fused (transforms keyed on the 128-byte K row)."""
+    bm, bn = cfg.block_m, cfg.block_n
     in_specs = [
         plgpu.BlockSpec(
-            (cfg.block_m, GROUP),
-            lambda kk: (0, kk),
-            transforms=_smem_transforms(x_gmem.dtype, GROUP),
+            (bm, GROUP), lambda kk: (0, kk), transforms=_smem_transforms(x_gmem.dtype, GROUP)
         ),
-        plgpu.BlockSpec((GROUP, tn), lambda kk: (kk, 0), transforms=_smem_transforms(wdt, tn)),
+        plgpu.BlockSpec((bn, GROUP), lambda kk: (0, kk), transforms=_smem_transforms(wdt, GROUP)),
     ]
+    gmem_in = [x_gmem.at[m_slice, :], w_gmem.at[n_slice, :]]
     if not fused:
-        in_specs.append(plgpu.BlockSpec((1, cfg.block_m), lambda kk: (kk, 0)))
-    in_specs.append(plgpu.BlockSpec((1, tn), lambda kk: (kk, 0)))
+        in_specs.append(plgpu.BlockSpec((1, bm), lambda kk: (kk, 0)))
+        gmem_in.append(sx_gmem.at[:, m_slice])
+    return in_specs, gmem_in
+
+
+def _k_step(x_smem, w_smem, sx_ref, acc, sw, xq_smem, *, cfg: MgpuConfig, fused: bool, wdt):
+    """One 128-K step of one compute warpgroup: ``acc + (x̂ ŵᵀ)_kb · s_x · s_w`` (or transposed)."""
+    wg = lax.axis_index("wg")
+    tm, swap = _WGMMA_M, cfg.swap_ab
+    wg_rows = pl.ds(wg * tm, tm)
+    if fused:  # each warpgroup quantizes its 64 x rows (never swapped: see supports)
+        xq, sx = _quantize_rows(x_smem[wg_rows, :], wdt)
+        xq_smem[wg] = xq
+        plgpu.commit_smem()  # make the register->SMEM stores visible to the wgmma
+        x_op = xq_smem.at[wg]
+    else:
+        sx = sx_ref[0, :] if swap else sx_ref[0, wg_rows]
+        x_op = x_smem if swap else x_smem.at[wg_rows]
+    lhs, rhs = (w_smem.at[wg_rows], x_op.T) if swap else (x_op, w_smem.T)
+    b_blk = cfg.block_m if swap else cfg.block_n
+
+    def mma(acc_ref):
+        plgpu.wgmma(acc_ref, lhs, rhs)
+        plgpu.wgmma_wait(0)
+        return acc_ref[...]
+
+    acc_k = pl.run_scoped(mma, plgpu.ACC((tm, b_blk), jnp.float32))
+    scale = lax.broadcast_in_dim(sx * sw, (tm, b_blk), [1 if swap else 0])
+    return acc + acc_k * scale
+
+
+def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fused: bool, wdt):
+    """One CTA: one output tile over all K steps. ``out`` is y [M_pad, N], or yᵀ when swapped."""
+    out_dtype = out_gmem.dtype
+    bm, bn, swap, tm = cfg.block_m, cfg.block_n, cfg.swap_ab, _WGMMA_M
+    a_blk, b_blk = (bn, bm) if swap else (bm, bn)  # rows of the A and B operand tiles
+    a_idx, b_idx = lax.axis_index("a"), lax.axis_index("b")
+    m_idx, n_idx = (b_idx, a_idx) if swap else (a_idx, b_idx)
+    in_specs, gmem_in = _pipeline_operands(
+        x_gmem, sx_gmem, w_gmem, pl.ds(m_idx * bm, bm), pl.ds(n_idx * bn, bn),
+        cfg=cfg, fused=fused, wdt=wdt,
+    )  # fmt: skip
 
     def get_pipeline(body, compute_context):
         return plgpu.emit_pipeline_warp_specialized(
             body,
-            grid=(k // GROUP,),
+            grid=(w_gmem.shape[1] // GROUP,),
             memory_registers=40,
             in_specs=in_specs,
             wg_axis="wg",
@@ -120,18 +205,13 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
         )
 
     ignore = lambda *_, **__: None
-    gmem_in = [x_gmem.at[m_slice, :], w_gmem.at[:, n_slice]]
-    if not fused:
-        gmem_in.append(sx_gmem.at[:, m_slice])
-    gmem_in.append(sw_gmem.at[:, n_slice])
+    nwg = cfg.num_compute_wgs
     scratch = dict(
         pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(*gmem_in),
         out_smem=plgpu.SMEM(
-            (cfg.num_compute_wgs, tm, tn), out_dtype, transforms=_smem_transforms(out_dtype, tn)
+            (nwg, tm, b_blk), out_dtype, transforms=_smem_transforms(out_dtype, b_blk)
         ),
-        xq_smem=plgpu.SMEM(
-            (cfg.num_compute_wgs, tm, GROUP), wdt, transforms=_smem_transforms(wdt, GROUP)
-        )
+        xq_smem=plgpu.SMEM((nwg, tm, GROUP), wdt, transforms=_smem_transforms(wdt, GROUP))
         if fused
         else None,
     )
@@ -139,54 +219,62 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
     @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
     def _scope(pipeline_allocs, out_smem, xq_smem):
         wg = lax.axis_index("wg")
-        wg_rows = pl.ds(wg * tm, tm)
+        # The 128-row weight block of this warpgroup's output columns (swap) or of the CTA (not).
+        nb = (n_idx * bn + (wg * tm if swap else 0)) // GROUP
 
         def compute_context(eval_pipeline):
-            acc0 = plgpu.layout_cast(jnp.zeros((tm, tn), jnp.float32), plgpu.Layout.WGMMA)
-            acc = eval_pipeline(acc0)
-            out_smem[wg] = acc.astype(out_dtype)
+            acc0 = plgpu.layout_cast(jnp.zeros((tm, b_blk), jnp.float32), plgpu.Layout.WGMMA)
+            out_smem[wg] = eval_pipeline(acc0).astype(out_dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(out_smem.at[wg], out_gmem.at[m_slice, n_slice].at[wg_rows])
+            dst = out_gmem.at[pl.ds(a_idx * a_blk, a_blk), pl.ds(b_idx * b_blk, b_blk)]
+            plgpu.copy_smem_to_gmem(out_smem.at[wg], dst.at[pl.ds(wg * tm, tm)])
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-        def body(_, x_smem, w_smem, *rest):
-            *s_refs, acc = rest
-            if fused:
-                (sw_smem,) = s_refs
-                xq, sx = _quantize_rows(x_smem[wg_rows, :], wdt)
-                xq_smem[wg] = xq
-                plgpu.commit_smem()  # make the register->SMEM stores visible to the wgmma
-                lhs = xq_smem.at[wg]
-            else:
-                sx_smem, sw_smem = s_refs
-                sx = sx_smem[0, wg_rows]
-                lhs = x_smem.at[wg_rows]
-
-            def mma(acc_ref):
-                plgpu.wgmma(acc_ref, lhs, w_smem)
-                plgpu.wgmma_wait(0)
-                return acc_ref[...]
-
-            acc_k = pl.run_scoped(mma, plgpu.ACC((tm, tn), jnp.float32))
-            sw = sw_smem[0, :]
-            scale = lax.broadcast_in_dim(sx, (tm, tn), [0]) * lax.broadcast_in_dim(
-                sw, (tm, tn), [1]
-            )
-            return acc + acc_k * scale
+        def body(idx, x_smem, w_smem, *rest):
+            *sx_ref, acc = rest
+            sw = sw_gmem[nb, idx[0]]  # issued before the wgmma so its latency overlaps it
+            sx_ref = sx_ref[0] if sx_ref else None
+            step = functools.partial(_k_step, cfg=cfg, fused=fused, wdt=wdt)
+            return step(x_smem, w_smem, sx_ref, acc, sw, xq_smem)
 
         get_pipeline(body, compute_context)(*gmem_in, allocations=pipeline_allocs)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
-def _check_shapes(m: int, k: int, n: int, cfg: MgpuConfig) -> None:
-    cfg.validate()
-    if k % GROUP:
-        raise ValueError(f"fp8_matmul_mgpu: K={k} must be a multiple of {GROUP}")
+def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize: int,
+             out_itemsize: int) -> str | None:  # fmt: skip
+    """None if the kernel compiles for these shapes and this tile configuration, else why not."""
+    if (bad := cfg.invalid()) is not None:
+        return bad
+    if fused and cfg.swap_ab:
+        # Mosaic GPU's layout inference finds no register layout for the row amax of a tile of
+        # fewer than 64 rows, and at 64 rows swapping gains nothing.
+        return "the fused (BF16 x) kernel has no swap_ab variant"
+    if k % GROUP or k == 0:
+        return f"K={k} must be a positive multiple of {GROUP}"
+    if cfg.swap_ab and cfg.block_m * out_itemsize % 32:
+        return (
+            f"swap_ab block_m={cfg.block_m} makes {cfg.block_m * out_itemsize} B output rows; "
+            "the epilogue tile needs a multiple of 32 B (its smallest swizzle)"
+        )
     if n % cfg.block_n:
-        raise ValueError(f"fp8_matmul_mgpu: N={n} must be a multiple of block_n={cfg.block_n}")
+        return f"N={n} must be a multiple of block_n={cfg.block_n}"
     if m < 1:
-        raise ValueError("fp8_matmul_mgpu: M must be >= 1")
+        return "M must be >= 1"
+    if max(pl.cdiv(m, cfg.block_m), n // cfg.block_n) > _MAX_GRID:
+        return f"the CTA grid ({pl.cdiv(m, cfg.block_m)} x {n // cfg.block_n}) exceeds {_MAX_GRID}"
+    used = smem_bytes(cfg, k, x_itemsize, out_itemsize, fused)
+    if used > SMEM_BYTES:
+        return f"tiles need {used} B of SMEM > {SMEM_BYTES} B (fewer stages or smaller tiles)"
+    return None
+
+
+def _check(m, k, n, cfg, *, fused, x_itemsize, out_dtype) -> None:
+    reason = supports(m, k, n, cfg, fused=fused, x_itemsize=x_itemsize,
+                      out_itemsize=jnp.dtype(out_dtype).itemsize)  # fmt: skip
+    if reason is not None:
+        raise ValueError(f"fp8_matmul_mgpu: {reason}")
 
 
 def _check_weight(w_q: QArray) -> None:
@@ -195,47 +283,39 @@ def _check_weight(w_q: QArray) -> None:
             f"fp8_matmul_mgpu: weight blocks must be ({GROUP}, {GROUP}), got {w_q.block_shape}"
         )
     if w_q.ndim != 2:
-        raise ValueError(f"fp8_matmul_mgpu: w_q must be rank 2 [K, N], got shape {w_q.shape}")
+        raise ValueError(f"fp8_matmul_mgpu: w_q must be rank 2 [N, K], got shape {w_q.shape}")
 
 
 def _pad_rows(a: jax.Array, rows: int) -> jax.Array:
-    return (
-        a
-        if a.shape[0] == rows
-        else jnp.pad(a, ((0, rows - a.shape[0]),) + ((0, 0),) * (a.ndim - 1))
-    )
+    return a if a.shape[0] == rows else jnp.pad(a, ((0, rows - a.shape[0]), (0, 0)))
 
 
-def _call(x, sx_t, w, sw, *, out_dtype, cfg: MgpuConfig, fused: bool, interpret: bool):
-    m_pad, n = x.shape[0], w.shape[1]
+def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, interpret: bool):
+    """Runs the kernel on padded operands; returns y [M_pad, N]."""
+    m_pad, n = x.shape[0], w_q.shape[0]
+    a_rows, b_rows = (n, m_pad) if cfg.swap_ab else (m_pad, n)
+    a_blk, b_blk = (cfg.block_n, cfg.block_m) if cfg.swap_ab else (cfg.block_m, cfg.block_n)
     kern = plgpu.kernel(
-        functools.partial(_kernel, cfg=cfg, fused=fused, wdt=w.dtype),
-        out_type=jax.ShapeDtypeStruct((m_pad, n), out_dtype),
-        grid=(m_pad // cfg.block_m, n // cfg.block_n),
-        grid_names=("m", "n"),
+        functools.partial(_kernel, cfg=cfg, fused=fused, wdt=w_q.values.dtype),
+        out_type=jax.ShapeDtypeStruct((a_rows, b_rows), out_dtype),
+        grid=(a_rows // a_blk, b_rows // b_blk),
+        grid_names=("a", "b"),
         num_threads=cfg.num_compute_wgs + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         **({"interpret": plgpu.InterpretGPUParams()} if interpret else {}),
     )
-    return kern(x, sx_t, w, sw)
-
-
-def _expand_w_scales(w_q: QArray) -> jax.Array:
-    """[K/128, N/128] block scales -> [K/128, N] (one scale per output column per K block)."""
-    n = w_q.shape[1]
-    return jnp.repeat(w_q.scales, GROUP, axis=1, total_repeat_length=w_q.scales.shape[1] * GROUP)[
-        :, :n
-    ]
+    y = kern(x, sx_t, w_q.values, w_q.scales)
+    return y.T if cfg.swap_ab else y
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "interpret", "config"))
 def fp8_matmul_mgpu(
     x_q: QArray, w_q: QArray, *, out_dtype=jnp.bfloat16, interpret: bool = False, config=None
 ) -> jax.Array:
-    """``y = Σ_kb s_x[:, kb] s_w[kb, :] (x̂[:, kb] @ ŵ[kb, :])`` on Hopper (see module docstring).
+    """``y = Σ_kb s_x[:, kb] s_w[nb, kb] (x̂[:, kb] · ŵ[:, kb]ᵀ)`` on Hopper (module docstring).
 
-    ``x_q``: QArray [M, K] with (128,) groups; ``w_q``: QArray [K, N] with (128, 128) blocks.
+    ``x_q``: QArray [M, K] with (128,) groups; ``w_q``: QArray [N, K] with (128, 128) blocks.
     Needs K % 128 == 0 and N % block_n == 0; M is padded to ``block_m`` here.
     """
     _check_weight(w_q)
@@ -248,22 +328,13 @@ def fp8_matmul_mgpu(
             f"fp8_matmul_mgpu: x and w FP8 formats differ ({x_q.values.dtype} vs "
             f"{w_q.values.dtype}); quantize x to the weight's format"
         )
-    (m, k), n = x_q.shape, w_q.shape[1]
-    cfg = config or default_config(m, n)
-    _check_shapes(m, k, n, cfg)
+    (m, k), n = x_q.shape, w_q.shape[0]
+    cfg = config or default_config(m, n, k, out_itemsize=jnp.dtype(out_dtype).itemsize)
+    _check(m, k, n, cfg, fused=False, x_itemsize=1, out_dtype=out_dtype)
     m_pad = pl.cdiv(m, cfg.block_m) * cfg.block_m
-    x = _pad_rows(x_q.values, m_pad)
     sx_t = _pad_rows(x_q.scales, m_pad).T  # padded rows: zero values and zero scales
-    y = _call(
-        x,
-        sx_t,
-        w_q.values,
-        _expand_w_scales(w_q),
-        out_dtype=jnp.dtype(out_dtype),
-        cfg=cfg,
-        fused=False,
-        interpret=interpret,
-    )
+    y = _call(_pad_rows(x_q.values, m_pad), sx_t, w_q, out_dtype=jnp.dtype(out_dtype), cfg=cfg,
+              fused=False, interpret=interpret)  # fmt: skip
     return y[:m]
 
 
@@ -278,21 +349,12 @@ def fp8_matmul_mgpu_fused(
             f"fp8_matmul_mgpu_fused: x must be a 2-D BF16/F16 array (F32 tiles would not fit "
             f"the SMEM ring), got {x.shape} {x.dtype}"
         )
-    (m, k), n = x.shape, w_q.shape[1]
-    if k != w_q.shape[0]:
-        raise ValueError(f"fp8_matmul_mgpu_fused: contracting dims differ: {k} vs {w_q.shape[0]}")
-    cfg = config or default_config(m, n)
-    _check_shapes(m, k, n, cfg)
+    (m, k), n = x.shape, w_q.shape[0]
+    if k != w_q.shape[1]:
+        raise ValueError(f"fp8_matmul_mgpu_fused: contracting dims differ: {k} vs {w_q.shape[1]}")
+    cfg = config or default_config(m, n, k, fused=True, out_itemsize=jnp.dtype(out_dtype).itemsize)
+    _check(m, k, n, cfg, fused=True, x_itemsize=2, out_dtype=out_dtype)
     m_pad = pl.cdiv(m, cfg.block_m) * cfg.block_m
-    x = _pad_rows(x, m_pad)
-    y = _call(
-        x,
-        None,
-        w_q.values,
-        _expand_w_scales(w_q),
-        out_dtype=jnp.dtype(out_dtype),
-        cfg=cfg,
-        fused=True,
-        interpret=interpret,
-    )
+    y = _call(_pad_rows(x, m_pad), None, w_q, out_dtype=jnp.dtype(out_dtype), cfg=cfg,
+              fused=True, interpret=interpret)  # fmt: skip
     return y[:m]
