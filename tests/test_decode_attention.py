@@ -336,3 +336,40 @@ def test_dispatch_rejects_bad_operands():
         decode_attention(q, k, v, jnp.array([4, 4]), sm_scale=1.0)
     with pytest.raises(ValueError, match="both be dynamic"):
         decode_attention(q, k, v, jnp.array([4]), k_scale=jnp.ones((1, 2, 4)), sm_scale=1.0)
+
+
+_TARGET_DEVICES = {
+    "h100": ("NVIDIA H100 80GB HBM3", "gpu", 132),
+    "v5e": ("TPU v5 lite", "tpu", 1),
+    "v6e": ("TPU v6 lite", "tpu", 1),
+}
+
+
+def test_aot_cases_cover_everything_the_support_checks_accept():
+    """Every AOT case passes its support check on its target, and the cases span the accepted
+    block sizes, stages, dtypes and head dims: each configuration ``auto`` can pick compiles."""
+    from kernels_pallas.decode_attention import aot_cases
+    from kernels_pallas.decode_attention import pallas_mosaic_gpu as da_mgpu
+
+    seen = {"pallas_mosaic_gpu": set(), "pallas_tpu": set()}
+    for case in aot_cases.cases():
+        if case.impl == "xla":
+            continue
+        q, k, v, lengths, starts, ks, vs = case.args
+        config = case.fn.keywords["config"]
+        kind, platform, cores = _TARGET_DEVICES[case.target]
+        dev = AbstractDevice(device_kind=kind, platform=platform, num_cores=cores)
+        with jax.sharding.use_abstract_mesh(AbstractMesh((), (), abstract_device=dev)):
+            kw = dict(starts_B=starts, k_scale=ks, v_scale=vs, sm_scale=0.1)
+            assert _reason(case.impl, (q, k, v, lengths), kw, config) is None, case.label
+        mod = da_mgpu if case.impl == "pallas_mosaic_gpu" else da_tpu
+        bl = mod.resolve_blocks(config, q, k)
+        s = seen[case.impl]
+        s |= {("blocks", bl.block_s, bl.num_stages if mod is da_mgpu else None)}
+        s |= {("kv", k.dtype), ("q", q.dtype), ("c", k.shape[-1])}
+    for mod, impl in ((da_mgpu, "pallas_mosaic_gpu"), (da_tpu, "pallas_tpu")):
+        stages = getattr(mod, "_STAGES", (None,))
+        want = {("blocks", b, st) for b in mod._BLOCK_S for st in stages}
+        want |= {("kv", d) for d in mod._KV_DTYPES} | {("q", d) for d in mod._Q_DTYPES}
+        want |= {("c", c) for c in mod._HEAD_DIMS}
+        assert want <= seen[impl], want - seen[impl]

@@ -62,7 +62,7 @@ _Q = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}
 
 
 def _operands(b: int, s: int, h: int, n_kv: int, cache: str, q_dtype="bf16", c=HEAD_DIM):
-    """(q, k, v, lengths, starts, k_scale, v_scale) as ShapeDtypeStructs (no scales for 16/32-bit)."""
+    """(q, k, v, lengths, starts, k_scale, v_scale) as ShapeDtypeStructs (FP8 only: scales)."""
     sds = jax.ShapeDtypeStruct
     kind, _, mode = cache.partition("_")
     kv_dtype = _KV.get(kind, jnp.float8_e4m3fn)

@@ -12,8 +12,12 @@ softmax in base 2. Scales: a static K scale is folded into q, a static V scale m
 output (outside), dynamic ones multiply the scores' and probabilities' columns.
 
 Output per chunk: ``o / l`` (f32) and, when the row is split, ``lse = m + log2 l`` for
-``common.combine_splits``. P goes through SMEM, which the GPU interpreter needs (it cannot run a
-wgmma with A in registers).
+``common.combine_splits``. On hardware P stays in registers (wgmma A operand) and O accumulates
+in place; interpret mode passes P through SMEM and uses a scoped accumulator, the only forms the
+GPU interpreter runs (same math).
+
+Paging (a later issue) plugs in at the pipeline's index map: tile ``lo + i`` of a row becomes
+``page_table[row, lo + i]`` of a page pool; lengths, chunks and masks stay as they are.
 """
 
 from __future__ import annotations
@@ -88,25 +92,25 @@ def _tile_step(st: _Static, q_smem, kb_smem, vb_smem, p_smem, bounds, idx, k_sme
     if st.dynamic:
         p = p * _col(scales[1], bs)
     acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+    return _add_pv(st, acc, p.astype(dt), v_smem, p_smem), m_new, l_i
+
+
+def _add_pv(st: _Static, acc, p16, v_smem, p_smem):
+    """``acc + P V`` on the tensor cores (the fences cover the upcast V buffer too)."""
     if st.hw:  # P from registers, O accumulated in place (~70 fewer registers)
-        p16 = p.astype(dt)
         if st.fp8:
             plgpu.commit_smem()
-        return (
-            pl.run_state(lambda o_ref: plgpu.wgmma(o_ref, p16, v_smem))(plgpu.ACC.init(acc)),
-            m_new,
-            l_i,
-        )
+        return pl.run_state(lambda o_ref: plgpu.wgmma(o_ref, p16, v_smem))(plgpu.ACC.init(acc))
     # Interpret mode: the GPU interpreter takes wgmma operands from SMEM only, and a fresh
     # run_scoped accumulator.
-    p_smem[...] = p.astype(dt)
+    p_smem[...] = p16
     plgpu.commit_smem()
 
     def pv(acc_ref):
         plgpu.wgmma(acc_ref, p_smem, v_smem)
         return acc_ref[...]
 
-    return acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32)), m_new, l_i
+    return acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
 
 
 def _kernel(starts, lengths, lo, cnt, q_gmem, k_gmem, v_gmem, *rest, st: _Static):
@@ -236,6 +240,7 @@ def decode_attention_mgpu(
         out_type=out_type,
         grid=(n_kv, b, splits),
         grid_names=("kv", "row", "split"),
+        compiler_params=plgpu.CompilerParams(approx_math=True),  # fast exp2 / log2
         interpret=plgpu.InterpretGPUParams() if interpret else None,
     )(starts_B, lengths_B.astype(jnp.int32), lo, cnt, q, k_BSKC, v_BSKC, *scales)
     if splits > 1:
