@@ -255,7 +255,8 @@ def test_kernel_matches_reference(impl, interpret, case):
     kv, rows, n_kv, group, splits = CASES[case]
     bs, c, kv16, _ = KERNELS[impl]
     kv = kv or kv16
-    scale_up = 1 if interpret else 16  # on a device: longer caches, same patterns
+    scale_up = 1 if interpret else 16  # on a device: longer caches, same patterns, C = 128
+    c = c if interpret else 128
     s = 2 * bs * scale_up
     rows = [(_slot(a, bs * scale_up), _slot(e, bs * scale_up)) for a, e in rows]
     q, k, v, ks, vs = _operands(hash(case) % 1000, len(rows), s, n_kv, group, c, kv)

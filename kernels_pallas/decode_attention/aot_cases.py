@@ -45,12 +45,12 @@ _B, _S = 32, 8192
 VARIANTS = (
     ("pallas_mosaic_gpu", "h100", "bf16", "bf16", 128, DecodeBlocks(128, 1, 2)),
     ("pallas_mosaic_gpu", "h100", "bf16", "bf16", 128, DecodeBlocks(128, 4, 3)),  # SMEM max
-    ("pallas_mosaic_gpu", "h100", "fp8_dynamic", "bf16", 128, DecodeBlocks(128, 1, 3)),
-    ("pallas_mosaic_gpu", "h100", "fp8_static", "bf16", 128, DecodeBlocks(128, 8, 2)),
+    ("pallas_mosaic_gpu", "h100", "fp8_static", "bf16", 128, DecodeBlocks(64, 8, 2)),
     ("pallas_mosaic_gpu", "h100", "fp8_dynamic", "f32", 128, DecodeBlocks(64, 1, 2)),
     ("pallas_mosaic_gpu", "h100", "bf16", "f16", 128, DecodeBlocks(64, 1, 3)),
     ("pallas_mosaic_gpu", "h100", "f16", "f16", 64, None),
-    ("pallas_mosaic_gpu", "h100", "e5m2_static", "bf16", 64, DecodeBlocks(128, 2, 3)),
+    ("pallas_mosaic_gpu", "h100", "f16", "bf16", 128, DecodeBlocks(128, 2, 3)),
+    ("pallas_mosaic_gpu", "h100", "e5m2_static", "bf16", 64, DecodeBlocks(64, 2, 3)),
     ("pallas_tpu", "v5e", "fp8_dynamic", "bf16", 128, DecodeBlocks(128, 4)),
     ("pallas_tpu", "v5e", "bf16", "bf16", 128, DecodeBlocks(256, 2)),
     ("pallas_tpu", "v5e", "f32", "f32", 128, None),

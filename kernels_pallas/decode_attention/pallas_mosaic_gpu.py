@@ -257,7 +257,8 @@ _KV_DTYPES = tuple(map(jnp.dtype, (jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn,
 _Q_DTYPES = tuple(map(jnp.dtype, (jnp.bfloat16, jnp.float16, jnp.float32)))
 # What aot_cases.py proves to compile without spills (head_dim 256: a 128-register f32 acc).
 _HEAD_DIMS = (64, 128)
-_BLOCK_S = (64, 128)  # 64: <= 195 registers, two CTAs per SM; 128: up to 242 registers
+_BLOCK_S = (64, 128)  # 64: <= 185 registers, two CTAs per SM; 128 (16-bit caches): <= 185
+_BLOCK_S_FP8 = (64,)  # FP8 at 128 (upcast tiles in registers): 244-255, at the spill edge
 _STAGES = (2, 3)
 NUM_SMS = 132  # H100 SXM / H200
 _CTAS_PER_SM = 2  # SMEM <= ~113 KiB and <= 255 registers x 128 threads allow two
@@ -310,8 +311,9 @@ def supports(q_BHC, k_BSKC, v_BSKC, lengths_B, *, starts_B, k_scale, v_scale, sm
     if not _window_fits(n_kv, q_BHC.shape[1] // n_kv):
         return f"query group {q_BHC.shape[1] // n_kv} does not fit a {_TILE_M}-row window"
     bl = resolve_blocks(config, q_BHC, k_BSKC)
-    if bl.block_s not in _BLOCK_S or bl.num_stages not in _STAGES:
-        return f"block_s {bl.block_s}, num_stages {bl.num_stages} not in {_BLOCK_S}, {_STAGES}"
+    block_s = _BLOCK_S_FP8 if jnp.dtype(k_BSKC.dtype).itemsize == 1 else _BLOCK_S
+    if bl.block_s not in block_s or bl.num_stages not in _STAGES:
+        return f"block_s {bl.block_s}, num_stages {bl.num_stages} not in {block_s}, {_STAGES}"
     if s % bl.block_s:
         return f"cache length {s} not a multiple of block_s {bl.block_s}"
     if (n := smem_bytes(bl, c, k_BSKC.dtype, common.is_slot_scale(k_scale))) > 227 * 1024:

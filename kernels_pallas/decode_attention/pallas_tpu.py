@@ -14,6 +14,9 @@ caches f32 (``precision=highest``), all accumulating in f32 with an online softm
 m / l scratch is ``[K, G, 128]`` (lane-replicated, RPA style: every slice is a whole tile row).
 Static scales: K folded into q, V multiplying the output; dynamic scales ``[B, K, S]`` arrive as
 ``(K, bs)`` blocks that scale the scores' and probabilities' columns.
+
+Paging (a later issue) plugs in at ``kv_tile``: with a page table scalar-prefetched beside the
+chunk bounds, the K/V index map returns ``page_table[b, tile]`` into a page pool.
 """
 
 from __future__ import annotations
