@@ -133,6 +133,7 @@ class KernelImpls:
 
     matmul: Impl = "auto"  # fp8_matmul: the W8A8 linear layers of a quantized policy
     decode_attention: Impl | None = None  # one-token decode steps; None: the model's jnp attention
+    interpret: bool = False  # decode_attention's Pallas kernels in interpret mode (CPU tests)
 
     def __post_init__(self):
         if self.matmul not in IMPLS:

@@ -193,25 +193,22 @@ def test_fp8_w8a8_weights_generate():
     assert dataclasses.is_dataclass(ro)
 
 
-def test_decode_kernel_route_matches_jnp_attention():
-    """decode_attention="xla" (the kernel op's reference) = the model's jnp path."""
+@pytest.mark.parametrize("impl", ["xla", "pallas_tpu"])
+def test_decode_kernel_route_matches_jnp_attention(impl):
+    """decode_attention="xla" (the kernel op's reference) or the TPU kernel (interpret mode, f32
+    MMAs on an f32 cache) = the model's jnp path: the same sampled tokens, rows of different
+    prompt lengths (left pads: start > 0) and rows that stop early (a stop token) included."""
     cfg = ModelConfig(
-        vocab_size=32, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+        vocab_size=32, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=128,
         intermediate_size=64,
     )  # fmt: skip
     w = init_weights(cfg, jax.random.key(0), jnp.float32)
-    prompts = Prompts(jnp.ones((2, 4), jnp.int32), jnp.array([4, 3], jnp.int32))
-    kw = dict(max_new_tokens=5, kv_cache_dtype="float32")
-    greedy = SamplingConfig(temperature=0.0)
-    a = generate(w, prompts, cfg, greedy, jax.random.key(1), **kw)
-    b = generate(
-        w,
-        prompts,
-        cfg,
-        greedy,
-        jax.random.key(1),
-        kernels=KernelImpls(decode_attention="xla"),
-        **kw,
-    )
+    prompts = make_prompts([[1, 2, 3, 4], [5, 6, 7], [8], [9, 10]])
+    kw = dict(max_new_tokens=6, kv_cache_dtype="float32", stop_token_ids=(3, 7, 11, 19))
+    sampling = SamplingConfig(temperature=1.0)
+    a = generate(w, prompts, cfg, sampling, jax.random.key(1), **kw)
+    kernels = KernelImpls(decode_attention=impl, interpret=impl != "xla")
+    b = generate(w, prompts, cfg, sampling, jax.random.key(1), kernels=kernels, **kw)
+    assert int(a.response_lens_B.min()) < 6  # some row stopped early
     np.testing.assert_array_equal(a.tokens_BT, b.tokens_BT)
     np.testing.assert_allclose(a.logp_BT, b.logp_BT, atol=1e-5)

@@ -12,7 +12,10 @@ refilled by ``models.reset_rows`` + a one-row prefill into its cache row and res
 ``DecodeState`` entries; this function does not do that yet (it stops when all rows are done).
 
 The T = 1 decode step runs the model's jnp ``attention`` over the cache, or
-``kernels_pallas.decode_attention`` when ``kernels.decode_attention`` names an implementation.
+``kernels_pallas.decode_attention`` when ``kernels.decode_attention`` names an implementation:
+that reads each row's live range ``[P - len_b, P + n)`` only (the valid slots of a row are
+contiguous: left pads, then prompt, then response), with the cache rounded up to a multiple of
+``CACHE_ALIGN`` slots so the kernels' tiles divide it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from fp8rl_jax.models import ModelConfig, QKVAmax, forward, init_cache
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+CACHE_ALIGN = 128  # cache slots are rounded up to this when a decode kernel reads them
 
 
 @jax.tree_util.register_dataclass
@@ -107,6 +111,12 @@ def _static_scales(kv_scales, cfg, mode):
     return kv_scales["k"], kv_scales["v"]
 
 
+def _cache_len(n: int, kernels: KernelImpls) -> int:
+    """Cache slots for n tokens: a multiple of 128 when a decode kernel reads the cache (its
+    tiles must divide the allocation; the extra slots stay invalid and are never read)."""
+    return n if kernels.decode_attention is None else -(-n // CACHE_ALIGN) * CACHE_ALIGN
+
+
 def _prefill(weights, prompts: Prompts, cfg, cache, kernels: KernelImpls):
     b, p = prompts.tokens_BP.shape
     pad_B = p - prompts.lens_B
@@ -152,8 +162,9 @@ def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_d
               max_new_tokens, stop_ids, kernels):  # fmt: skip
     b, p = prompts.tokens_BP.shape
     cache = init_cache(
-        cfg, b, p + max_new_tokens, dtype=cache_dtype, mode=mode, k_scale=k_scale, v_scale=v_scale
-    )
+        cfg, b, _cache_len(p + max_new_tokens, kernels), dtype=cache_dtype, mode=mode,
+        k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
     logits_BV, cache, amax = _prefill(weights, prompts, cfg, cache, kernels)
     state = DecodeState(
         step=jnp.zeros((), jnp.int32),

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 
 from fp8rl_jax.models.config import ModelConfig
-from fp8rl_jax.models.kv_cache import dequantize_kv
 from fp8rl_jax.models.layers import linear, rms_norm
 from fp8rl_jax.models.rope import apply_rope
+from kernels_pallas.decode_attention import dequantize_kv
 from kernels_pallas.quantize import saturating_cast
 
 _MASKED = float(jnp.finfo(jnp.float32).min)  # finite: a fully masked row stays NaN-free
@@ -51,14 +51,14 @@ def attention(
     """``softmax(q kᵀ · sm_scale + mask) v`` with GQA; K/V may be an FP8 cache (``x̂ · s``).
 
     Query head ``h`` reads KV head ``h // (H / K)``. FP8 K/V are dequantized in f32 (``mode``
-    static: ``k_scale`` [K]; dynamic: [B, S, K]); scores and softmax are f32. The decode path
-    (T = 1 over a cache) has the same contract as ``kernels_pallas.decode_attention`` with
-    ``valid_BS`` as the mask.
+    static: ``k_scale`` [K]; dynamic: [B, K, S]); scores and softmax are f32. The decode path
+    (T = 1 over a cache) has the same contract as ``kernels_pallas.decode_attention`` when each
+    row's unmasked slots are one contiguous range.
     """
     B, T, H, C = q_BTHC.shape
     K = k_BSKC.shape[2]
-    k = dequantize_kv(k_BSKC, mode, k_scale) if mode != "none" else k_BSKC
-    v = dequantize_kv(v_BSKC, mode, v_scale) if mode != "none" else v_BSKC
+    k = dequantize_kv(k_BSKC, k_scale) if mode != "none" else k_BSKC
+    v = dequantize_kv(v_BSKC, v_scale) if mode != "none" else v_BSKC
     dt = jnp.promote_types(q_BTHC.dtype, k.dtype)
     prec = jax.lax.Precision.HIGHEST if dt == jnp.float32 else None
     q = q_BTHC.reshape(B, T, K, H // K, C).astype(dt)

@@ -4,14 +4,19 @@ Layout (one entry per layer in the lists ``k``, ``v``): ``[B, S, K, C]`` arrays 
 dtype. Row ``b`` writes its next ``T`` tokens at slots ``lengths_B[b] + arange(T)``; ``valid_BS``
 marks slots that hold real (non-pad) tokens. Attention is causal by slot order. Each row carries
 its own length, so a finished row can be reset and refilled (continuous batching) with
-``reset_rows``.
+``reset_rows``. The decode kernels read a row's live range ``live_range(valid_BS)``; that equals
+the mask when each row's valid slots are contiguous, as in ``generate`` (left-padded prompt, then
+the response).
 
 Scale modes (DESIGN.md §4.5), ``x ≈ x̂ · s``:
   * ``none``: no scales, the cache dtype is BF16/F32;
   * ``static``: one FP32 scale per layer and KV head, ``k_scale[l]`` of shape [K] (a per-layer
     scalar is broadcast to [K]); recalibrated by the trainer from ``ForwardOut.qkv_amax``;
-  * ``dynamic``: one FP32 scale per written token and KV head, ``[B, S, K]``,
-    ``s = max(amax_C |x|, tiny) / fp8_max``, computed when the vector is written.
+  * ``dynamic``: one FP32 scale per written token and KV head, ``[B, K, S]`` (slots last, so a
+    kernel reads a head's scales of a tile contiguously), ``s = max(amax_C |x|, tiny) / fp8_max``,
+    computed when the vector is written.
+Dequantization is ``kernels_pallas.decode_attention.dequantize_kv``, the one the kernels' reference
+uses.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ class KVCache:
 
     k: list[jax.Array]  # per layer [B, S, K, C], cache dtype
     v: list[jax.Array]  # per layer [B, S, K, C], cache dtype
-    k_scale: list[jax.Array] | None  # per layer: static [K] f32, dynamic [B, S, K] f32, none None
+    k_scale: list[jax.Array] | None  # per layer: static [K] f32, dynamic [B, K, S] f32, none None
     v_scale: list[jax.Array] | None
     valid_BS: jax.Array  # bool: slot holds a real token
     lengths_B: jax.Array  # int32: next write slot per row
@@ -100,8 +105,8 @@ def init_cache(
             _per_layer_scale("v_scale", v_scale, L, K),
         )
     elif mode == "dynamic":
-        ks = [jnp.zeros((batch, max_len, K), jnp.float32) for _ in range(L)]
-        vs = [jnp.zeros((batch, max_len, K), jnp.float32) for _ in range(L)]
+        ks = [jnp.zeros((batch, K, max_len), jnp.float32) for _ in range(L)]
+        vs = [jnp.zeros((batch, K, max_len), jnp.float32) for _ in range(L)]
     else:
         ks = vs = None
     qs = None if q_scale is None else _per_layer_scale("q_scale", q_scale, L, K)
@@ -137,19 +142,27 @@ def quantize_kv(x_BTKC: jax.Array, mode: str, dtype, scale=None):
     return saturating_cast(x / s_BTK[..., None], dtype), s_BTK
 
 
-def dequantize_kv(x_BSKC: jax.Array, mode: str, scale) -> jax.Array:
-    """``x̂ · s`` in f32 (static scale [K], dynamic [B, S, K]); plain cast for mode none."""
-    x = x_BSKC.astype(jnp.float32)
-    if mode == "none":
-        return x
-    return x * (scale[:, None] if mode == "static" else scale[..., None])
-
-
 def scatter_slots(buf, new, slots_BT):
     """``buf[b, slots_BT[b, t]] = new[b, t]``; writes past the end are dropped."""
     # mode="drop": writes past max_len are discarded rather than clamped onto earlier slots.
     b_idx = jnp.arange(buf.shape[0])[:, None]
     return buf.at[b_idx, slots_BT].set(new.astype(buf.dtype), mode="drop")
+
+
+def scatter_scales(buf_BKS, new_BTK, slots_BT):
+    """``buf[b, :, slots_BT[b, t]] = new[b, t, :]`` for dynamic scales [B, K, S]."""
+    b_idx = jnp.arange(buf_BKS.shape[0])[:, None]
+    return buf_BKS.at[b_idx, :, slots_BT].set(new_BTK, mode="drop")
+
+
+def live_range(valid_BS: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(starts_B, lengths_B) int32: each row's first valid slot and one past its last (0, 0 for
+    a row with none): the live range ``[start, length)`` the decode kernels read."""
+    S = valid_BS.shape[1]
+    any_B = jnp.any(valid_BS, axis=1)
+    first = jnp.argmax(valid_BS, axis=1)
+    end = S - jnp.argmax(valid_BS[:, ::-1], axis=1)
+    return jnp.where(any_B, first, 0).astype(jnp.int32), jnp.where(any_B, end, 0).astype(jnp.int32)
 
 
 def write_layer(cache: KVCache, layer: int, k_BTKC, v_BTKC, slots_BT):
@@ -161,7 +174,7 @@ def write_layer(cache: KVCache, layer: int, k_BTKC, v_BTKC, slots_BT):
     k = scatter_slots(cache.k[layer], k_q, slots_BT)
     v = scatter_slots(cache.v[layer], v_q, slots_BT)
     if cache.mode == "dynamic":
-        ks, vs = scatter_slots(ks, k_s, slots_BT), scatter_slots(vs, v_s, slots_BT)
+        ks, vs = scatter_scales(ks, k_s, slots_BT), scatter_scales(vs, v_s, slots_BT)
     return k, v, ks, vs
 
 

@@ -72,11 +72,11 @@ def _attention_layer(p, h_BTD, layer, ctx):
             q = fake_quantize_q(q, cache.q_scale[layer])
         writes = kvc.write_layer(cache, layer, k, v, ctx["slots_BT"])
         k_c, v_c, ks, vs = writes
-        if kernels.decode_attention is not None and T == 1:
-            # For one query per row, the slot mask [B, 1, S] is exactly the kernel's valid_BS.
+        if "live" in ctx:  # one query per row: the kernel op over the live slots
+            starts_B, lengths_B = ctx["live"]
             o = decode_attention(
-                q[:, 0], k_c, v_c, ctx["mask"][:, 0], k_scale=ks, v_scale=vs, sm_scale=sm_scale,
-                impl=kernels.decode_attention,
+                q[:, 0], k_c, v_c, lengths_B, starts_B=starts_B, k_scale=ks, v_scale=vs,
+                sm_scale=sm_scale, impl=kernels.decode_attention, interpret=kernels.interpret,
             )[:, None]  # fmt: skip
         else:
             o = attention(
@@ -100,7 +100,12 @@ def _context(weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, want_
         slots = cache.lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)
         ctx["slots_BT"] = slots
         valid_after = kvc.scatter_slots(cache.valid_BS, valid_BT, slots)
-        ctx["mask"] = cache_mask(valid_after, slots)
+        if kernels.decode_attention is not None and T == 1:
+            # The valid slots up to the query's own: its row's live range, computed once.
+            starts_B, ends_B = kvc.live_range(valid_after)
+            ctx["live"] = (starts_B, jnp.minimum(ends_B, slots[:, 0] + 1))
+        else:
+            ctx["mask"] = cache_mask(valid_after, slots)
         default_pos = slots
     pos = default_pos if positions_BT is None else positions_BT
     dtype = weights["embed"].dtype

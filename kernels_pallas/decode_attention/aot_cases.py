@@ -1,11 +1,13 @@
-"""Ahead-of-time compile cases of ``decode_attention`` at real shapes (``aot_check.py``).
+"""Ahead-of-time compile cases of ``decode_attention`` at real shapes (``scripts/aot_check.py``).
 
-Each row of ``SHAPES`` is a decode batch over a cache of S slots with GQA (query heads H over
-KV heads K, head_dim 128), compiled for every cache kind in ``CACHES``: BF16, FP8 with static
-per-head scales, FP8 with dynamic per-slot scales. ``KINDS`` says which shapes each (impl,
-target) runs: the Hopper kernel on H100, the TPU kernel on v5e and v6e, the XLA fallback on
-H100. When the kernel's signature changes (per-row lengths instead of ``valid_BS``, say), only
-``_operands`` and ``_call`` need to follow.
+Each row of ``SHAPES`` is a decode batch over a cache of S slots with GQA (query heads H over KV
+heads K, head_dim 128), compiled for every cache kind in ``CACHES``: BF16, FP8 with static
+per-KV-head scales, FP8 with dynamic per-slot scales. ``KINDS`` says which shapes each (impl,
+target) runs: the Hopper kernel on H100, the TPU kernel on v5e and v6e, the XLA reference on
+H100. The per-shape default tiling splits the sequence where B x K gives too few CTAs (B <= 16
+on H100: 33 and 2 chunks), so the table holds split and unsplit kernels. ``VARIANTS`` then cover
+the rest of what the support checks accept (block sizes, stages, chunk counts, cache and query
+dtypes, head_dim 64 on Hopper), so that every configuration ``auto`` can pick was compiled.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import jax.numpy as jnp
 
 from kernels_pallas.aot import AotCase
 from kernels_pallas.decode_attention.api import decode_attention
+from kernels_pallas.decode_attention.common import DecodeBlocks
 
 HEAD_DIM = 128
 # (model, B rows, S cache slots, H query heads, K kv heads)
@@ -27,7 +30,7 @@ SHAPES = (
     ("Llama-3-70B", 16, 32768, 64, 8),
     ("Llama-3-70B", 256, 2048, 64, 8),
 )
-# Fewer shapes for v6e (the same TPU kernel as v5e) and for the XLA fallback on H100.
+# Fewer shapes for v6e (the same TPU kernel as v5e) and for the XLA reference on H100.
 SOME_SHAPES = (SHAPES[1], SHAPES[3])
 CACHES = ("bf16", "fp8_static", "fp8_dynamic")
 # (impl, target, shapes)
@@ -37,34 +40,65 @@ KINDS = (
     ("pallas_tpu", "v6e", SOME_SHAPES),
     ("xla", "h100", SOME_SHAPES),
 )
+_B, _S = 32, 8192
+# (impl, target, cache, q dtype, head_dim, DecodeBlocks): configurations beyond the defaults.
+VARIANTS = (
+    ("pallas_mosaic_gpu", "h100", "bf16", "bf16", 128, DecodeBlocks(128, 1, 2)),
+    ("pallas_mosaic_gpu", "h100", "bf16", "bf16", 128, DecodeBlocks(128, 4, 3)),  # SMEM max
+    ("pallas_mosaic_gpu", "h100", "fp8_static", "bf16", 128, DecodeBlocks(64, 8, 2)),
+    ("pallas_mosaic_gpu", "h100", "fp8_dynamic", "f32", 128, DecodeBlocks(64, 1, 2)),
+    ("pallas_mosaic_gpu", "h100", "bf16", "f16", 128, DecodeBlocks(64, 1, 3)),
+    ("pallas_mosaic_gpu", "h100", "f16", "f16", 64, None),
+    ("pallas_mosaic_gpu", "h100", "f16", "bf16", 128, DecodeBlocks(128, 2, 3)),
+    ("pallas_mosaic_gpu", "h100", "e5m2_static", "bf16", 64, DecodeBlocks(64, 2, 3)),
+    ("pallas_tpu", "v5e", "fp8_dynamic", "bf16", 128, DecodeBlocks(128, 4)),
+    ("pallas_tpu", "v5e", "bf16", "bf16", 128, DecodeBlocks(256, 2)),
+    ("pallas_tpu", "v5e", "f32", "f32", 128, None),
+    ("pallas_tpu", "v6e", "e5m2_static", "bf16", 128, DecodeBlocks(256, 1)),
+    ("pallas_tpu", "v6e", "fp8_dynamic", "f32", 128, DecodeBlocks(512, 4)),
+)
+_KV = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32, "e5m2": jnp.float8_e5m2}
+_Q = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}
 
 
-def _operands(b: int, s: int, h: int, n_kv: int, cache: str):
-    """(q, k, v, valid, k_scale, v_scale) as ShapeDtypeStructs (scales None for BF16)."""
+def _operands(b: int, s: int, h: int, n_kv: int, cache: str, q_dtype="bf16", c=HEAD_DIM):
+    """(q, k, v, lengths, starts, k_scale, v_scale) as ShapeDtypeStructs (FP8 only: scales)."""
     sds = jax.ShapeDtypeStruct
-    kv_dtype = jnp.bfloat16 if cache == "bf16" else jnp.float8_e4m3fn
-    q = sds((b, h, HEAD_DIM), jnp.bfloat16)
-    kv = sds((b, s, n_kv, HEAD_DIM), kv_dtype)
-    valid = sds((b, s), jnp.bool_)
-    scale = {"bf16": None, "fp8_static": (n_kv,), "fp8_dynamic": (b, s, n_kv)}[cache]
+    kind, _, mode = cache.partition("_")
+    kv_dtype = _KV.get(kind, jnp.float8_e4m3fn)
+    q = sds((b, h, c), _Q[q_dtype])
+    kv = sds((b, s, n_kv, c), kv_dtype)
+    rows = sds((b,), jnp.int32)
+    scale = {"static": (n_kv,), "dynamic": (b, n_kv, s)}.get(mode)
     sc = None if scale is None else sds(scale, jnp.float32)
-    return q, kv, kv, valid, sc, sc
+    return q, kv, kv, rows, rows, sc, sc
 
 
-def _call(q, k, v, valid, k_scale, v_scale, *, impl: str):
+def _call(q, k, v, lengths, starts, k_scale, v_scale, *, impl: str, config):
     return decode_attention(
-        q, k, v, valid, k_scale=k_scale, v_scale=v_scale, sm_scale=HEAD_DIM**-0.5, impl=impl
-    )
+        q, k, v, lengths, starts_B=starts, k_scale=k_scale, v_scale=v_scale,
+        sm_scale=q.shape[-1] ** -0.5, impl=impl, config=config,
+    )  # fmt: skip
+
+
+def _case(impl, target, label, args, config=None) -> AotCase:
+    fn = functools.partial(_call, impl=impl, config=config)
+    return AotCase("decode_attention", impl, target, label, fn, args)
 
 
 def cases() -> list[AotCase]:
-    """Every (kernel, target) of ``KINDS`` at its shapes and every cache kind."""
+    """Every (kernel, target) of ``KINDS`` at its shapes and cache kinds, then ``VARIANTS``."""
     out = []
     for impl, target, shapes in KINDS:
         for model, b, s, h, n_kv in shapes:
             for cache in CACHES:
                 label = f"{model} B={b} S={s} H/K={h}/{n_kv} C={HEAD_DIM} {cache} cache"
-                fn = functools.partial(_call, impl=impl)
-                args = _operands(b, s, h, n_kv, cache)
-                out.append(AotCase("decode_attention", impl, target, label, fn, args))
+                out.append(_case(impl, target, label, _operands(b, s, h, n_kv, cache)))
+    for impl, target, cache, q_dtype, c, blocks in VARIANTS:
+        cfg = "default blocks"
+        if blocks is not None:
+            cfg = f"bs={blocks.block_s} J={blocks.num_splits} stages={blocks.num_stages}"
+        label = f"B={_B} S={_S} H/K=32/8 C={c} {cache} cache, q {q_dtype}, {cfg}"
+        args = _operands(_B, _S, 32, 8, cache, q_dtype, c)
+        out.append(_case(impl, target, label, args, blocks))
     return out

@@ -1,16 +1,18 @@
-"""``decode_attention``: validates operands and dispatches to the reference or a Pallas kernel."""
+"""``decode_attention``: validates operands and runs an implementation from its ``ImplTable``."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.backend import IMPLS, Impl, default_impl
-from kernels_pallas.decode_attention.common import DEFAULT_BLOCKS, DecodeBlocks
+from kernels_pallas.backend import Impl, Implementation, ImplTable
+from kernels_pallas.decode_attention import pallas_mosaic_gpu as mgpu
+from kernels_pallas.decode_attention import pallas_tpu as tpu
+from kernels_pallas.decode_attention.common import DecodeBlocks, is_slot_scale
 from kernels_pallas.decode_attention.reference import decode_attention_reference
 
 
-def _check(q_BHC, k_BSKC, v_BSKC, valid_BS, k_scale, v_scale) -> None:
+def _check(q_BHC, k_BSKC, v_BSKC, lengths_B, starts_B, k_scale, v_scale) -> None:
     if q_BHC.ndim != 3 or k_BSKC.ndim != 4 or v_BSKC.shape != k_BSKC.shape:
         raise ValueError(
             f"decode_attention: need q [B, H, C] and k, v [B, S, K, C]; got {q_BHC.shape}, "
@@ -20,47 +22,69 @@ def _check(q_BHC, k_BSKC, v_BSKC, valid_BS, k_scale, v_scale) -> None:
     bk, s, n_kv, ck = k_BSKC.shape
     if (bk, ck) != (b, c) or h % n_kv:
         raise ValueError(f"decode_attention: q {q_BHC.shape} does not match k {k_BSKC.shape}")
-    if valid_BS.shape != (b, s):
-        raise ValueError(f"decode_attention: valid_BS must be {(b, s)}, got {valid_BS.shape}")
+    for name, x in (("lengths_B", lengths_B), ("starts_B", starts_B)):
+        if x is not None and (jnp.shape(x) != (b,) or not jnp.issubdtype(x.dtype, jnp.integer)):
+            raise ValueError(f"decode_attention: {name} must be integer [B]={b}, got {x!r}")
     for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if sc is not None and jnp.shape(sc) not in ((), (n_kv,), (b, s, n_kv)):
+        if sc is not None and jnp.shape(sc) not in ((), (n_kv,), (b, n_kv, s)):
             raise ValueError(
-                f"decode_attention: {name} must be [], [K]={n_kv} or [B, S, K]={(b, s, n_kv)}, "
+                f"decode_attention: {name} must be [], [K]={n_kv} or [B, K, S]={(b, n_kv, s)}, "
                 f"got {jnp.shape(sc)}"
             )
+    if is_slot_scale(k_scale) != is_slot_scale(v_scale):
+        raise ValueError("decode_attention: k_scale and v_scale must both be dynamic or neither")
+
+
+def _run_xla(q, k, v, lengths_B, *, config, interpret, **kw):
+    del config, interpret  # the reference has no tiling
+    return decode_attention_reference(q, k, v, lengths_B, **kw)
+
+
+def _run_mgpu(q, k, v, lengths_B, *, config, interpret, **kw):
+    blocks = mgpu.resolve_blocks(config, q, k)
+    return mgpu.decode_attention_mgpu(q, k, v, lengths_B, **kw, blocks=blocks, interpret=interpret)
+
+
+def _run_tpu(q, k, v, lengths_B, *, config, interpret, **kw):
+    blocks = tpu.resolve_blocks(config, q, k)
+    return tpu.decode_attention_tpu(q, k, v, lengths_B, **kw, blocks=blocks, interpret=interpret)
+
+
+TABLE = ImplTable(
+    "decode_attention",
+    [
+        Implementation("xla", _run_xla),
+        Implementation("pallas_mosaic_gpu", _run_mgpu, mgpu.supports),
+        Implementation("pallas_tpu", _run_tpu, tpu.supports),
+    ],
+)
 
 
 def decode_attention(
     q_BHC: jax.Array,
     k_BSKC: jax.Array,
     v_BSKC: jax.Array,
-    valid_BS: jax.Array,
+    lengths_B: jax.Array,
     *,
+    starts_B: jax.Array | None = None,
     k_scale: jax.Array | None = None,
     v_scale: jax.Array | None = None,
     sm_scale: float,
     impl: Impl = "auto",
-    blocks: DecodeBlocks = DEFAULT_BLOCKS,
+    config: DecodeBlocks | None = None,
     interpret: bool = False,
 ) -> jax.Array:
-    """Single-query attention over a (possibly FP8) KV cache; see ``decode_attention_reference``.
+    """Single-query attention over the live slots ``[starts_B, lengths_B)`` of a KV cache.
 
-    K/V may be BF16/F32 (scales None) or FP8 with static scales ([] or [K]) or dynamic ones
-    ([B, S, K]). ``impl="auto"`` picks the Pallas kernel for the backend, the jnp reference on CPU.
+    See ``decode_attention_reference`` for the math. K/V may be BF16/F16/F32 (scales None) or
+    FP8 with static scales ([] or [K]) or dynamic ones ([B, K, S]). The kernels read only the
+    cache tiles that hold live slots. ``impl="auto"`` runs the target's kernel where its support
+    check passes, else the XLA reference (one log line); ``config`` (``DecodeBlocks``, None: the
+    per-shape default) sets the kernels' tiling.
     """
-    if impl not in IMPLS:
-        raise ValueError(f"decode_attention: unknown impl {impl!r}; expected one of {IMPLS}")
-    _check(q_BHC, k_BSKC, v_BSKC, valid_BS, k_scale, v_scale)
-    impl = default_impl() if impl == "auto" else impl
-    kw = dict(k_scale=k_scale, v_scale=v_scale, sm_scale=float(sm_scale))
-    if impl == "xla":
-        return decode_attention_reference(q_BHC, k_BSKC, v_BSKC, valid_BS, **kw)
-    if impl == "pallas_mosaic_gpu":
-        from kernels_pallas.decode_attention import pallas_mosaic_gpu
-
-        fn = pallas_mosaic_gpu.decode_attention_mgpu
-    else:
-        from kernels_pallas.decode_attention import pallas_tpu
-
-        fn = pallas_tpu.decode_attention_tpu
-    return fn(q_BHC, k_BSKC, v_BSKC, valid_BS, **kw, blocks=blocks, interpret=interpret)
+    _check(q_BHC, k_BSKC, v_BSKC, lengths_B, starts_B, k_scale, v_scale)
+    kw = dict(starts_B=starts_B, k_scale=k_scale, v_scale=v_scale, sm_scale=float(sm_scale))
+    chosen = TABLE.select(
+        impl, q_BHC, k_BSKC, v_BSKC, lengths_B, **kw, config=config, interpret=interpret
+    )
+    return chosen.run(q_BHC, k_BSKC, v_BSKC, lengths_B, **kw, config=config, interpret=interpret)

@@ -1,162 +1,321 @@
-"""Decode attention on Hopper (Mosaic GPU): one CTA per (KV head, row), tiles over cache slots.
+"""Decode attention on Hopper (Mosaic GPU): one CTA per (KV head, row, sequence chunk).
 
-The query group of a KV head (``group`` rows, zero-padded to the 64-row wgmma tile) attends over
-the row's slots in tiles of ``block_s``: a pipeline streams K/V tiles GMEM -> SMEM with TMA, the
-kernel upcasts FP8 tiles to BF16 in registers (into a second SMEM buffer), runs
-``S = Q Kᵀ`` and ``O += P V`` on the tensor cores with an online softmax in float32. Scales are
-applied outside the matmuls: ``s = (q·K̂) · kmul[s] + bias[s]``, ``p̃ = p · vmul[s]`` where
-``kmul = sm_scale · s_K`` and ``vmul = s_V`` are per slot (static scales broadcast, dynamic ones
-as stored) and ``bias`` is 0 / -inf from the valid mask. That costs 12 bytes of f32 per
-(slot, KV head) next to the C bytes of an FP8 vector (~9% at C = 128): the simple, uniform
-choice; a static-scale specialization can fold them into q and the output instead.
+The query group of KV head ``kh`` (``group`` rows, read as a 64-row window of q starting at row
+``kh · group``: rows past the group belong to other heads or to zero padding, and their outputs
+are dropped) attends over the live tiles of its chunk only: the pipeline's grid is the chunk's
+dynamic tile count, so tiles outside ``[start, length)`` are never read. Per tile of ``block_s``
+slots a TMA pipeline brings K/V (and dynamic scales) into SMEM; the scores ``S = Q Kᵀ`` and
+``O += P V`` run on the tensor cores in f16 (FP8 caches: tiles upcast FP8 -> f16 in registers,
+exact for E4M3/E5M2, into one SMEM buffer each; ptxas 12.9 cannot convert FP8 -> BF16) or bf16
+(BF16 caches, fed straight from the pipeline buffers), with f32 accumulation and an online
+softmax in base 2. Scales: a static K scale is folded into q, a static V scale multiplies the
+output (outside), dynamic ones multiply the scores' and probabilities' columns.
 
-Requirements: head dim C a multiple of 64, ``block_s`` a multiple of 64, group <= 64.
-Tested on CPU in Mosaic GPU interpret mode (which runs a single grid block); not yet compiled on
-a Hopper machine.
+Output per chunk: ``o / l`` (f32) and, when the row is split, ``lse = m + log2 l`` for
+``common.combine_splits``. On hardware P stays in registers (wgmma A operand) and O accumulates
+in place; interpret mode passes P through SMEM and uses a scoped accumulator, the only forms the
+GPU interpreter runs (same math).
+
+Paging (a later issue) plugs in at the pipeline's index map: tile ``lo + i`` of a row becomes
+``page_table[row, lo + i]`` of a page pool; lengths, chunks and masks stay as they are.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.decode_attention.common import DEFAULT_BLOCKS, DecodeBlocks, pad_slots
+from kernels_pallas.decode_attention import common
 
-_TILE_M = 64  # wgmma M: the query group is padded to this many rows
+_TILE_M = 64  # wgmma M: the query group is a 64-row window
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    bs: int  # block_s
+    group: int
+    splits: int
+    stages: int
+    mma_dtype: jnp.dtype
+    fp8: bool  # K/V tiles need the FP8 -> f16 upcast
+    dynamic: bool  # per-slot scales [B, K, S]
+    score_scale: float  # sm_scale · log2(e): scores in base 2
+    hw: bool  # the hardware path (P in registers); False in interpret mode
 
 
 def _transforms(minor: int, dtype):
-    swizzle = plgpu.find_swizzle(minor * jnp.dtype(dtype).itemsize * 8)
-    return (
-        plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
-        plgpu.SwizzleTransform(swizzle),
-    )
+    itemsize = jnp.dtype(dtype).itemsize
+    swizzle = plgpu.find_swizzle(minor * itemsize * 8)
+    return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
 
 
-def _slot_multipliers(q_BHC, k_BSKC, valid_BS, k_scale, v_scale, sm_scale):
-    """kmul, vmul [B, K, S] f32 and bias [B, S] f32 (see the module docstring)."""
-    b, s, n_kv, _ = k_BSKC.shape
-
-    def per_slot(scale):
-        if scale is None:
-            return jnp.ones((b, n_kv, s), jnp.float32)
-        scale = jnp.asarray(scale, jnp.float32)
-        if scale.ndim == 3:  # dynamic [B, S, K]
-            return jnp.transpose(scale, (0, 2, 1))
-        return jnp.broadcast_to(jnp.broadcast_to(scale, (n_kv,))[None, :, None], (b, n_kv, s))
-
-    bias = jnp.where(valid_BS, 0.0, -jnp.inf).astype(jnp.float32)
-    return per_slot(k_scale) * sm_scale, per_slot(v_scale), bias
+def _col(x_ref, bs):
+    """A [bs] SMEM vector broadcast over the 64 rows of a score tile."""
+    return lax.broadcast_in_dim(x_ref[...], (_TILE_M, bs), [1])
 
 
-def _body(q_gmem, k_gmem, v_gmem, kmul_gmem, vmul_gmem, bias_gmem, o_gmem, *, bs, n_tiles):
-    kh, row = lax.axis_index("kv"), lax.axis_index("row")
-    c = q_gmem.shape[-1]
-    bf16 = jnp.bfloat16
-
-    def scoped(q_smem, kb_smem, vb_smem, p_smem, o_smem, q_barrier):
-        plgpu.copy_gmem_to_smem(q_gmem.at[row, kh], q_smem, q_barrier)
-        plgpu.barrier_wait(q_barrier)
-
-        def tile(_, k_smem, v_smem, kmul_smem, vmul_smem, bias_smem, carry):
-            acc, m_i, l_i = carry
-            kb_smem[...] = k_smem[...].astype(bf16)  # FP8 -> BF16 upcast in registers
-            vb_smem[...] = v_smem[...].astype(bf16)
-            plgpu.commit_smem()
-
-            def qk(acc_ref):
-                plgpu.wgmma(acc_ref, q_smem, kb_smem.transpose((1, 0)))
-                return acc_ref[...]
-
-            s = pl.run_scoped(qk, plgpu.ACC((_TILE_M, bs), jnp.float32))
-            col = lambda x_ref: lax.broadcast_in_dim(x_ref[...], (_TILE_M, bs), [1])
-            s = s * col(kmul_smem) + col(bias_smem)
-            m_new = jnp.maximum(m_i, s.max(axis=1))
-            m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-            alpha = jnp.exp(m_i - m_safe)
-            p = jnp.exp(s - lax.broadcast_in_dim(m_safe, s.shape, [0]))
-            l_i = l_i * alpha + p.sum(axis=1)
-            # P goes through SMEM: the GPU interpreter only takes wgmma operands from SMEM.
-            p_smem[...] = (p * col(vmul_smem)).astype(bf16)
-            plgpu.commit_smem()
-
-            def pv(acc_ref):
-                plgpu.wgmma(acc_ref, p_smem, vb_smem)
-                return acc_ref[...]
-
-            pv_MC = pl.run_scoped(pv, plgpu.ACC((_TILE_M, c), jnp.float32))
-            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv_MC
-            return acc, m_new, l_i
-
-        kv_spec = plgpu.BlockSpec((bs, c), lambda i: (i, 0))
-        vec_spec = plgpu.BlockSpec((bs,), lambda i: (i,))
-        init = (
-            jnp.zeros((_TILE_M, c), jnp.float32),
-            jnp.full((_TILE_M,), -jnp.inf, jnp.float32),
-            jnp.zeros((_TILE_M,), jnp.float32),
-        )
-        acc, _, l_i = plgpu.emit_pipeline(
-            tile,
-            grid=(n_tiles,),
-            in_specs=[kv_spec, kv_spec, vec_spec, vec_spec, vec_spec],
-            max_concurrent_steps=2,
-            init_carry=init,
-        )(
-            k_gmem.at[row, :, kh],
-            v_gmem.at[row, :, kh],
-            kmul_gmem.at[row, kh],
-            vmul_gmem.at[row, kh],
-            bias_gmem.at[row],
-        )
-        l_i = jnp.where(l_i > 0, l_i, 1.0)
-        o_smem[...] = acc / lax.broadcast_in_dim(l_i, acc.shape, [0])
+def _tile_step(st: _Static, q_smem, kb_smem, vb_smem, p_smem, bounds, idx, k_smem, v_smem, *rest):
+    """One tile of the online softmax: returns the new (acc, m, l)."""
+    *scales, (acc, m_i, l_i) = rest
+    t_lo, start, length = bounds
+    bs, dt = st.bs, st.mma_dtype
+    if st.fp8:  # FP8 -> f16 in registers, into the wgmma-ready buffer
+        kb_smem[...] = k_smem[...].astype(dt)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[row, kh])
-        plgpu.wait_smem_to_gmem(0)
 
-    pl.run_scoped(
-        scoped,
-        plgpu.SMEM((_TILE_M, c), bf16, transforms=_transforms(c, bf16)),
-        plgpu.SMEM((bs, c), bf16, transforms=_transforms(c, bf16)),
-        plgpu.SMEM((bs, c), bf16, transforms=_transforms(c, bf16)),
-        plgpu.SMEM((_TILE_M, bs), bf16, transforms=_transforms(bs, bf16)),
-        plgpu.SMEM((_TILE_M, c), jnp.float32),
+    def qk(acc_ref):
+        plgpu.wgmma(acc_ref, q_smem, (kb_smem if st.fp8 else k_smem).T)
+        if st.fp8:  # overlaps the QK wgmma
+            vb_smem[...] = v_smem[...].astype(dt)
+        return acc_ref[...]
+
+    s = pl.run_scoped(qk, plgpu.ACC((_TILE_M, bs), jnp.float32)) * st.score_scale
+    v_smem = vb_smem if st.fp8 else v_smem
+    if st.dynamic:
+        s = s * _col(scales[0], bs)
+    slot = (t_lo + idx[0]) * bs + plgpu.broadcasted_iota(
+        jnp.int32, (_TILE_M, bs), 1, layout=plgpu.Layout.WGMMA
+    )
+    s = jnp.where((slot >= start) & (slot < length), s, -jnp.inf)
+    # Every live tile holds a live slot, so m_new is finite and alpha = 0 on the first tile.
+    m_new = jnp.maximum(m_i, s.max(axis=1))
+    alpha = jnp.exp2(m_i - m_new)
+    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+    l_i = l_i * alpha + p.sum(axis=1)
+    if st.dynamic:
+        p = p * _col(scales[1], bs)
+    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+    return _add_pv(st, acc, p.astype(dt), v_smem, p_smem), m_new, l_i
+
+
+def _add_pv(st: _Static, acc, p16, v_smem, p_smem):
+    """``acc + P V`` on the tensor cores (the fences cover the upcast V buffer too)."""
+    if st.hw:  # P from registers, O accumulated in place (~70 fewer registers)
+        if st.fp8:
+            plgpu.commit_smem()
+        return pl.run_state(lambda o_ref: plgpu.wgmma(o_ref, p16, v_smem))(plgpu.ACC.init(acc))
+    # Interpret mode: the GPU interpreter takes wgmma operands from SMEM only, and a fresh
+    # run_scoped accumulator.
+    p_smem[...] = p16
+    plgpu.commit_smem()
+
+    def pv(acc_ref):
+        plgpu.wgmma(acc_ref, p_smem, v_smem)
+        return acc_ref[...]
+
+    return acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
+
+
+def _kernel(starts, lengths, lo, cnt, q_gmem, k_gmem, v_gmem, *rest, st: _Static):
+    if st.dynamic:
+        ks_gmem, vs_gmem, *outs = rest
+    else:
+        outs = rest
+    kh, row, j = lax.axis_index("kv"), lax.axis_index("row"), lax.axis_index("split")
+    c, bs, dt = q_gmem.shape[-1], st.bs, st.mma_dtype
+    bounds = (lo[row, j], starts[row], lengths[row])
+    n_tiles = cnt[row, j]
+    # The q window starts at a multiple of 8 rows (TMA into the tiled buffer); the group sits
+    # at row offset ``off`` inside it.
+    q0 = pl.multiple_of((kh * st.group) // 8 * 8, 8)
+    off = kh * st.group - q0
+
+    def compute(q_smem, kb_smem, vb_smem, p_smem, q_barrier):
+        plgpu.copy_gmem_to_smem(q_gmem.at[row, pl.ds(q0, _TILE_M)], q_smem, q_barrier)
+        plgpu.barrier_wait(q_barrier)
+        kv_spec = plgpu.BlockSpec(
+            (bs, c), lambda i: (bounds[0] + i, 0), transforms=_transforms(c, k_gmem.dtype)
+        )
+        specs, srcs = [kv_spec, kv_spec], [k_gmem.at[row, :, kh], v_gmem.at[row, :, kh]]
+        if st.dynamic:
+            specs += [plgpu.BlockSpec((bs,), lambda i: (bounds[0] + i,))] * 2
+            srcs += [ks_gmem.at[row, kh], vs_gmem.at[row, kh]]
+        init = (
+            plgpu.layout_cast(jnp.zeros((_TILE_M, c), jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(
+                jnp.full((_TILE_M,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1)
+            ),
+            plgpu.layout_cast(jnp.zeros((_TILE_M,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
+        )
+        step = functools.partial(_tile_step, st, q_smem, kb_smem, vb_smem, p_smem, bounds)
+        return plgpu.emit_pipeline(
+            step, grid=(n_tiles,), in_specs=specs, max_concurrent_steps=st.stages, init_carry=init
+        )(*srcs)
+
+    # 16-bit caches feed wgmma straight from the pipeline buffers: no upcast copies.
+    kv_buf = plgpu.SMEM((bs, c), dt, transforms=_transforms(c, dt)) if st.fp8 else None
+    acc, m_i, l_i = pl.run_scoped(
+        compute,
+        plgpu.SMEM((_TILE_M, c), dt, transforms=_transforms(c, dt)),
+        kv_buf,
+        kv_buf,
+        None if st.hw else plgpu.SMEM((_TILE_M, bs), dt, transforms=_transforms(bs, dt)),
         plgpu.Barrier(num_barriers=1),
     )
+    _write_out(st, outs, acc, m_i, l_i, (row, kh, j, off))
+
+
+def _write_out(st: _Static, outs, acc, m_i, l_i, where):
+    """o / l of the group's rows (and lse when split) -> GMEM, through SMEM."""
+    row, kh, j, off = where
+    c = acc.shape[-1]
+    l_safe = jnp.where(l_i > 0, l_i, 1.0)  # an empty chunk: acc = 0, l = 0 -> o = 0
+
+    def write(o_smem, lse_smem):
+        o_smem[...] = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
+        if lse_smem is not None:
+            lse_smem[...] = m_i + jnp.log2(l_i)
+        plgpu.commit_smem()
+        g = st.group
+        plgpu.copy_smem_to_gmem(o_smem.at[pl.ds(off, g)], outs[0].at[row, j, pl.ds(kh * g, g)])
+        if lse_smem is not None:
+            plgpu.copy_smem_to_gmem(lse_smem, outs[1].at[row, j, kh])
+        plgpu.wait_smem_to_gmem(0)
+
+    lse_type = plgpu.SMEM((_TILE_M,), jnp.float32) if st.splits > 1 else None
+    pl.run_scoped(write, plgpu.SMEM((_TILE_M, c), jnp.float32), lse_type)
+
+
+def _q_rows(n_kv: int, group: int) -> int:
+    """Rows of the padded q: the last head's window ends at its 8-aligned start + 64."""
+    return common.cdiv((n_kv - 1) * group // 8 * 8 + _TILE_M, 8) * 8
+
+
+def _lse_rows(n_kv: int, group: int) -> np.ndarray:
+    """Index of head h's row in the flattened [K, 64] lse tiles."""
+    h = np.arange(n_kv * group)
+    kh = h // group
+    return kh * _TILE_M + (kh * group) % 8 + h % group
+
+
+def mma_dtype(kv_dtype) -> jnp.dtype:
+    """The tensor-core input type for a cache dtype: bf16 for BF16, f16 otherwise (FP8, F16)."""
+    return jnp.dtype(jnp.bfloat16 if jnp.dtype(kv_dtype) == jnp.bfloat16 else jnp.float16)
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "blocks", "interpret"))
 def decode_attention_mgpu(
-    q_BHC, k_BSKC, v_BSKC, valid_BS, *, k_scale=None, v_scale=None, sm_scale,
-    blocks: DecodeBlocks = DEFAULT_BLOCKS, interpret=False,
+    q_BHC, k_BSKC, v_BSKC, lengths_B, *, starts_B=None, k_scale=None, v_scale=None, sm_scale,
+    blocks: common.DecodeBlocks, interpret=False,
 ):  # fmt: skip
-    """Mosaic GPU decode attention; same contract as ``decode_attention_reference``."""
+    """Mosaic GPU decode attention; same contract as ``decode_attention_reference``.
+
+    ``blocks`` must be resolved (``block_s`` and ``num_splits`` set); operands must pass
+    ``supports``.
+    """
     b, h, c = q_BHC.shape
     _, s, n_kv, _ = k_BSKC.shape
-    group = h // n_kv
-    if c % 64 or group > _TILE_M or blocks.block_s % 64:
-        raise ValueError(
-            f"decode_attention_mgpu: needs head dim % 64 == 0 (got {c}), group <= 64 (got "
-            f"{group}) and block_s % 64 == 0 (got {blocks.block_s})"
-        )
-    kmul, vmul, bias = _slot_multipliers(q_BHC, k_BSKC, valid_BS, k_scale, v_scale, sm_scale)
-    bs = blocks.block_s
-    s_pad = -s % bs
-    k_BSKC, v_BSKC = pad_slots(k_BSKC, s_pad), pad_slots(v_BSKC, s_pad)
-    kmul, vmul = (jnp.pad(x, ((0, 0), (0, 0), (0, s_pad)), constant_values=1) for x in (kmul, vmul))
-    bias = pad_slots(bias, s_pad, value=-jnp.inf)
-    q_BKMC = q_BHC.astype(jnp.bfloat16).reshape(b, n_kv, group, c)
-    q_BKMC = jnp.pad(q_BKMC, ((0, 0), (0, 0), (0, _TILE_M - group), (0, 0)))
-    out = plgpu.kernel(
-        functools.partial(_body, bs=bs, n_tiles=(s + s_pad) // bs),
-        out_type=jax.ShapeDtypeStruct((b, n_kv, _TILE_M, c), jnp.float32),
-        grid=(n_kv, b),
-        grid_names=("kv", "row"),
+    group, bs, splits = h // n_kv, blocks.block_s, blocks.num_splits
+    dt = mma_dtype(k_BSKC.dtype)
+    starts_B = common.default_starts(starts_B, lengths_B)
+    lo, cnt = common.split_ranges(
+        starts_B, lengths_B, block_s=bs, num_splits=splits, num_tiles=s // bs
+    )
+    q = q_BHC.astype(jnp.float32)
+    if k_scale is not None and not common.is_slot_scale(k_scale):
+        q = q * jnp.repeat(common.per_kv_head(k_scale, n_kv), group)[None, :, None]
+    # The last head's 64-row window reads past H: zero rows, whose outputs are dropped.
+    q = jnp.pad(q.astype(dt), ((0, 0), (0, _q_rows(n_kv, group) - h), (0, 0)))
+    dynamic = common.is_slot_scale(k_scale)
+    st = _Static(
+        bs=bs, group=group, splits=splits, stages=blocks.num_stages, mma_dtype=dt,
+        fp8=jnp.dtype(k_BSKC.dtype).itemsize == 1, dynamic=dynamic,
+        score_scale=float(sm_scale) * common.LOG2E, hw=not interpret,
+    )  # fmt: skip
+    scales = []
+    if dynamic:
+        scales = [jnp.asarray(x, jnp.float32) for x in (k_scale, v_scale)]
+    out_type = [jax.ShapeDtypeStruct((b, splits, h, c), jnp.float32)]
+    if splits > 1:
+        out_type.append(jax.ShapeDtypeStruct((b, splits, n_kv, _TILE_M), jnp.float32))
+    outs = plgpu.kernel(
+        functools.partial(_kernel, st=st),
+        out_type=out_type,
+        grid=(n_kv, b, splits),
+        grid_names=("kv", "row", "split"),
+        compiler_params=plgpu.CompilerParams(approx_math=True),  # fast exp2 / log2
         interpret=plgpu.InterpretGPUParams() if interpret else None,
-    )(q_BKMC, k_BSKC, v_BSKC, kmul, vmul, bias)
-    return out[:, :, :group].reshape(b, h, c).astype(q_BHC.dtype)
+    )(starts_B, lengths_B.astype(jnp.int32), lo, cnt, q, k_BSKC, v_BSKC, *scales)
+    if splits > 1:
+        lse_BJH = outs[1].reshape(b, splits, n_kv * _TILE_M)[:, :, _lse_rows(n_kv, group)]
+        o_BHC = common.combine_splits(outs[0], lse_BJH)
+    else:
+        o_BHC = outs[0][:, 0]
+    if v_scale is not None and not common.is_slot_scale(v_scale):
+        o_BHC = o_BHC * jnp.repeat(common.per_kv_head(v_scale, n_kv), group)[None, :, None]
+    return o_BHC.astype(q_BHC.dtype)
+
+
+_KV_DTYPES = tuple(map(jnp.dtype, (jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn, jnp.float8_e5m2)))
+_Q_DTYPES = tuple(map(jnp.dtype, (jnp.bfloat16, jnp.float16, jnp.float32)))
+# What aot_cases.py proves to compile without spills (head_dim 256: a 128-register f32 acc).
+_HEAD_DIMS = (64, 128)
+_BLOCK_S = (64, 128)  # 64: <= 185 registers, two CTAs per SM; 128 (16-bit caches): <= 185
+_BLOCK_S_FP8 = (64,)  # FP8 at 128 (upcast tiles in registers): 244-255, at the spill edge
+_STAGES = (2, 3)
+NUM_SMS = 132  # H100 SXM / H200
+_CTAS_PER_SM = 2  # SMEM <= ~113 KiB and <= 255 registers x 128 threads allow two
+
+
+def smem_bytes(blocks: common.DecodeBlocks, c: int, kv_dtype, dynamic: bool) -> int:
+    """Dynamic SMEM of one CTA: the larger of the main-loop scope and the output scope."""
+    kv = jnp.dtype(kv_dtype).itemsize
+    bs = blocks.block_s
+    stage = 2 * bs * c * kv + (2 * bs * 4 if dynamic else 0)
+    loop = blocks.num_stages * stage + _TILE_M * c * 2 + _TILE_M * bs * 2  # + q, P (interpret)
+    if kv == 1:
+        loop += 2 * bs * c * 2  # the f16 upcast buffers
+    out = _TILE_M * c * 4 + _TILE_M * 4
+    return max(loop, out) + 1024  # barriers and alignment
+
+
+def resolve_blocks(config: common.DecodeBlocks | None, q_BHC, k_BSKC) -> common.DecodeBlocks:
+    """``config`` with its None fields set: block_s 64, 3 stages for FP8 caches (2 for 16-bit:
+    both keep SMEM within two CTAs per SM), chunks to fill one wave of 2 x 132 CTAs."""
+    del q_BHC
+    config = config or common.DecodeBlocks()
+    b, s, n_kv, _ = k_BSKC.shape
+    bs = config.block_s or 64
+    stages = config.num_stages or (3 if jnp.dtype(k_BSKC.dtype).itemsize == 1 else 2)
+    splits = common.resolve_splits(config.num_splits, b * n_kv, NUM_SMS * _CTAS_PER_SM, s // bs)
+    return common.DecodeBlocks(block_s=bs, num_splits=splits, num_stages=stages)
+
+
+def _window_fits(n_kv: int, group: int) -> bool:
+    """Each head's group fits its 64-row q window (which starts at a multiple of 8)."""
+    return all((kh * group) % 8 + group <= _TILE_M for kh in range(n_kv))
+
+
+def supports(q_BHC, k_BSKC, v_BSKC, lengths_B, *, starts_B, k_scale, v_scale, sm_scale, config,
+             interpret) -> str | None:  # fmt: skip
+    """None if the Mosaic GPU kernel compiles for these operands (proven shapes), else why not."""
+    del lengths_B, starts_B, v_scale, sm_scale
+    from kernels_pallas.backend import target_device
+
+    if not interpret and not (t := target_device()).is_hopper:
+        return f"needs a Hopper GPU, the target is {t.device_kind}"
+    b, s, n_kv, c = k_BSKC.shape
+    if k_BSKC.dtype not in _KV_DTYPES or v_BSKC.dtype != k_BSKC.dtype:
+        return f"cache dtype {k_BSKC.dtype}/{v_BSKC.dtype} not in {[d.name for d in _KV_DTYPES]}"
+    if q_BHC.dtype not in _Q_DTYPES:
+        return f"q dtype {q_BHC.dtype} not in {[d.name for d in _Q_DTYPES]}"
+    if c not in _HEAD_DIMS:
+        return f"head_dim {c} not in {_HEAD_DIMS}"
+    if not _window_fits(n_kv, q_BHC.shape[1] // n_kv):
+        return f"query group {q_BHC.shape[1] // n_kv} does not fit a {_TILE_M}-row window"
+    bl = resolve_blocks(config, q_BHC, k_BSKC)
+    block_s = _BLOCK_S_FP8 if jnp.dtype(k_BSKC.dtype).itemsize == 1 else _BLOCK_S
+    if bl.block_s not in block_s or bl.num_stages not in _STAGES:
+        return f"block_s {bl.block_s}, num_stages {bl.num_stages} not in {block_s}, {_STAGES}"
+    if s % bl.block_s:
+        return f"cache length {s} not a multiple of block_s {bl.block_s}"
+    if (n := smem_bytes(bl, c, k_BSKC.dtype, common.is_slot_scale(k_scale))) > 227 * 1024:
+        return f"SMEM {n} B over the 227 KiB budget"
+    return None

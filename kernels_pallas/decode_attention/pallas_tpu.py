@@ -1,14 +1,27 @@
-"""Decode attention on TPU (Mosaic TPU): tiles over cache slots with an online softmax.
+"""Decode attention on TPU (Mosaic TPU): live tiles only, by scalar prefetch.
 
-Grid ``(B, S / block_s)``; one program sees all KV heads of one row's slot tile (the trailing
-``[K, C]`` block dims are full, as Mosaic TPU requires) and loops over KV heads, handling each
-head's query group as one ``[group, C] x [C, block_s]`` matmul. FP8 K/V tiles are upcast in the
-kernel; static scales are folded into q and the output, dynamic (per slot) scales multiply the
-scores and the probabilities. Not yet run on TPU hardware; tested in interpret mode.
+Grid ``(B, J, T)``: row b, sequence chunk j, tile step t (T = the most tiles a chunk can hold).
+The chunk bounds ``lo``/``count`` (``common.split_ranges``) and the rows' ``starts``/``lengths``
+are scalar-prefetched into SMEM. The K/V index map clamps step t to the chunk's last live tile,
+so steps past it keep the same block index and Pallas issues no DMA for them, and the body skips
+their compute (``pl.when``): HBM traffic is the live tiles, not the allocation. The live mask
+is ``start <= slot < length`` from an iota (no mask array).
+
+One program sees all KV heads of a row's tile (the trailing ``[K, C]`` block dims are whole, as
+Mosaic requires) and loops over them: each head's query group is one ``[G, C] x [C, bs]`` MXU
+matmul. FP8 tiles are upcast to bf16 (exact for E4M3/E5M2); BF16 caches run bf16 x bf16, F32
+caches f32 (``precision=highest``), all accumulating in f32 with an online softmax in base 2.
+m / l scratch is ``[K, G, 128]`` (lane-replicated, RPA style: every slice is a whole tile row).
+Static scales: K folded into q, V multiplying the output; dynamic scales ``[B, K, S]`` arrive as
+``(K, bs)`` blocks that scale the scores' and probabilities' columns.
+
+Paging (a later issue) plugs in at ``kv_tile``: with a page table scalar-prefetched beside the
+chunk bounds, the K/V index map returns ``page_table[b, tile]`` into a page pool.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -17,100 +30,200 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels_pallas.decode_attention.common import (
-    DEFAULT_BLOCKS,
-    DecodeBlocks,
-    fold_static_scales,
-    pad_slots,
-)
+from kernels_pallas.decode_attention import common
+
+_LANES = 128
 
 
-def _kernel(q_ref, k_ref, v_ref, valid_ref, *rest, n_kv, group, sm_scale, slot_scales):
-    if slot_scales:
-        ks_ref, vs_ref, o_ref, m_sc, l_sc, acc_sc = rest
-    else:
-        o_ref, m_sc, l_sc, acc_sc = rest
-    s_idx = pl.program_id(1)
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    bs: int  # block_s
+    n_kv: int
+    splits: int
+    steps: int  # T: tile steps per chunk
+    mma_dtype: jnp.dtype
+    dynamic: bool
+    score_scale: float  # sm_scale · log2(e)
 
-    @pl.when(s_idx == 0)
+
+def _head(st: _Static, kh, q_ref, k_ref, v_ref, scales, live_1S, m_sc, l_sc, acc_sc):
+    """The online-softmax update of KV head ``kh`` over this tile."""
+    dt = st.mma_dtype
+    prec = lax.Precision.HIGHEST if dt == jnp.float32 else None
+    k_SC = k_ref[0, :, kh, :].astype(dt)
+    s_GS = lax.dot_general(
+        q_ref[0, kh], k_SC, (((1,), (1,)), ((), ())), precision=prec,
+        preferred_element_type=jnp.float32,
+    ) * st.score_scale  # fmt: skip
+    if st.dynamic:
+        s_GS = s_GS * scales[0][0, kh : kh + 1, :]
+    s_GS = jnp.where(live_1S, s_GS, -jnp.inf)
+    m_prev = m_sc[kh]
+    # Every live tile holds a live slot: m_new is finite, alpha = 0 on the first tile.
+    m_new = jnp.maximum(m_prev, jnp.max(s_GS, axis=1, keepdims=True))
+    alpha = jnp.exp2(m_prev - m_new)
+    p_GS = jnp.exp2(s_GS - m_new[:, :1])
+    l_sc[kh] = alpha * l_sc[kh] + jnp.sum(p_GS, axis=1, keepdims=True)
+    if st.dynamic:
+        p_GS = p_GS * scales[1][0, kh : kh + 1, :]
+    v_SC = v_ref[0, :, kh, :].astype(dt)
+    pv_GC = jnp.dot(p_GS.astype(dt), v_SC, precision=prec, preferred_element_type=jnp.float32)
+    acc_sc[kh] = acc_sc[kh] * alpha[:, :1] + pv_GC
+    m_sc[kh] = m_new
+
+
+def _kernel(starts, lengths, lo, cnt, q_ref, k_ref, v_ref, *rest, st: _Static):
+    n_in = 2 if st.dynamic else 0
+    scales, outs = rest[:n_in], rest[n_in : len(rest) - 3]
+    m_sc, l_sc, acc_sc = rest[len(rest) - 3 :]
+    b, j, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bj = b * st.splits + j
+
+    @pl.when(t == 0)
     def _init():
         m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, jnp.float32)
         l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
         acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
 
-    valid_1S = valid_ref[...] != 0
-    for kh in range(n_kv):
-        rows = pl.ds(kh * group, group)
-        q_GC = q_ref[0, rows, :]
-        k_SC = k_ref[0, :, kh, :].astype(jnp.float32)
-        s_GS = lax.dot_general(q_GC, k_SC, (((1,), (1,)), ((), ())), precision="highest")
-        s_GS = s_GS * sm_scale
-        if slot_scales:
-            s_GS = s_GS * ks_ref[0, :, kh][None, :]
-        s_GS = jnp.where(valid_1S, s_GS, -jnp.inf)
-        m_prev = m_sc[rows, :]
-        m_new = jnp.maximum(m_prev, jnp.max(s_GS, axis=1, keepdims=True))
-        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # all slots so far masked
-        alpha = jnp.exp(m_prev - m_safe)
-        p_GS = jnp.exp(s_GS - m_safe)
-        l_sc[rows, :] = alpha * l_sc[rows, :] + jnp.sum(p_GS, axis=1, keepdims=True)
-        if slot_scales:
-            p_GS = p_GS * vs_ref[0, :, kh][None, :]
-        v_SC = v_ref[0, :, kh, :].astype(jnp.float32)
-        pv_GC = jnp.dot(p_GS, v_SC, precision="highest")
-        acc_sc[rows, :] = alpha * acc_sc[rows, :] + pv_GC
-        m_sc[rows, :] = m_new
+    @pl.when(t < cnt[bj])
+    def _tile():
+        slot_1S = (lo[bj] + t) * st.bs + lax.broadcasted_iota(jnp.int32, (1, st.bs), 1)
+        live_1S = (slot_1S >= starts[b]) & (slot_1S < lengths[b])
+        for kh in range(st.n_kv):
+            _head(st, kh, q_ref, k_ref, v_ref, scales, live_1S, m_sc, l_sc, acc_sc)
 
-    @pl.when(s_idx == pl.num_programs(1) - 1)
+    @pl.when(t == st.steps - 1)
     def _finish():
         l = l_sc[...]
-        o_ref[0] = (acc_sc[...] / jnp.where(l > 0, l, 1.0)).astype(o_ref.dtype)
+        outs[0][0, 0] = acc_sc[...] / jnp.where(l > 0, l, 1.0)[..., :1]
+        if len(outs) > 1:
+            outs[1][0, 0] = m_sc[...] + jnp.log2(l)
+
+
+def _specs(st: _Static, n_kv: int, group: int, c: int):
+    """BlockSpecs of (q, k, v[, k_scale, v_scale]) and the outputs, over the grid (B, J, T)."""
+
+    def kv_tile(b, j, t, starts, lengths, lo, cnt):
+        del starts, lengths
+        bj = b * st.splits + j
+        return lo[bj] + jnp.minimum(t, jnp.maximum(cnt[bj] - 1, 0))
+
+    in_specs = [
+        pl.BlockSpec((1, n_kv, group, c), lambda b, j, t, *_: (b, 0, 0, 0)),
+        pl.BlockSpec((1, st.bs, n_kv, c), lambda b, j, t, *r: (b, kv_tile(b, j, t, *r), 0, 0)),
+        pl.BlockSpec((1, st.bs, n_kv, c), lambda b, j, t, *r: (b, kv_tile(b, j, t, *r), 0, 0)),
+    ]
+    if st.dynamic:
+        sc = pl.BlockSpec((1, n_kv, st.bs), lambda b, j, t, *r: (b, 0, kv_tile(b, j, t, *r)))
+        in_specs += [sc, sc]
+    out_specs = [pl.BlockSpec((1, 1, n_kv, group, c), lambda b, j, t, *_: (b, j, 0, 0, 0))]
+    if st.splits > 1:
+        out_specs.append(
+            pl.BlockSpec((1, 1, n_kv, group, _LANES), lambda b, j, t, *_: (b, j, 0, 0, 0))
+        )
+    return in_specs, out_specs
+
+
+def mma_dtype(kv_dtype) -> jnp.dtype:
+    """The MXU input type for a cache dtype: f32 for F32, bf16 otherwise (FP8 upcast exactly)."""
+    return jnp.dtype(jnp.float32 if jnp.dtype(kv_dtype) == jnp.float32 else jnp.bfloat16)
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "blocks", "interpret"))
 def decode_attention_tpu(
-    q_BHC, k_BSKC, v_BSKC, valid_BS, *, k_scale=None, v_scale=None, sm_scale,
-    blocks: DecodeBlocks = DEFAULT_BLOCKS, interpret=False,
+    q_BHC, k_BSKC, v_BSKC, lengths_B, *, starts_B=None, k_scale=None, v_scale=None, sm_scale,
+    blocks: common.DecodeBlocks, interpret=False,
 ):  # fmt: skip
-    """Mosaic TPU decode attention; same contract as ``decode_attention_reference``."""
+    """Mosaic TPU decode attention; same contract as ``decode_attention_reference``.
+
+    ``blocks`` must be resolved (``block_s`` and ``num_splits`` set); operands must pass
+    ``supports``.
+    """
     b, h, c = q_BHC.shape
     _, s, n_kv, _ = k_BSKC.shape
-    q, k_slot, v_slot, out_scale = fold_static_scales(q_BHC, k_scale, v_scale, n_kv)
-    bs = min(blocks.block_s, s)
-    s_pad = -s % bs
-    k_BSKC, v_BSKC = pad_slots(k_BSKC, s_pad), pad_slots(v_BSKC, s_pad)
-    valid = pad_slots(valid_BS.astype(jnp.int32), s_pad)
-    slot_scales = k_slot is not None or v_slot is not None
-    inputs = [q, k_BSKC, v_BSKC, valid]
-    kv_spec = pl.BlockSpec((1, bs, n_kv, c), lambda i, j: (i, j, 0, 0))
-    in_specs = [
-        pl.BlockSpec((1, h, c), lambda i, j: (i, 0, 0)),
-        kv_spec,
-        kv_spec,
-        pl.BlockSpec((1, bs), lambda i, j: (i, j)),
-    ]
-    if slot_scales:
-        ones = jnp.ones(k_BSKC.shape[:3], jnp.float32)
-        for sc in (k_slot, v_slot):
-            inputs.append(ones if sc is None else pad_slots(sc.astype(jnp.float32), s_pad))
-            in_specs.append(pl.BlockSpec((1, bs, n_kv), lambda i, j: (i, j, 0)))
-    kernel = functools.partial(
-        _kernel, n_kv=n_kv, group=h // n_kv, sm_scale=sm_scale, slot_scales=slot_scales
+    group, bs, splits = h // n_kv, blocks.block_s, blocks.num_splits
+    dynamic = common.is_slot_scale(k_scale)
+    st = _Static(
+        bs=bs, n_kv=n_kv, splits=splits, steps=common.cdiv(s // bs, splits),
+        mma_dtype=mma_dtype(k_BSKC.dtype), dynamic=dynamic,
+        score_scale=float(sm_scale) * common.LOG2E,
+    )  # fmt: skip
+    starts_B = common.default_starts(starts_B, lengths_B)
+    lo, cnt = common.split_ranges(
+        starts_B, lengths_B, block_s=bs, num_splits=splits, num_tiles=s // bs
     )
-    out = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((b, h, c), jnp.float32),
-        grid=(b, (s + s_pad) // bs),
-        in_specs=in_specs,
-        out_specs=pl.BlockSpec((1, h, c), lambda i, j: (i, 0, 0)),
-        scratch_shapes=[
-            pltpu.VMEM((h, 1), jnp.float32),
-            pltpu.VMEM((h, 1), jnp.float32),
-            pltpu.VMEM((h, c), jnp.float32),
-        ],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+    q = q_BHC.astype(jnp.float32).reshape(b, n_kv, group, c)
+    if k_scale is not None and not dynamic:
+        q = q * common.per_kv_head(k_scale, n_kv)[None, :, None, None]
+    inputs = [q.astype(st.mma_dtype), k_BSKC, v_BSKC]
+    if dynamic:
+        inputs += [jnp.asarray(x, jnp.float32) for x in (k_scale, v_scale)]
+    in_specs, out_specs = _specs(st, n_kv, group, c)
+    out_shape = [jax.ShapeDtypeStruct((b, splits, n_kv, group, c), jnp.float32)]
+    if splits > 1:
+        out_shape.append(jax.ShapeDtypeStruct((b, splits, n_kv, group, _LANES), jnp.float32))
+    outs = pl.pallas_call(
+        functools.partial(_kernel, st=st),
+        out_shape=out_shape,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=4,
+            grid=(b, splits, st.steps),
+            in_specs=in_specs,
+            out_specs=out_specs,
+            scratch_shapes=[
+                pltpu.VMEM((n_kv, group, _LANES), jnp.float32),
+                pltpu.VMEM((n_kv, group, _LANES), jnp.float32),
+                pltpu.VMEM((n_kv, group, c), jnp.float32),
+            ],
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")
+        ),
         interpret=interpret,
-    )(*inputs)
-    if out_scale is not None:
-        out = out * out_scale
-    return out.astype(q_BHC.dtype)
+    )(starts_B, lengths_B.astype(jnp.int32), lo.reshape(-1), cnt.reshape(-1), *inputs)
+    o_BJHC = outs[0].reshape(b, splits, h, c)
+    if splits > 1:
+        o_BHC = common.combine_splits(o_BJHC, outs[1][..., 0].reshape(b, splits, h))
+    else:
+        o_BHC = o_BJHC[:, 0]
+    if v_scale is not None and not dynamic:
+        o_BHC = o_BHC * jnp.repeat(common.per_kv_head(v_scale, n_kv), group)[None, :, None]
+    return o_BHC.astype(q_BHC.dtype)
+
+
+_KV_DTYPES = tuple(map(jnp.dtype, (jnp.bfloat16, jnp.float32, jnp.float8_e4m3fn, jnp.float8_e5m2)))
+_Q_DTYPES = tuple(map(jnp.dtype, (jnp.bfloat16, jnp.float32)))
+_HEAD_DIMS = (128,)  # proven by aot_cases.py
+_BLOCK_S = (128, 256, 512)
+
+
+def resolve_blocks(config: common.DecodeBlocks | None, q_BHC, k_BSKC) -> common.DecodeBlocks:
+    """``config`` with its None fields set: the largest block_s in (512, 256, 128) dividing S,
+    one chunk per row (v5e / v6e have one TensorCore: splitting a row buys no parallelism)."""
+    del q_BHC
+    config = config or common.DecodeBlocks()
+    s = k_BSKC.shape[1]
+    bs = config.block_s or next((x for x in reversed(_BLOCK_S) if s % x == 0), _BLOCK_S[0])
+    splits = max(1, min(config.num_splits or 1, s // bs))
+    return common.DecodeBlocks(block_s=bs, num_splits=splits, num_stages=config.num_stages)
+
+
+def supports(q_BHC, k_BSKC, v_BSKC, lengths_B, *, starts_B, k_scale, v_scale, sm_scale, config,
+             interpret) -> str | None:  # fmt: skip
+    """None if the Mosaic TPU kernel compiles for these operands (proven shapes), else why not."""
+    del lengths_B, starts_B, k_scale, v_scale, sm_scale
+    from kernels_pallas.backend import target_device
+
+    if not interpret and (t := target_device()).platform != "tpu":
+        return f"needs a TPU, the target is {t.device_kind}"
+    s, c = k_BSKC.shape[1], k_BSKC.shape[3]
+    if k_BSKC.dtype not in _KV_DTYPES or v_BSKC.dtype != k_BSKC.dtype:
+        return f"cache dtype {k_BSKC.dtype}/{v_BSKC.dtype} not in {[d.name for d in _KV_DTYPES]}"
+    if q_BHC.dtype not in _Q_DTYPES:
+        return f"q dtype {q_BHC.dtype} not in {[d.name for d in _Q_DTYPES]}"
+    if c not in _HEAD_DIMS:
+        return f"head_dim {c} not in {_HEAD_DIMS}"
+    blocks = resolve_blocks(config, q_BHC, k_BSKC)
+    if blocks.block_s not in _BLOCK_S or s % blocks.block_s:
+        return f"cache length {s} needs a block_s in {_BLOCK_S} dividing it (got {blocks.block_s})"
+    return None
