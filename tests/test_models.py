@@ -216,6 +216,14 @@ def test_cached_prefill_decode_equals_full_forward():
     assert not cache.valid_BS[:, 9:].any()
 
 
+def test_last_logits_only_is_the_last_row_of_the_full_logits():
+    w, t = weights(), tokens((2, 7))
+    full = fwd(w, t, CFG).logits_BTV
+    last = jax.jit(functools.partial(forward, cfg=CFG, last_logits_only=True))(w, t).logits_BTV
+    assert last.shape == (2, 1, CFG.vocab_size)
+    np.testing.assert_allclose(last, full[:, -1:], rtol=0, atol=1e-6)
+
+
 def _fp8_cache_kl(mode, scale_mult=1.0):
     w = weights()
     t = tokens((2, 10), 4)

@@ -131,6 +131,7 @@ def _prefill(weights, prompts: Prompts, cfg, cache, kernels: KernelImpls):
         segment_ids_BT=real_BP.astype(jnp.int32),
         cache=cache,
         return_qkv_amax=True,
+        last_logits_only=True,  # prompts are left-padded: the last position predicts token 0
         kernels=kernels,
     )
     return out.logits_BTV[:, -1], out.cache, out.qkv_amax

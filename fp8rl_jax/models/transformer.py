@@ -123,6 +123,7 @@ def forward(
     cache: kvc.KVCache | None = None,
     return_qkv_amax: bool = False,
     return_hidden: bool = False,
+    last_logits_only: bool = False,
     kernels: KernelImpls = DEFAULT_KERNELS,
 ) -> ForwardOut:
     """Causal LM forward; returns a ``ForwardOut`` (logits f32, cache, Q/K/V amax, aux loss).
@@ -135,7 +136,8 @@ def forward(
     ``weights["embed"]``; norms, softmax and router run in f32. ``kernels`` picks the
     implementation of each kernel op: ``matmul`` for QArray (W8A8) weights; ``decode_attention``
     (None: the jnp ``attention``) for one-token steps over a cache, through
-    ``kernels_pallas.decode_attention``.
+    ``kernels_pallas.decode_attention``. ``last_logits_only``: logits of the last position only
+    ([B, 1, V]; a prefill needs no more, and [B, T, V] f32 logits of a long prompt batch are GBs).
     """
     ctx = _context(
         weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, return_qkv_amax, kernels
@@ -166,7 +168,7 @@ def forward(
     if return_qkv_amax:
         stats = QKVAmax(*(jnp.stack(a) for a in zip(*amaxes, strict=True)))
     return ForwardOut(
-        logits_BTV=_lm_head(weights, h, cfg),
+        logits_BTV=_lm_head(weights, h[:, -1:] if last_logits_only else h, cfg),
         cache=new_cache,
         qkv_amax=stats,
         aux_loss=load_balancing_loss(router, cfg.num_experts),
