@@ -407,3 +407,25 @@ def test_bf16_forward_close_to_f32():
     lp = log_softmax(fwd(weights(), t, CFG).logits_BTV)
     lq = log_softmax(fwd(weights(jnp.bfloat16), t, CFG).logits_BTV)
     assert float(np.mean(np.sum(np.exp(lp) * (lp - lq), -1))) < 1e-3
+
+
+def test_query_chunked_attention_equals_one_block_values_and_gradients():
+    from fp8rl_jax.models.attention import attention, causal_segment_mask
+
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.normal(size=(2, 11, 4, 16)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(2, 11, 2, 16)), jnp.float32) for _ in range(2))
+    seg = jnp.array([[0, 0] + [1] * 9, [1] * 6 + [2] * 5], jnp.int32)
+    mask = causal_segment_mask(seg)
+
+    def loss(q, k, v, chunk):
+        o = attention(q, k, v, mask, sm_scale=0.25, q_chunk=chunk)
+        return jnp.sum(jnp.sin(o) * (seg[..., None, None] != 0))
+
+    one = attention(q, k, v, mask, sm_scale=0.25, q_chunk=64)
+    chunked = attention(q, k, v, mask, sm_scale=0.25, q_chunk=4)  # 3 blocks, 1 padded row
+    np.testing.assert_allclose(chunked, one, rtol=0, atol=1e-6)
+    g_one = jax.grad(loss, argnums=(0, 1, 2))(q, k, v, 64)
+    g_chunked = jax.grad(loss, argnums=(0, 1, 2))(q, k, v, 4)
+    for a, b in zip(g_one, g_chunked, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)

@@ -30,7 +30,7 @@ import numpy as np
 
 from fp8rl_jax.generation.kv_scales import KVScales
 from fp8rl_jax.generation.sampling import SamplingConfig, sample
-from fp8rl_jax.models import ModelConfig, QKVAmax, forward, init_cache
+from fp8rl_jax.models import ModelConfig, QKVAmax, extend_cache, forward, init_cache
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -162,11 +162,13 @@ def _record(state: DecodeState, tok_B, logp_B, stop_ids, max_new) -> DecodeState
 def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_dtype, mode,
               max_new_tokens, stop_ids, kernels):  # fmt: skip
     b, p = prompts.tokens_BP.shape
+    # The prefill fills a prompt-sized cache (its attention spans P slots, not P + N); the
+    # decode loop then gets the response slots.
     cache = init_cache(
-        cfg, b, _cache_len(p + max_new_tokens, kernels), dtype=cache_dtype, mode=mode,
-        k_scale=k_scale, v_scale=v_scale,
+        cfg, b, p, dtype=cache_dtype, mode=mode, k_scale=k_scale, v_scale=v_scale
     )  # fmt: skip
     logits_BV, cache, amax = _prefill(weights, prompts, cfg, cache, kernels)
+    cache = extend_cache(cache, _cache_len(p + max_new_tokens, kernels))
     state = DecodeState(
         step=jnp.zeros((), jnp.int32),
         last_B=jnp.zeros((b,), jnp.int32),

@@ -3,7 +3,7 @@
 from fp8rl_jax.models.attention import attention
 from fp8rl_jax.models.config import ModelConfig, RopeConfig
 from fp8rl_jax.models.hf_io import CheckpointError, load_hf_checkpoint, save_hf_checkpoint
-from fp8rl_jax.models.kv_cache import KVCache, init_cache, reset_rows
+from fp8rl_jax.models.kv_cache import KVCache, extend_cache, init_cache, reset_rows
 from fp8rl_jax.models.moe import moe_mlp, moe_mlp_dense_reference
 from fp8rl_jax.models.tokenizer import Tokenizer, load_tokenizer
 from fp8rl_jax.models.transformer import ForwardOut, QKVAmax, forward
@@ -18,6 +18,7 @@ __all__ = [
     "RopeConfig",
     "Tokenizer",
     "attention",
+    "extend_cache",
     "forward",
     "init_cache",
     "init_weights",

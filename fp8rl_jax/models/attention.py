@@ -12,6 +12,9 @@ from kernels_pallas.decode_attention import dequantize_kv
 from kernels_pallas.quantize import saturating_cast
 
 _MASKED = float(jnp.finfo(jnp.float32).min)  # finite: a fully masked row stays NaN-free
+# Queries per block when T is longer: the f32 scores are [B, H, Q_CHUNK, S] at a time, not
+# [B, H, T, S] (a 64 x 1024-token prefill over 4K slots would need 34 GB of scores at once).
+Q_CHUNK = 256
 
 
 def project_qkv(p: dict, x_BTD: jax.Array, cos_BTC, sin_BTC, cfg: ModelConfig, impl="auto"):
@@ -47,30 +50,50 @@ def attention(
     mode: str = "none",
     k_scale=None,
     v_scale=None,
+    q_chunk: int = Q_CHUNK,
 ) -> jax.Array:
     """``softmax(q kᵀ · sm_scale + mask) v`` with GQA; K/V may be an FP8 cache (``x̂ · s``).
 
     Query head ``h`` reads KV head ``h // (H / K)``. FP8 K/V are dequantized in f32 (``mode``
-    static: ``k_scale`` [K]; dynamic: [B, K, S]); scores and softmax are f32. The decode path
-    (T = 1 over a cache) has the same contract as ``kernels_pallas.decode_attention`` when each
-    row's unmasked slots are one contiguous range.
+    static: ``k_scale`` [K]; dynamic: [B, K, S]); scores and softmax are f32. More than
+    ``q_chunk`` queries run in blocks of ``q_chunk`` (``lax.map``, rematerialized in the
+    backward pass), so memory holds one block's scores; rows are independent, so the result is
+    the same. The decode path (T = 1 over a cache) has the same contract as
+    ``kernels_pallas.decode_attention`` when each row's unmasked slots are one contiguous range.
     """
     B, T, H, C = q_BTHC.shape
-    K = k_BSKC.shape[2]
     k = dequantize_kv(k_BSKC, k_scale) if mode != "none" else k_BSKC
     v = dequantize_kv(v_BSKC, v_scale) if mode != "none" else v_BSKC
-    dt = jnp.promote_types(q_BTHC.dtype, k.dtype)
+    if q_BTHC.shape[1] <= q_chunk:
+        return _attend(q_BTHC, k, v, mask_BTS, sm_scale)
+    n = -(-T // q_chunk)
+    pad = n * q_chunk - T  # padded query rows see no slot and are dropped below
+    q_nBQHC = jnp.pad(q_BTHC, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    q_nBQHC = q_nBQHC.reshape(B, n, q_chunk, H, C).swapaxes(0, 1)
+    m_nBQS = jnp.pad(mask_BTS, ((0, 0), (0, pad), (0, 0)))
+    m_nBQS = m_nBQS.reshape(B, n, q_chunk, -1).swapaxes(0, 1)
+    block = jax.checkpoint(lambda qm: _attend(qm[0], k, v, qm[1], sm_scale))
+    o_nBQHC = jax.lax.map(block, (q_nBQHC, m_nBQS))
+    return o_nBQHC.swapaxes(0, 1).reshape(B, n * q_chunk, H, C)[:, :T]
+
+
+def _attend(q_BTHC, k_BSKC, v_BSKC, mask_BTS, sm_scale: float) -> jax.Array:
+    """One block of ``attention`` (K/V already dequantized)."""
+    B, T, H, C = q_BTHC.shape
+    K = k_BSKC.shape[2]
+    dt = jnp.promote_types(q_BTHC.dtype, k_BSKC.dtype)
     prec = jax.lax.Precision.HIGHEST if dt == jnp.float32 else None
     q = q_BTHC.reshape(B, T, K, H // K, C).astype(dt)
     s = jnp.einsum(
-        "btkgc,bskc->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32, precision=prec
-    )
+        "btkgc,bskc->bkgts", q, k_BSKC.astype(dt), preferred_element_type=jnp.float32,
+        precision=prec,
+    )  # fmt: skip
     s = jnp.where(mask_BTS[:, None, None], s * sm_scale, _MASKED)
     p = jax.nn.softmax(s, axis=-1)
     o = jnp.einsum(
         "bkgts,bskc->btkgc",
         p.astype(dt),
-        v.astype(dt),
+        v_BSKC.astype(dt),
         preferred_element_type=jnp.float32,
         precision=prec,
     )

@@ -122,6 +122,29 @@ def init_cache(
     )
 
 
+def extend_cache(cache: KVCache, max_len: int) -> KVCache:
+    """The cache with ``max_len`` slots, the new ones empty (a prefill into a prompt-sized cache
+    attends over P slots, not P + N; then the decode loop gets its room)."""
+    extra = max_len - cache.max_len
+    if extra < 0:
+        raise ValueError(f"extend_cache: max_len {max_len} < current {cache.max_len}")
+
+    def pad(x, axis):
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, extra)
+        return jnp.pad(x, widths)
+
+    dynamic = cache.mode == "dynamic"  # per-slot scales [B, K, S]: slots last
+    return dataclasses.replace(
+        cache,
+        k=[pad(x, 1) for x in cache.k],
+        v=[pad(x, 1) for x in cache.v],
+        k_scale=[pad(x, 2) for x in cache.k_scale] if dynamic else cache.k_scale,
+        v_scale=[pad(x, 2) for x in cache.v_scale] if dynamic else cache.v_scale,
+        valid_BS=pad(cache.valid_BS, 1),
+    )
+
+
 def reset_rows(cache: KVCache, rows_B: jax.Array) -> KVCache:
     """Empties the rows where ``rows_B`` is True (length 0, no valid slots) for refilling."""
     return dataclasses.replace(
