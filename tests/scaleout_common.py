@@ -17,7 +17,7 @@ import optax
 from fp8rl_jax.generation import Prompts
 from fp8rl_jax.models import ModelConfig, init_weights
 from fp8rl_jax.quant import QuantRecipe
-from fp8rl_jax.rl.step import (
+from fp8rl_jax.rl import (
     RLConfig,
     RolloutConfig,
     init_train_state,

@@ -15,10 +15,10 @@ import pytest
 
 from fp8rl_jax.generation import SamplingConfig, calibrate_kv_scales, make_prompts
 from fp8rl_jax.models import init_weights
-from fp8rl_jax.rl.correction import RolloutCorrectionConfig
-from fp8rl_jax.rl.step import (
+from fp8rl_jax.rl import (
     RLConfig,
     RolloutConfig,
+    RolloutCorrectionConfig,
     calibrate_initial_kv_scales,
     init_train_state,
     make_fused_step,

@@ -16,18 +16,21 @@ from jax.sharding import PartitionSpec as P
 
 from fp8rl_jax.generation import SamplingConfig, make_prompts
 from fp8rl_jax.models import init_weights
-from fp8rl_jax.rl.losses import LossConfig, entropy_from_logits
-from fp8rl_jax.rl.step import (
+from fp8rl_jax.rl import (
+    LossConfig,
     RLConfig,
     RolloutBatch,
     RolloutConfig,
     compute_targets,
+    entropy_from_logits,
     init_train_state,
+    kl_reward_penalty,
     make_rollout_step,
     make_train_step,
     policy_entropy,
+    terminal_rewards,
+    token_values,
 )
-from fp8rl_jax.rl.value import kl_reward_penalty, terminal_rewards, token_values
 from fp8rl_jax.train import sharding as sh
 from fp8rl_jax.train.experiment import ModelSpec
 
@@ -155,7 +158,7 @@ def test_value_head_and_ref_stay_out_of_the_param_shardings():
     mesh = sh.abstract_mesh(sh.MeshConfig(fsdp=2, tensor=2), 4)
     st = sh.train_state_shardings(state, MODEL, mesh)
     adam = st.opt_state[0]
-    assert adam.mu["policy"] == st.params and adam.mu["value_head"]["w"].spec == P()
+    assert adam.mu.policy == st.params and adam.mu.value_head["w"].spec == P()
     assert st.value_head["w"].spec == P()
     assert st.ref_params == st.params  # the frozen reference is sharded like the policy
 

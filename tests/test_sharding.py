@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from fp8rl_jax.models import ModelConfig, init_cache
 from fp8rl_jax.quant import QuantRecipe, quantize_params
-from fp8rl_jax.rl.step import init_train_state
+from fp8rl_jax.rl import init_train_state
 from fp8rl_jax.train import sharding as sh
 from fp8rl_jax.train.memory import memory_estimate
 
@@ -164,8 +164,8 @@ def test_train_state_shardings_mirror_params_in_optimizer_state():
     mesh = sh.abstract_mesh(sh.MeshConfig(data=2, fsdp=2, tensor=2), 8)
     st = sh.train_state_shardings(state, cfg, mesh)
     adam = st.opt_state[1][0]
-    assert adam.mu["layers"][1]["attn"]["wq"].spec == P("fsdp", "tensor")
-    assert adam.nu == st.params and adam.mu == st.params
+    assert adam.mu.policy["layers"][1]["attn"]["wq"].spec == P("fsdp", "tensor")
+    assert adam.nu.policy == st.params and adam.mu.policy == st.params
     assert adam.count.spec == P() and st.step.spec == P() and st.rng.spec == P()
 
 

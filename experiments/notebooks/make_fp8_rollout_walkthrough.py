@@ -37,10 +37,10 @@ import optax
 from fp8rl_jax.generation import SamplingConfig, make_prompts
 from fp8rl_jax.models import init_weights
 from fp8rl_jax.quant import dequantize, quantize_blockwise
-from fp8rl_jax.rl.correction import RolloutCorrectionConfig
-from fp8rl_jax.rl.step import (
+from fp8rl_jax.rl import (
     RLConfig,
     RolloutConfig,
+    RolloutCorrectionConfig,
     init_train_state,
     make_rollout_step,
     make_train_step,

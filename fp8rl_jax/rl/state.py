@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from fp8rl_jax.generation import KVScales, SamplingConfig
+from fp8rl_jax.models import ModelConfig
 from fp8rl_jax.quant import QuantRecipe
 from fp8rl_jax.rl.correction import RolloutCorrectionConfig
 from fp8rl_jax.rl.losses import LossConfig
@@ -114,13 +115,27 @@ class RLConfig:
         return self.advantage == "gae"
 
 
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """The static configuration the RL step programs are compiled for."""
+
+    model: ModelConfig  # the policy's architecture
+    rollout: RolloutConfig  # how the rollout generates (precision, sampling, budget)
+    rl: RLConfig  # the algorithm (advantages, epochs, minibatches, loss, correction)
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        """Activations and non-FP8 weights in rollout, scoring and the loss forward."""
+        return jnp.dtype(self.rollout.compute_dtype)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrainState:
     """Everything a step needs and a checkpoint saves; donated to the train program."""
 
     params: dict  # FP32 master weights
-    opt_state: optax.OptState
+    opt_state: optax.OptState  # the optimizer's state over ``Trainable(params, value_head)``
     kv_scales: KVScales | None  # static FP8 KV scales for the next rollout (None: not used)
     step: jax.Array  # int32 number of completed RL steps
     rng: jax.Array  # base key; step t uses fold_in(rng, t)
@@ -152,7 +167,20 @@ class RolloutBatch:
     values_BT: jax.Array | None = None  # old values V_t of the scoring pass (advantage="gae")
 
 
-def _check_state(state: TrainState, rl_cfg: RLConfig) -> None:
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Trainable:
+    """What the optimizer updates: the policy weights, and the value head when there is one."""
+
+    policy: dict  # FP32 master weights (``TrainState.params``)
+    value_head: dict | None = None  # ``TrainState.value_head`` (advantage="gae"), else None
+
+    @classmethod
+    def of(cls, state: TrainState) -> Trainable:
+        return cls(state.params, state.value_head)
+
+
+def check_state(state: TrainState, rl_cfg: RLConfig) -> None:
     """Trace-time check that the state holds what ``rl_cfg`` needs."""
     if rl_cfg.uses_ref and state.ref_params is None:
         raise ValueError(
@@ -164,11 +192,6 @@ def _check_state(state: TrainState, rl_cfg: RLConfig) -> None:
             'advantage="gae" needs TrainState.value_head, and only it has one: build the state '
             f"with init_train_state(..., rl_cfg=rl_cfg) (advantage={rl_cfg.advantage!r})"
         )
-
-
-def _trainable(params, value_head):
-    """What the optimizer updates: the policy, and the value head when there is one."""
-    return params if value_head is None else {"policy": params, "value_head": value_head}
 
 
 def init_train_state(
@@ -197,7 +220,7 @@ def init_train_state(
         value_head = init_value_head(params["embed"].shape[-1])
     return TrainState(
         params=params,
-        opt_state=optimizer.init(_trainable(params, value_head)),
+        opt_state=optimizer.init(Trainable(params, value_head)),
         kv_scales=kv_scales,
         step=jnp.zeros((), jnp.int32),
         rng=rng,

@@ -10,7 +10,7 @@ import dataclasses
 import os
 
 from fp8rl_jax.models import ModelConfig
-from fp8rl_jax.rl.state import RLConfig, RolloutConfig
+from fp8rl_jax.rl import RLConfig, RolloutConfig
 from fp8rl_jax.train.distributed import DistributedConfig
 from fp8rl_jax.train.optim import OptimConfig
 from fp8rl_jax.train.sft import SFTConfig

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8rl_jax.generation import Prompts
-from fp8rl_jax.rl.step import make_rollout_step, make_train_step
+from fp8rl_jax.rl import make_rollout_step, make_train_step
 from fp8rl_jax.train import distributed as dist
 from fp8rl_jax.train import sharding as sh
 

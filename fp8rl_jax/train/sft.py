@@ -11,8 +11,7 @@ import numpy as np
 import optax
 
 from fp8rl_jax.models import ModelConfig, forward
-from fp8rl_jax.rl.losses import masked_mean
-from fp8rl_jax.rl.step import cast_floats
+from fp8rl_jax.rl import cast_floats, masked_mean
 from fp8rl_jax.tasks.batch import DemonstrationBatch
 from fp8rl_jax.train.optim import OptimConfig, make_optimizer
 

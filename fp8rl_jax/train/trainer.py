@@ -21,12 +21,7 @@ import numpy as np
 
 from fp8rl_jax.generation import Prompts, SamplingConfig, bucket_length, generate
 from fp8rl_jax.quant import quantize_params
-from fp8rl_jax.rl.step import (
-    TrainState,
-    calibrate_initial_kv_scales,
-    cast_floats,
-    init_train_state,
-)
+from fp8rl_jax.rl import TrainState, calibrate_initial_kv_scales, cast_floats, init_train_state
 from fp8rl_jax.tasks import make_demonstration_batch, make_prompt_batch, score_completions
 from fp8rl_jax.train.checkpoint import CheckpointManager
 from fp8rl_jax.train.experiment import Experiment
