@@ -14,12 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fp8rl_jax.generation import Prompts
+from fp8rl_jax.generation import Prompts, RolloutConfig
 from fp8rl_jax.models import ModelConfig, init_weights
 from fp8rl_jax.quant import QuantRecipe
 from fp8rl_jax.rl import (
     RLConfig,
-    RolloutConfig,
     init_train_state,
     make_rollout_step,
     make_train_step,

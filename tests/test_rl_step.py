@@ -13,13 +13,17 @@ import numpy as np
 import optax
 import pytest
 
-from fp8rl_jax.generation import SamplingConfig, calibrate_kv_scales, make_prompts
+from fp8rl_jax.generation import (
+    RolloutConfig,
+    SamplingConfig,
+    calibrate_initial_kv_scales,
+    calibrate_kv_scales,
+    make_prompts,
+)
 from fp8rl_jax.models import init_weights
 from fp8rl_jax.rl import (
     RLConfig,
-    RolloutConfig,
     RolloutCorrectionConfig,
-    calibrate_initial_kv_scales,
     init_train_state,
     make_fused_step,
     make_rollout_step,

@@ -14,13 +14,12 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from fp8rl_jax.generation import SamplingConfig, make_prompts
+from fp8rl_jax.generation import RolloutConfig, SamplingConfig, make_prompts
 from fp8rl_jax.models import init_weights
 from fp8rl_jax.rl import (
     LossConfig,
     RLConfig,
     RolloutBatch,
-    RolloutConfig,
     compute_targets,
     entropy_from_logits,
     init_train_state,

@@ -34,12 +34,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import optax
 
-from fp8rl_jax.generation import SamplingConfig, make_prompts
+from fp8rl_jax.generation import RolloutConfig, SamplingConfig, make_prompts
 from fp8rl_jax.models import init_weights
 from fp8rl_jax.quant import dequantize, quantize_blockwise
 from fp8rl_jax.rl import (
     RLConfig,
-    RolloutConfig,
     RolloutCorrectionConfig,
     init_train_state,
     make_rollout_step,

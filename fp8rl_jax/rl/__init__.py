@@ -13,17 +13,10 @@ from fp8rl_jax.rl.losses import (
     policy_loss,
     value_loss,
 )
-from fp8rl_jax.rl.scoring import (
-    calibrate_initial_kv_scales,
-    cast_floats,
-    policy_entropy,
-    rollout_segment_ids,
-    sequence_logprobs,
-)
+from fp8rl_jax.rl.scoring import policy_entropy, rollout_segment_ids, sequence_logprobs
 from fp8rl_jax.rl.state import (
     RLConfig,
     RolloutBatch,
-    RolloutConfig,
     StepConfig,
     Trainable,
     TrainState,
@@ -45,7 +38,6 @@ from fp8rl_jax.rl.update import (
     UpdateCarry,
     compute_advantages,
     compute_targets,
-    kv_scale_metrics,
     loss_fn,
     minibatch_grads,
     minibatches,
@@ -60,7 +52,6 @@ __all__ = [
     "MiniBatch",
     "RLConfig",
     "RolloutBatch",
-    "RolloutConfig",
     "RolloutCorrectionConfig",
     "StepConfig",
     "Targets",
@@ -68,8 +59,6 @@ __all__ = [
     "Trainable",
     "UpdateCarry",
     "aggregate_loss",
-    "calibrate_initial_kv_scales",
-    "cast_floats",
     "check_state",
     "compute_advantages",
     "compute_targets",
@@ -82,7 +71,6 @@ __all__ = [
     "kl_loss",
     "kl_penalty",
     "kl_reward_penalty",
-    "kv_scale_metrics",
     "loss_fn",
     "make_fused_step",
     "make_rollout_step",

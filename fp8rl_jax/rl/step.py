@@ -28,46 +28,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fp8rl_jax.generation import Prompts, generate
+from fp8rl_jax.generation import PinParams, Prompts, RolloutConfig, cast_floats, rollout
 from fp8rl_jax.models import ModelConfig
-from fp8rl_jax.quant import quantize_params
 from fp8rl_jax.rl.correction import rollout_correction
-from fp8rl_jax.rl.scoring import cast_floats, rollout_segment_ids, sequence_logprobs
-from fp8rl_jax.rl.state import (
-    RLConfig,
-    RolloutBatch,
-    RolloutConfig,
-    StepConfig,
-    TrainState,
-    check_state,
-)
+from fp8rl_jax.rl.scoring import rollout_segment_ids, sequence_logprobs
+from fp8rl_jax.rl.state import RLConfig, RolloutBatch, StepConfig, TrainState, check_state
 from fp8rl_jax.rl.update import train_step
 from fp8rl_jax.rl.value import token_values
-
-PinParams = Callable[[dict], dict]  # pins the quantized rollout weights to a layout (inside jit)
-
-
-def _generate(state: TrainState, params, prompts: Prompts, cfg: StepConfig, pin):
-    rollout_params, qstats = quantize_params(params, cfg.rollout.quant, return_stats=True)
-    if pin is not None:  # gather the FP8 weights once, not per token
-        rollout_params = pin(rollout_params)
-    rc = cfg.rollout
-    # Stream 0 of step t samples the rollout; stream 1 shuffles the minibatches.
-    rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 0)
-    ro = generate(
-        rollout_params,
-        prompts,
-        cfg.model,
-        rc.sampling,
-        rng,
-        kv_cache_dtype=rc.kv_cache_dtype,
-        kv_scale_mode=rc.kv_scale_mode,
-        kv_scales=state.kv_scales if rc.static_kv_scales else None,
-        max_new_tokens=rc.max_new_tokens,
-        stop_token_ids=rc.stop_token_ids,
-        kernels=rc.kernels,
-    )
-    return ro, qstats
 
 
 def rollout_step(
@@ -75,12 +42,15 @@ def rollout_step(
 ) -> RolloutBatch:
     """Steps 1-4: weight sync, generation, high-precision scoring, rollout correction.
 
-    ``pin`` (e.g. ``train.sharding.rollout_params_constraint``) pins the quantized weights to the
-    rollout layout, so FSDP gathers run once per step, not per token.
+    The rollout is ``generation.rollout`` (cast -> quantize -> pin -> the configured engine),
+    the call evaluation makes too; ``pin`` (e.g. ``train.sharding.rollout_params_constraint``)
+    pins the quantized weights to the rollout layout, so FSDP gathers run once per step.
     """
     check_state(state, cfg.rl)
     params = cast_floats(state.params, cfg.compute_dtype)
-    ro, qstats = _generate(state, params, prompts, cfg, pin)
+    # Stream 0 of step t samples the rollout; stream 1 shuffles the minibatches.
+    rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 0)
+    ro, ro_metrics = rollout(params, prompts, cfg.model, cfg.rollout, rng, state.kv_scales, pin=pin)
     segment_ids_BT = rollout_segment_ids(ro)
     positions_BT = jnp.maximum(jnp.cumsum(segment_ids_BT, axis=1) - 1, 0)
     mask_BT = ro.response_mask_BT.astype(jnp.float32)
@@ -101,9 +71,7 @@ def rollout_step(
     if cfg.rl.uses_value:
         values_BT = token_values(state.value_head, out.hidden_BTD) * mask_BT
     is_w, keep, metrics = rollout_correction(logp_hp_BT, ro.logp_BT, mask_BT, cfg.rl.correction)
-    metrics = dict(metrics)
-    metrics["response_len_mean"] = jnp.mean(ro.response_lens_B.astype(jnp.float32))
-    metrics["quant_nonfinite"] = qstats.nonfinite
+    metrics = {**metrics, **ro_metrics}
     return RolloutBatch(
         tokens_BT=ro.tokens_BT,
         segment_ids_BT=segment_ids_BT,

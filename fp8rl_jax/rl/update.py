@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fp8rl_jax.generation import calibrate_kv_scales
+from fp8rl_jax.generation import cast_floats, kv_scale_metrics, recalibrate_kv_scales
 from fp8rl_jax.rl.advantages import gae, grpo_advantages, masked_whiten, rloo_advantages
 from fp8rl_jax.rl.losses import entropy_bonus, kl_loss, masked_mean, policy_loss, value_loss
-from fp8rl_jax.rl.scoring import cast_floats, policy_entropy, sequence_logprobs
+from fp8rl_jax.rl.scoring import policy_entropy, sequence_logprobs
 from fp8rl_jax.rl.state import (
     RLConfig,
     RolloutBatch,
@@ -226,17 +226,6 @@ def minibatches(batch: RolloutBatch, targets: Targets, rl_cfg: RLConfig, rng) ->
     return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), epochs)
 
 
-def kv_scale_metrics(kv_scales) -> dict:
-    """Range of the static FP8 KV scales and how many amax entries were invalid (0/NaN/Inf)."""
-    return {
-        "kv_scale_k_min": jnp.min(kv_scales.k),
-        "kv_scale_k_max": jnp.max(kv_scales.k),
-        "kv_scale_v_min": jnp.min(kv_scales.v),
-        "kv_scale_v_max": jnp.max(kv_scales.v),
-        "kv_scale_invalid": kv_scales.num_invalid,
-    }
-
-
 def _step_metrics(update_metrics, rewards_B, batch, targets: Targets, cfg: StepConfig) -> dict:
     mask_BT = batch.response_mask_BT
     metrics = {k: jnp.mean(v) for k, v in update_metrics.items()}
@@ -270,12 +259,7 @@ def train_step(
     metrics = _step_metrics(update_metrics, rewards_B, batch, targets, cfg)
     kv_scales = state.kv_scales
     if cfg.rollout.static_kv_scales:  # DESIGN §4.5: the scales the next rollout uses, logged
-        kv_scales = calibrate_kv_scales(
-            batch.qkv_amax,
-            cfg.rollout.kv_calib_percentile,
-            cfg.rollout.kv_calib_margin,
-            previous=state.kv_scales,
-        )
+        kv_scales = recalibrate_kv_scales(batch.qkv_amax, cfg.rollout, state.kv_scales)
         metrics.update(kv_scale_metrics(kv_scales))
     metrics["nonfinite_skips"] = carry.skips
     new_state = dataclasses.replace(

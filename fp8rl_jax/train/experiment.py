@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from fp8rl_jax.generation import RolloutConfig
 from fp8rl_jax.models import ModelConfig
-from fp8rl_jax.rl import RLConfig, RolloutConfig
+from fp8rl_jax.rl import RLConfig
 from fp8rl_jax.train.distributed import DistributedConfig
 from fp8rl_jax.train.optim import OptimConfig
 from fp8rl_jax.train.sft import SFTConfig

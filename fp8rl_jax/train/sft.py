@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fp8rl_jax.generation import cast_floats
 from fp8rl_jax.models import ModelConfig, forward
-from fp8rl_jax.rl import cast_floats, masked_mean
+from fp8rl_jax.rl import masked_mean
 from fp8rl_jax.tasks.batch import DemonstrationBatch
 from fp8rl_jax.train.optim import OptimConfig, make_optimizer
 

@@ -19,9 +19,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8rl_jax.generation import Prompts, SamplingConfig, bucket_length, generate
-from fp8rl_jax.quant import quantize_params
-from fp8rl_jax.rl import TrainState, calibrate_initial_kv_scales, cast_floats, init_train_state
+from fp8rl_jax.generation import (
+    Prompts,
+    SamplingConfig,
+    bucket_length,
+    calibrate_initial_kv_scales,
+    rollout,
+)
+from fp8rl_jax.rl import TrainState, init_train_state
 from fp8rl_jax.tasks import make_demonstration_batch, make_prompt_batch, score_completions
 from fp8rl_jax.train.checkpoint import CheckpointManager
 from fp8rl_jax.train.experiment import Experiment
@@ -74,27 +79,15 @@ class _Run:
 
 def make_eval_fn(run: _Run):
     """Greedy held-out accuracy of the policy as the rollout engine runs it (same precision)."""
-    rc = run.exp.rollout
     greedy = SamplingConfig(temperature=0.0)
     place, n = run.placement, run.exp.trainer.eval_size
 
     def eval_generate(params, prompts, kv_scales):
-        p = quantize_params(cast_floats(params, rc.compute_dtype), rc.quant)
-        if place.pin_rollout_params is not None:  # gather the FP8 weights once, not per token
-            p = place.pin_rollout_params(p)
-        return generate(
-            p,
-            prompts,
-            run.model_cfg,
-            greedy,
-            jax.random.key(0),
-            kv_cache_dtype=rc.kv_cache_dtype,
-            kv_scale_mode=rc.kv_scale_mode,
-            kv_scales=kv_scales if rc.static_kv_scales else None,
-            max_new_tokens=rc.max_new_tokens,
-            stop_token_ids=rc.stop_token_ids,
-            kernels=rc.kernels,
-        ).tokens_BT
+        ro, _ = rollout(
+            params, prompts, run.model_cfg, run.exp.rollout, jax.random.key(0), kv_scales,
+            sampling=greedy, pin=place.pin_rollout_params,
+        )  # fmt: skip
+        return ro.tokens_BT
 
     eval_generate = place.jit_eval(eval_generate, n)
 
