@@ -37,24 +37,18 @@ def run_reference(cfg, steps: int):
 
 def run_sharded(cfg, mesh_sizes: dict[str, int], steps: int, counter):
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from fp8rl_jax.train import sharding as sh
     from tests import scaleout_common as sc
 
     mesh = sh.make_mesh(sh.MeshConfig(**{"fsdp": 1, **mesh_sizes}))
-    rollout_step, train_step = sc.programs(cfg)
     with jax.set_mesh(mesh):
+        ro_fn, tr_fn = sc.programs(cfg, mesh)
         state0 = sc.initial_state(cfg)
-        prompts = sc.prompts_for(0)
         state_sh = sh.train_state_shardings(state0, cfg, mesh)
-        prompts_sh = sh.batch_shardings(prompts, mesh)
-        batch_sh = sh.batch_shardings(jax.eval_shape(rollout_step, state0, prompts), mesh)
-        n_rows = prompts.tokens_BP.shape[0]
-        rewards_sh = sh.batch_shardings(jax.ShapeDtypeStruct((n_rows,), jnp.float32), mesh)
-        ro_fn = sh.shard_rollout_step(rollout_step, state_sh, prompts_sh, batch_sh)
-        tr_fn = sh.shard_train_step(train_step, state_sh, batch_sh, rewards_sh, mesh)
+        prompts_sh = sh.batch_shardings(sc.prompts_for(0), mesh)
+        rewards_sh = sh.rows_sharding(sc.PROMPTS * sc.GROUP, mesh)
         state = jax.device_put(state0, state_sh)
         rows, tokens = [], []
         for t in range(steps):

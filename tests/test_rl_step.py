@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 
+from fp8rl_jax.fields import is_batched
 from fp8rl_jax.generation import (
     RolloutConfig,
     SamplingConfig,
@@ -25,9 +26,8 @@ from fp8rl_jax.rl import (
     RLConfig,
     RolloutCorrectionConfig,
     init_train_state,
+    jit_steps,
     make_fused_step,
-    make_rollout_step,
-    make_train_step,
 )
 from fp8rl_jax.train.experiment import ModelSpec
 
@@ -81,10 +81,7 @@ def even_token_reward(tokens_BT, response_mask_BT, parity_B):
 
 @pytest.fixture(scope="module")
 def fp8_steps():
-    return (
-        make_rollout_step(MODEL, FP8_ROLLOUT, RL),
-        make_train_step(MODEL, FP8_ROLLOUT, RL, OPTIMIZER),
-    )
+    return jit_steps(MODEL, FP8_ROLLOUT, RL, OPTIMIZER)
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +119,17 @@ def test_full_step_updates_params_with_finite_metrics(two_steps):
     assert float(two_steps["metrics1"]["grad_norm"]) > 0
     # The FP8 rollout differs from the BF16 scoring pass, so the mismatch metrics are not trivial.
     assert float(two_steps["batch1"].metrics["token_mult_prob_error"]) > 1.0
+
+
+def test_every_row_array_of_the_rollout_batch_is_declared_batched(two_steps):
+    """A mesh splits exactly the declared fields; an undeclared [B, ...] field would replicate."""
+    batch = two_steps["batch1"]
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if value is None:  # an optional field this config does not fill (logp_ref, values)
+            continue
+        rows = isinstance(value, jax.Array) and value.ndim >= 1 and value.shape[0] == 4 * G
+        assert rows == is_batched(batch, f.name), f.name
 
 
 def test_second_step_compiles_nothing_new(fp8_steps, two_steps):
@@ -175,7 +183,7 @@ def test_nonfinite_reward_skips_the_update(two_steps, fp8_steps):
 
 def test_bypass_uses_rollout_logprobs_as_pi_old():
     rl = dataclasses.replace(RL, correction=RolloutCorrectionConfig(bypass=True))
-    batch = make_rollout_step(MODEL, FP8_ROLLOUT, rl)(_state(), _prompts())
+    batch = jit_steps(MODEL, FP8_ROLLOUT, rl, OPTIMIZER).rollout(_state(), _prompts())
     mask = np.asarray(batch.response_mask_BT)
     np.testing.assert_array_equal(batch.logp_old_BT, batch.logp_rollout_BT)
     np.testing.assert_array_equal(batch.is_weights_BT, mask)  # every ρ is 1
@@ -201,7 +209,7 @@ def test_same_precision_rollout_gives_unit_is_weights():
         kv_cache_dtype="float32",
         compute_dtype="float32",
     )
-    batch = make_rollout_step(MODEL, rc, RL)(_state(rc), _prompts())
+    batch = jit_steps(MODEL, rc, RL, OPTIMIZER).rollout(_state(rc), _prompts())
     mask = np.asarray(batch.response_mask_BT) > 0
     assert mask.sum() > 0
     log_ratio = np.asarray(batch.logp_old_BT - batch.logp_rollout_BT)[mask]

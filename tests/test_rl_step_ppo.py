@@ -23,9 +23,8 @@ from fp8rl_jax.rl import (
     compute_targets,
     entropy_from_logits,
     init_train_state,
+    jit_steps,
     kl_reward_penalty,
-    make_rollout_step,
-    make_train_step,
     policy_entropy,
     terminal_rewards,
     token_values,
@@ -143,10 +142,10 @@ def test_gae_targets_with_zero_values_are_whitened_returns():
 def test_missing_state_parts_raise():
     state = init_train_state(_params(), OPTIMIZER, jax.random.key(1))
     with pytest.raises(ValueError, match="ref_params"):
-        make_rollout_step(MODEL, ROLLOUT, RL_KL)(state, _prompts())
+        jit_steps(MODEL, ROLLOUT, RL_KL, OPTIMIZER).rollout(state, _prompts())
     with pytest.raises(ValueError, match="value_head"):
         rl = dataclasses.replace(RL_GAE, kl_in_reward=0.0)
-        make_rollout_step(MODEL, ROLLOUT, rl)(state, _prompts())
+        jit_steps(MODEL, ROLLOUT, rl, OPTIMIZER).rollout(state, _prompts())
 
 
 def test_value_head_and_ref_stay_out_of_the_param_shardings():
@@ -168,15 +167,15 @@ def test_value_head_and_ref_stay_out_of_the_param_shardings():
 @pytest.fixture(scope="module")
 def plain_batch():
     state = init_train_state(_params(), OPTIMIZER, jax.random.key(1))
-    return state, make_rollout_step(MODEL, ROLLOUT, RL)(state, _prompts())
+    return state, jit_steps(MODEL, ROLLOUT, RL, OPTIMIZER).rollout(state, _prompts())
 
 
 def test_entropy_bonus_adds_exactly_coef_times_minus_entropy(plain_batch):
     state, batch = plain_batch
-    s_plain, m_plain = make_train_step(MODEL, ROLLOUT, RL, OPTIMIZER)(
+    s_plain, m_plain = jit_steps(MODEL, ROLLOUT, RL, OPTIMIZER).train(
         _copy(state), batch, _rewards()
     )
-    train_ent = make_train_step(MODEL, ROLLOUT, RL_ENTROPY, OPTIMIZER)
+    train_ent = jit_steps(MODEL, ROLLOUT, RL_ENTROPY, OPTIMIZER).train
     s_ent, m_ent = train_ent(_copy(state), batch, _rewards())
     h = float(m_plain["entropy"])
     assert 0.0 < h < np.log(VOCAB)
@@ -191,12 +190,12 @@ def test_entropy_bonus_adds_exactly_coef_times_minus_entropy(plain_batch):
 def test_kl_loss_is_zero_at_the_reference_and_grows_after_an_update():
     state = init_train_state(_params(), OPTIMIZER, jax.random.key(1), rl_cfg=RL_KL)
     ref0 = _copy(state.ref_params)
-    batch = make_rollout_step(MODEL, ROLLOUT, RL_KL)(state, _prompts())
+    batch = jit_steps(MODEL, ROLLOUT, RL_KL, OPTIMIZER).rollout(state, _prompts())
     m = np.asarray(batch.response_mask_BT) > 0
     np.testing.assert_allclose(
         np.asarray(batch.logp_ref_BT)[m], np.asarray(batch.logp_old_BT)[m], atol=1e-6
     )
-    train = make_train_step(MODEL, ROLLOUT, RL_KL, OPTIMIZER)
+    train = jit_steps(MODEL, ROLLOUT, RL_KL, OPTIMIZER).train
     state, m1 = train(state, batch, _rewards())
     assert abs(float(m1["kl_ref"])) < 1e-6
     state, m2 = train(state, batch, _rewards())
@@ -208,8 +207,7 @@ def test_kl_loss_is_zero_at_the_reference_and_grows_after_an_update():
 
 def test_gae_two_steps_train_value_head_and_policy_without_recompiling():
     state = init_train_state(_params(), OPTIMIZER, jax.random.key(1), rl_cfg=RL_GAE)
-    rollout = make_rollout_step(MODEL, ROLLOUT, RL_GAE)
-    train = make_train_step(MODEL, ROLLOUT, RL_GAE, OPTIMIZER)
+    rollout, train = jit_steps(MODEL, ROLLOUT, RL_GAE, OPTIMIZER)
     host0 = _copy(state)
     batch1 = rollout(state, _prompts())
     np.testing.assert_array_equal(batch1.values_BT, 0.0)  # zero-initialized head

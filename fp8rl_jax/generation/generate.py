@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fp8rl_jax.fields import batched
 from fp8rl_jax.generation.kv_scales import KVScales
 from fp8rl_jax.generation.sampling import SamplingConfig, sample
 from fp8rl_jax.models import ModelConfig, QKVAmax, extend_cache, forward, init_cache
@@ -42,8 +43,8 @@ CACHE_ALIGN = 128  # cache slots are rounded up to this when a decode kernel rea
 class Prompts:
     """Left-padded prompt token ids and their lengths."""
 
-    tokens_BP: jax.Array  # int32, pads (any id) on the left
-    lens_B: jax.Array  # int32, number of real tokens per row
+    tokens_BP: jax.Array = batched()  # int32, pads (any id) on the left
+    lens_B: jax.Array = batched()  # int32, number of real tokens per row
 
 
 @jax.tree_util.register_dataclass
@@ -51,11 +52,11 @@ class Prompts:
 class Rollout:
     """Generated sequences (prompt + response) and the rollout log-probs of the sampled tokens."""
 
-    tokens_BT: jax.Array  # int32 [B, P + N]: left-padded prompt, then response (pad 0 after it)
-    response_mask_BT: jax.Array  # bool: response tokens (including a final stop token)
-    logp_BT: jax.Array  # f32: log q(token) under the processed distribution; 0 off the response
-    response_lens_B: jax.Array  # int32
-    prompt_lens_B: jax.Array  # int32
+    tokens_BT: jax.Array = batched()  # int32 [B, P + N]: left-padded prompt, response, 0 pads
+    response_mask_BT: jax.Array = batched()  # bool: response tokens (with a final stop token)
+    logp_BT: jax.Array = batched()  # f32 log q(token), processed distribution; 0 off the response
+    response_lens_B: jax.Array = batched()  # int32
+    prompt_lens_B: jax.Array = batched()  # int32
     qkv_amax: QKVAmax  # per-layer Q/K/V amax over the prompts (prefill), for step-0 calibration
     prompt_len: int = dataclasses.field(metadata=dict(static=True))  # P (padded)
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fp8rl_jax.fields import batched
 from fp8rl_jax.generation import KVScales, RolloutConfig
 from fp8rl_jax.models import ModelConfig
 from fp8rl_jax.rl.correction import RolloutCorrectionConfig
@@ -94,20 +95,20 @@ class TrainState:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RolloutBatch:
-    """One rollout, scored and corrected, ready for the update (all arrays [B, T] unless noted)."""
+    """One rollout, scored and corrected, ready for the update (``batched()`` fields are [B, T])."""
 
-    tokens_BT: jax.Array  # prompt + response, left-padded prompts
-    segment_ids_BT: jax.Array  # 1 for real tokens, 0 for left padding
-    positions_BT: jax.Array  # per-row positions (left-padding invariant)
-    response_mask_BT: jax.Array  # 1 on generated tokens up to and including the stop token
-    logp_rollout_BT: jax.Array  # rollout (FP8) policy log-probs of the sampled tokens
-    logp_old_BT: jax.Array  # high-precision policy log-probs at the params that generated
-    is_weights_BT: jax.Array  # rollout-correction importance weights (stop-gradient)
-    keep_BT: jax.Array  # rollout-correction keep mask (MIS / rejection)
+    tokens_BT: jax.Array = batched()  # prompt + response, left-padded prompts
+    segment_ids_BT: jax.Array = batched()  # 1 for real tokens, 0 for left padding
+    positions_BT: jax.Array = batched()  # per-row positions (left-padding invariant)
+    response_mask_BT: jax.Array = batched()  # 1 on generated tokens, the stop token included
+    logp_rollout_BT: jax.Array = batched()  # rollout (FP8) policy log-probs of the samples
+    logp_old_BT: jax.Array = batched()  # high-precision log-probs at the generating params
+    is_weights_BT: jax.Array = batched()  # rollout-correction importance weights (no grad)
+    keep_BT: jax.Array = batched()  # rollout-correction keep mask (MIS / rejection)
     qkv_amax: dict  # per-layer Q/K/V amax of the scoring pass, for KV-scale recalibration
     metrics: dict  # rollout-correction and generation metrics (device scalars)
-    logp_ref_BT: jax.Array | None = None  # reference-policy log-probs (when RLConfig.uses_ref)
-    values_BT: jax.Array | None = None  # old values V_t of the scoring pass (advantage="gae")
+    logp_ref_BT: jax.Array | None = batched(default=None)  # reference log-probs (uses_ref)
+    values_BT: jax.Array | None = batched(default=None)  # old values V_t (advantage="gae")
 
 
 @jax.tree_util.register_dataclass

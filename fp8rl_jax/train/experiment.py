@@ -15,7 +15,7 @@ from fp8rl_jax.rl import RLConfig
 from fp8rl_jax.train.distributed import DistributedConfig
 from fp8rl_jax.train.optim import OptimConfig
 from fp8rl_jax.train.sft import SFTConfig
-from fp8rl_jax.train.sharding import MeshConfig
+from fp8rl_jax.train.sharding.mesh import MeshConfig
 
 ARCHITECTURES = (
     "LlamaForCausalLM",
