@@ -1,6 +1,15 @@
 """Rollout: sampling, FP8 KV-cache scales, the jitted prefill + decode loop, the rollout helper."""
 
-from fp8rl_jax.generation.config import ENGINES, KV_CACHE_DTYPES, KV_SCALE_MODES, RolloutConfig
+from fp8rl_jax.generation.config import (
+    ENGINES,
+    KV_CACHE_DTYPES,
+    KV_SCALE_MODES,
+    ComputeDtype,
+    Engine,
+    KVCacheDtype,
+    KVScaleMode,
+    RolloutConfig,
+)
 from fp8rl_jax.generation.generate import (
     DecodeState,
     Prompts,
@@ -34,6 +43,10 @@ __all__ = [
     "ENGINE_FNS",
     "KV_CACHE_DTYPES",
     "KV_SCALE_MODES",
+    "ComputeDtype",
+    "Engine",
+    "KVCacheDtype",
+    "KVScaleMode",
     "DecodeState",
     "KVScales",
     "PinParams",

@@ -3,42 +3,42 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fp8rl_jax.fields import batched
+from fp8rl_jax.fields import batched, check_choices
 from fp8rl_jax.generation import KVScales, RolloutConfig
 from fp8rl_jax.models import ModelConfig
 from fp8rl_jax.rl.correction import RolloutCorrectionConfig
 from fp8rl_jax.rl.losses import LossConfig
 from fp8rl_jax.rl.value import init_value_head
 
-ADVANTAGES = ("grpo", "drgrpo", "rloo", "gae")
+Advantage = Literal["grpo", "drgrpo", "rloo", "gae"]
+ADVANTAGES = typing.get_args(Advantage)
 
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
     """The algorithm: advantages, PPO epochs/minibatches, loss, rollout correction."""
 
-    group_size: int = 8  # G responses per prompt (GRPO group)
-    advantage: str = "grpo"  # "grpo" | "drgrpo" (no std division) | "rloo" | "gae" (value head)
+    group_size: int = 16  # responses per prompt (the GRPO group)
+    advantage: Advantage = "grpo"  # grpo | drgrpo (no std division) | rloo | gae (value head)
     ppo_epochs: int = 1  # passes over the rollout batch
     num_minibatches: int = 1  # optimizer updates per epoch
     grad_accum: int = 1  # micro-batches accumulated per minibatch update
-    loss: LossConfig = LossConfig()
-    correction: RolloutCorrectionConfig = RolloutCorrectionConfig()
+    loss: LossConfig = LossConfig()  # the PPO objective and its optional terms
+    correction: RolloutCorrectionConfig = RolloutCorrectionConfig()  # FP8 mismatch correction
     gamma: float = 1.0  # GAE discount per token
     lam: float = 1.0  # GAE λ (1: Monte-Carlo returns minus the value baseline)
     whiten_advantages: bool = True  # GAE: whiten advantages over the batch's response tokens
     kl_in_reward: float = 0.0  # β of the per-token reward penalty −β·KL(π_old‖π_ref); 0: off
 
     def __post_init__(self):
-        if self.advantage not in ADVANTAGES:
-            raise ValueError(
-                f"RLConfig.advantage must be one of {ADVANTAGES}, got {self.advantage!r}"
-            )
+        check_choices(self)
         for name in ("group_size", "ppo_epochs", "num_minibatches", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RLConfig.{name} must be >= 1, got {getattr(self, name)}")
