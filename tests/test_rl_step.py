@@ -19,9 +19,7 @@ from fp8rl_jax.generation import (
     SamplingConfig,
     calibrate_initial_kv_scales,
     calibrate_kv_scales,
-    make_prompts,
 )
-from fp8rl_jax.models import init_weights
 from fp8rl_jax.rl import (
     RLConfig,
     RolloutCorrectionConfig,
@@ -29,48 +27,27 @@ from fp8rl_jax.rl import (
     jit_steps,
     make_fused_step,
 )
-from fp8rl_jax.train.experiment import ModelSpec
+from tests.testing import TINY_MODEL, assert_finite, copy_tree, tiny_params, tiny_prompts
 
+MODEL = TINY_MODEL
 G = 4  # responses per prompt
-VOCAB = 64
-MODEL = ModelSpec(
-    hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64
-).tiny_config(VOCAB)
 FP8_ROLLOUT = RolloutConfig(max_new_tokens=6, kv_cache_dtype="float8_e4m3fn")  # W8A8 + FP8 KV
 RL = RLConfig(group_size=G, num_minibatches=2)
 OPTIMIZER = optax.adam(1e-2)
 
 
-def _params():
-    params = init_weights(MODEL, jax.random.key(0), jnp.float32)
-    params["embed"] = params["embed"] / MODEL.hidden_size**0.5  # O(1) logits, as build_model
-    return params
-
-
 def _prompts():
-    rng = np.random.default_rng(0)
-    rows = [rng.integers(3, VOCAB, size=n).tolist() for n in (5, 7, 3, 8) for _ in range(G)]
-    return make_prompts(rows)
+    return tiny_prompts((5, 7, 3, 8), G)
 
 
 def _state(rollout_cfg=FP8_ROLLOUT):
-    params = _params()
+    params = tiny_params()
     kv = calibrate_initial_kv_scales(params, _prompts(), MODEL, rollout_cfg)
     return init_train_state(params, OPTIMIZER, jax.random.key(1), kv)
 
 
-def _copy(tree):
-    """A copy that outlives donation (the train step donates its input state)."""
-    return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
-
-
 def _rewards():
     return jnp.asarray(np.random.default_rng(1).normal(size=4 * G), jnp.float32)
-
-
-def _assert_finite(metrics):
-    bad = {k: float(v) for k, v in metrics.items() if not np.isfinite(np.asarray(v)).all()}
-    assert not bad, f"non-finite metrics: {bad}"
 
 
 def even_token_reward(tokens_BT, response_mask_BT, parity_B):
@@ -89,10 +66,10 @@ def two_steps(fp8_steps):
     """Two full FP8 steps (W8A8 + static FP8 KV cache) with random rewards, and what they saw."""
     rollout_step, train_step = fp8_steps
     state0 = _state()
-    host0 = _copy(state0)
+    host0 = copy_tree(state0)
     batch1 = rollout_step(state0, _prompts())
     state1, metrics1 = train_step(state0, batch1, _rewards())
-    host1 = _copy(state1)
+    host1 = copy_tree(state1)
     batch2 = rollout_step(state1, _prompts())
     state2, metrics2 = train_step(state1, batch2, _rewards())
     return dict(
@@ -112,9 +89,9 @@ def test_full_step_updates_params_with_finite_metrics(two_steps):
     deltas = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), host0.params, host1.params)
     unchanged = [k for k, d in jax.tree_util.tree_leaves_with_path(deltas) if d == 0.0]
     assert not unchanged, f"parameters not updated: {unchanged}"
-    _assert_finite(two_steps["batch1"].metrics)
-    _assert_finite(two_steps["metrics1"])
-    _assert_finite(two_steps["m2"])
+    assert_finite(two_steps["batch1"].metrics)
+    assert_finite(two_steps["metrics1"])
+    assert_finite(two_steps["m2"])
     assert int(two_steps["metrics1"]["nonfinite_skips"]) == 0
     assert float(two_steps["metrics1"]["grad_norm"]) > 0
     # The FP8 rollout differs from the BF16 scoring pass, so the mismatch metrics are not trivial.
@@ -168,11 +145,11 @@ def test_static_fp8_kv_scales_are_recalibrated(two_steps):
 def test_nonfinite_reward_skips_the_update(two_steps, fp8_steps):
     rollout_step, train_step = fp8_steps
     state = _state()
-    before = _copy(state)
+    before = copy_tree(state)
     batch = rollout_step(state, _prompts())
     rewards = _rewards().at[::G].set(jnp.nan)  # one NaN per group: every row's advantage is NaN
     state, metrics = train_step(state, batch, rewards)
-    after = _copy(state)
+    after = copy_tree(state)
     assert int(metrics["nonfinite_skips"]) == RL.num_minibatches  # both updates skipped
     assert int(after.nonfinite_skips) == RL.num_minibatches
     assert int(after.step) == 1  # the step still counts; the data position moves on
@@ -243,15 +220,15 @@ def test_fused_step_matches_two_programs_and_compiles_once(fp8_steps):
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
         state_f.params,
-        _copy(state.params),
+        copy_tree(state.params),
     )
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4),
         state_f.kv_scales,
-        _copy(state.kv_scales),
+        copy_tree(state.kv_scales),
     )
 
     state2, _, metrics2 = fused(state_f, _prompts(), parity_B)
-    _assert_finite(metrics2)
+    assert_finite(metrics2)
     assert int(state2.step) == 2
     assert fused._cache_size() == 1

@@ -15,33 +15,21 @@ from fp8rl_jax.generation import (
     calibrate_initial_kv_scales,
     cast_floats,
     generate,
-    make_prompts,
     rollout,
 )
-from fp8rl_jax.models import init_weights
 from fp8rl_jax.quant import QArray, quantize_params
-from fp8rl_jax.train.experiment import ModelSpec
+from tests.testing import TINY_MODEL, tiny_params, tiny_prompts
 
-VOCAB = 64
-MODEL = ModelSpec(
-    hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64
-).tiny_config(VOCAB)
+MODEL = TINY_MODEL
 FP8_KV = RolloutConfig(max_new_tokens=4, kv_cache_dtype="float8_e4m3fn")  # W8A8 + static FP8 KV
 
 
-def _params():
-    params = init_weights(MODEL, jax.random.key(0), jnp.float32)
-    params["embed"] = params["embed"] / MODEL.hidden_size**0.5  # O(1) logits, as build_model
-    return params
-
-
 def _prompts():
-    rng = np.random.default_rng(0)
-    return make_prompts([rng.integers(3, VOCAB, size=n).tolist() for n in (5, 7, 3, 8)])
+    return tiny_prompts((5, 7, 3, 8))
 
 
 def test_rollout_is_cast_quantize_pin_generate():
-    params, prompts = _params(), _prompts()
+    params, prompts = tiny_params(), _prompts()
     kv = calibrate_initial_kv_scales(params, prompts, MODEL, FP8_KV)
     greedy = SamplingConfig(temperature=0.0)
     pinned = []
@@ -70,9 +58,9 @@ def test_rollout_is_cast_quantize_pin_generate():
 def test_rollout_without_quantization_or_static_scales_ignores_kv_scales():
     """A BF16 rollout with a BF16 cache never reads ``kv_scales`` (None is fine)."""
     rc = RolloutConfig(max_new_tokens=4, quant=None)
-    ro, metrics = rollout(_params(), _prompts(), MODEL, rc, jax.random.key(3), None)
+    ro, metrics = rollout(tiny_params(), _prompts(), MODEL, rc, jax.random.key(3), None)
     want = generate(
-        cast_floats(_params(), jnp.bfloat16), _prompts(), MODEL, rc.sampling, jax.random.key(3),
+        cast_floats(tiny_params(), jnp.bfloat16), _prompts(), MODEL, rc.sampling, jax.random.key(3),
         max_new_tokens=4,
     )  # fmt: skip
     np.testing.assert_array_equal(ro.tokens_BT, want.tokens_BT)

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,7 @@ from fp8rl_jax.models import ModelConfig, Tokenizer
 from fp8rl_jax.rl import TrainState, init_train_state
 from fp8rl_jax.tasks import (
     CharTokenizer,
+    Example,
     Task,
     make_demonstration_batch,
     make_prompt_batch,
@@ -45,6 +47,10 @@ from fp8rl_jax.train.setup import build_model, build_task
 from fp8rl_jax.train.sft import sft_warm_start
 
 log = logging.getLogger(__name__)
+
+
+# (task, examples, completion texts) -> (rewards_B float32, exact accuracy): ``score_completions``
+RewardFn = Callable[[Task, Sequence[Example], Sequence[str]], tuple[np.ndarray, float]]
 
 
 class NonFiniteError(RuntimeError):
@@ -83,6 +89,7 @@ class _Run:
     model_cfg: ModelConfig  # the policy's architecture
     prompt_len: int  # P: every prompt batch is left-padded to it (one compiled program)
     placement: SingleDevice = dataclasses.field(default_factory=SingleDevice)  # or OnMesh
+    reward_fn: RewardFn = score_completions  # host rewards of the rollouts (and their accuracy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,18 +164,22 @@ def _initial_state(run: _Run, params, optimizer, rng) -> TrainState:
     return init_train_state(params, optimizer, rng, kv_scales, rl_cfg=run.exp.rl)
 
 
-def train(exp: Experiment, *, progress: bool = True) -> dict:
+def train(
+    exp: Experiment, *, progress: bool = True, reward_fn: RewardFn = score_completions
+) -> dict:
     """Runs (or resumes) the experiment; returns the summary (also in run_dir/summary.json).
 
     With more than one device or process the state and both steps live on ``exp.mesh``
     (docs/SCALING.md §6); every process runs this same loop on its own rows of each batch.
+    ``reward_fn(task, examples, completions) -> (rewards_B, accuracy)`` scores the rollouts on
+    the host (default: the task's verifier); held-out accuracy always uses the verifier.
     """
     tc = exp.trainer
     os.makedirs(tc.run_dir, exist_ok=True)
     task, tokenizer = build_task(exp.task, exp.model.hf_checkpoint)
     model_cfg, params = build_model(exp.model, tokenizer, jax.random.key(tc.seed))
     prompt_len = prompt_length(task, tokenizer)
-    run = _Run(exp, task, tokenizer, model_cfg, prompt_len)
+    run = _Run(exp, task, tokenizer, model_cfg, prompt_len, reward_fn=reward_fn)
     optimizer = make_optimizer(exp.optim)
     ckpt = CheckpointManager(
         os.path.join(tc.run_dir, "checkpoints"), max_to_keep=tc.keep_checkpoints
@@ -272,7 +283,7 @@ def _run_steps(run: _Run, state, start, optimizer, ckpt, logger, progress: bool)
             out.read(pending)
         tokens = place.local_tokens(rollout.tokens_BT)
         rollout_time = time.perf_counter() - t0
-        rewards, acc = score_completions(
+        rewards, acc = run.reward_fn(
             run.task, batch.examples, _completions(run.tokenizer, tokens, run.prompt_len)
         )
         state, train_metrics = train_step(state, rollout, place.rewards(rewards))
