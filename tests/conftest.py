@@ -1,10 +1,37 @@
-"""Shared pytest hooks: skip accelerator-marked tests where the accelerator is absent."""
+"""Shared pytest hooks: one persistent compilation cache per test run; accelerator skips.
 
-import jax
+The cache: the process that starts the run (the xdist controller, or pytest alone) makes one
+directory and exports it as ``JAX_COMPILATION_CACHE_DIR``, with no minimum compile time or entry
+size, before jax is imported. xdist workers and every test subprocess (trainer runs, sharding
+and multi-process workers, the notebook kernel) inherit the environment, so a program compiled
+by one of them is loaded, not compiled, by the others. The directory is removed when the run
+ends. A ``JAX_COMPILATION_CACHE_DIR`` set by the user is used as is and kept.
+"""
+
+import os
+import shutil
+import tempfile
+
 import pytest
+
+_RUN_CACHE = "FP8RL_TEST_COMPILATION_CACHE"  # set by the process that owns the run's cache
+_OWNED: str | None = None
+if _RUN_CACHE not in os.environ and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWNED = os.environ[_RUN_CACHE] = tempfile.mkdtemp(prefix="fp8rl_jax_xla_cache_")
+if _RUN_CACHE in os.environ:
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ[_RUN_CACHE])
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+
+def pytest_unconfigure(config):
+    if _OWNED is not None and not hasattr(config, "workerinput"):
+        shutil.rmtree(_OWNED, ignore_errors=True)
 
 
 def _has_hopper() -> bool:
+    import jax
+
     try:
         devices = jax.devices("gpu")
     except RuntimeError:
@@ -13,6 +40,8 @@ def _has_hopper() -> bool:
 
 
 def _has_tpu() -> bool:
+    import jax
+
     try:
         return bool(jax.devices("tpu"))
     except RuntimeError:

@@ -22,7 +22,6 @@ def _parse_mesh(text: str) -> dict[str, int]:
 
 def distributed_run(args) -> dict:
     import jax
-    import jax.numpy as jnp
 
     from fp8rl_jax.generation import Prompts
     from fp8rl_jax.train import distributed as dist
@@ -33,8 +32,8 @@ def distributed_run(args) -> dict:
     cfg = sc.model_config(args.model)
     counter = sc.CompileCounter()
     mesh = sh.make_mesh(sh.MeshConfig(**{"fsdp": 1, **_parse_mesh(args.mesh)}))
-    rollout_step, train_step = sc.programs(cfg)
     with jax.set_mesh(mesh):
+        ro_fn, tr_fn = sc.programs(cfg, mesh)
         abstract = jax.eval_shape(lambda: sc.initial_state(cfg))
         state_sh = sh.train_state_shardings(abstract, cfg, mesh)
         # Every process computes the same initial state (same seed), placed straight on the mesh.
@@ -42,11 +41,7 @@ def distributed_run(args) -> dict:
         tokens, lens = sc.prompts_np(0)
         n_rows = tokens.shape[0]
         prompts_sh = sh.batch_shardings(Prompts(tokens, lens), mesh)
-        batch_abs = jax.eval_shape(rollout_step, abstract, Prompts(tokens, lens))
-        batch_sh = sh.batch_shardings(batch_abs, mesh)
-        rewards_sh = sh.batch_shardings(jax.ShapeDtypeStruct((n_rows,), jnp.float32), mesh)
-        ro_fn = sh.shard_rollout_step(rollout_step, state_sh, prompts_sh, batch_sh)
-        tr_fn = sh.shard_train_step(train_step, state_sh, batch_sh, rewards_sh, mesh)
+        rewards_sh = sh.rows_sharding(n_rows, mesh)
         rows = dist.process_rows(prompts_sh.tokens_BP, tokens.shape)
         log_rows = []
         for t in range(args.steps):

@@ -14,16 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fp8rl_jax.generation import Prompts
+from fp8rl_jax.generation import Prompts, RolloutConfig
 from fp8rl_jax.models import ModelConfig, init_weights
 from fp8rl_jax.quant import QuantRecipe
-from fp8rl_jax.rl.step import (
-    RLConfig,
-    RolloutConfig,
-    init_train_state,
-    make_rollout_step,
-    make_train_step,
-)
+from fp8rl_jax.rl import RLConfig, Steps, init_train_state, jit_steps
 
 PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS = 4, 4, 8, 4  # B = 16 rows
 
@@ -56,13 +50,16 @@ def optimizer():
     )
 
 
-def programs(cfg: ModelConfig):
-    """(rollout_step, train_step) as rl.step builds them (jitted, unsharded)."""
+def programs(cfg: ModelConfig, mesh=None) -> Steps:
+    """The jitted rollout and train programs: on one device, or with the mesh's shardings."""
     rollout_cfg, rl_cfg = rl_configs()
-    return (
-        make_rollout_step(cfg, rollout_cfg, rl_cfg),
-        make_train_step(cfg, rollout_cfg, rl_cfg, optimizer()),
-    )
+    shardings = None
+    if mesh is not None:
+        from fp8rl_jax.train import sharding as sh
+
+        state = jax.eval_shape(lambda: initial_state(cfg))
+        shardings = sh.step_shardings(cfg, rollout_cfg, rl_cfg, mesh, state, prompts_for(0))
+    return jit_steps(cfg, rollout_cfg, rl_cfg, optimizer(), shardings=shardings)
 
 
 def initial_state(cfg: ModelConfig):

@@ -1,9 +1,9 @@
 """Sharded vs single-device RL steps on fake CPU devices; writes a JSON report.
 
 The fake device count is fixed when jax is imported, so tests/test_sharding_mesh.py runs this in
-a subprocess:
-    python -m tests.sharding_worker --model dense --mesh data=2,fsdp=2,tensor=2 --mesh fsdp=8
-    python -m tests.sharding_worker --quantize-check
+a subprocess, all cases in one process (one jax start-up, one report keyed by model):
+    python -m tests.sharding_worker --quantize-check --case dense:data=2,fsdp=2,tensor=2 \
+        --case dense:fsdp=8 --case moe:data=2,expert=4
 """
 
 from __future__ import annotations
@@ -37,24 +37,18 @@ def run_reference(cfg, steps: int):
 
 def run_sharded(cfg, mesh_sizes: dict[str, int], steps: int, counter):
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from fp8rl_jax.train import sharding as sh
     from tests import scaleout_common as sc
 
     mesh = sh.make_mesh(sh.MeshConfig(**{"fsdp": 1, **mesh_sizes}))
-    rollout_step, train_step = sc.programs(cfg)
     with jax.set_mesh(mesh):
+        ro_fn, tr_fn = sc.programs(cfg, mesh)
         state0 = sc.initial_state(cfg)
-        prompts = sc.prompts_for(0)
         state_sh = sh.train_state_shardings(state0, cfg, mesh)
-        prompts_sh = sh.batch_shardings(prompts, mesh)
-        batch_sh = sh.batch_shardings(jax.eval_shape(rollout_step, state0, prompts), mesh)
-        n_rows = prompts.tokens_BP.shape[0]
-        rewards_sh = sh.batch_shardings(jax.ShapeDtypeStruct((n_rows,), jnp.float32), mesh)
-        ro_fn = sh.shard_rollout_step(rollout_step, state_sh, prompts_sh, batch_sh)
-        tr_fn = sh.shard_train_step(train_step, state_sh, batch_sh, rewards_sh, mesh)
+        prompts_sh = sh.batch_shardings(sc.prompts_for(0), mesh)
+        rewards_sh = sh.rows_sharding(sc.PROMPTS * sc.GROUP, mesh)
         state = jax.device_put(state0, state_sh)
         rows, tokens = [], []
         for t in range(steps):
@@ -165,8 +159,9 @@ def quantize_check() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="dense", choices=("dense", "moe"))
-    parser.add_argument("--mesh", action="append", default=[], help="e.g. data=2,fsdp=2,tensor=2")
+    parser.add_argument(
+        "--case", action="append", default=[], help="MODEL:MESH, e.g. dense:data=2,fsdp=2,tensor=2"
+    )
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--quantize-check", action="store_true")
@@ -177,10 +172,14 @@ def main() -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
     from tests import scaleout_common as sc
 
-    if args.quantize_check:
-        sc.dump(quantize_check(), args.out)
-    else:
-        sc.dump(compare(sc.model_config(args.model), args.mesh, args.steps), args.out)
+    report = {"quantize": quantize_check()} if args.quantize_check else {}
+    meshes: dict[str, list[str]] = {}
+    for case in args.case:
+        model, mesh = case.split(":", 1)
+        meshes.setdefault(model, []).append(mesh)
+    for model, texts in meshes.items():
+        report[model] = compare(sc.model_config(model), texts, args.steps)
+    sc.dump(report, args.out)
 
 
 if __name__ == "__main__":

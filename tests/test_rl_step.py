@@ -13,60 +13,41 @@ import numpy as np
 import optax
 import pytest
 
-from fp8rl_jax.generation import SamplingConfig, calibrate_kv_scales, make_prompts
-from fp8rl_jax.models import init_weights
-from fp8rl_jax.rl.correction import RolloutCorrectionConfig
-from fp8rl_jax.rl.step import (
-    RLConfig,
+from fp8rl_jax.fields import is_batched
+from fp8rl_jax.generation import (
     RolloutConfig,
+    SamplingConfig,
     calibrate_initial_kv_scales,
-    init_train_state,
-    make_fused_step,
-    make_rollout_step,
-    make_train_step,
+    calibrate_kv_scales,
 )
-from fp8rl_jax.train.experiment import ModelSpec
+from fp8rl_jax.rl import (
+    RLConfig,
+    RolloutCorrectionConfig,
+    init_train_state,
+    jit_steps,
+    make_fused_step,
+)
+from tests.testing import TINY_MODEL, assert_finite, copy_tree, tiny_params, tiny_prompts
 
+MODEL = TINY_MODEL
 G = 4  # responses per prompt
-VOCAB = 64
-MODEL = ModelSpec(
-    hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64
-).tiny_config(VOCAB)
 FP8_ROLLOUT = RolloutConfig(max_new_tokens=6, kv_cache_dtype="float8_e4m3fn")  # W8A8 + FP8 KV
 RL = RLConfig(group_size=G, num_minibatches=2)
 OPTIMIZER = optax.adam(1e-2)
 
 
-def _params():
-    params = init_weights(MODEL, jax.random.key(0), jnp.float32)
-    params["embed"] = params["embed"] / MODEL.hidden_size**0.5  # O(1) logits, as build_model
-    return params
-
-
 def _prompts():
-    rng = np.random.default_rng(0)
-    rows = [rng.integers(3, VOCAB, size=n).tolist() for n in (5, 7, 3, 8) for _ in range(G)]
-    return make_prompts(rows)
+    return tiny_prompts((5, 7, 3, 8), G)
 
 
 def _state(rollout_cfg=FP8_ROLLOUT):
-    params = _params()
+    params = tiny_params()
     kv = calibrate_initial_kv_scales(params, _prompts(), MODEL, rollout_cfg)
     return init_train_state(params, OPTIMIZER, jax.random.key(1), kv)
 
 
-def _copy(tree):
-    """A copy that outlives donation (the train step donates its input state)."""
-    return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
-
-
 def _rewards():
     return jnp.asarray(np.random.default_rng(1).normal(size=4 * G), jnp.float32)
-
-
-def _assert_finite(metrics):
-    bad = {k: float(v) for k, v in metrics.items() if not np.isfinite(np.asarray(v)).all()}
-    assert not bad, f"non-finite metrics: {bad}"
 
 
 def even_token_reward(tokens_BT, response_mask_BT, parity_B):
@@ -77,10 +58,7 @@ def even_token_reward(tokens_BT, response_mask_BT, parity_B):
 
 @pytest.fixture(scope="module")
 def fp8_steps():
-    return (
-        make_rollout_step(MODEL, FP8_ROLLOUT, RL),
-        make_train_step(MODEL, FP8_ROLLOUT, RL, OPTIMIZER),
-    )
+    return jit_steps(MODEL, FP8_ROLLOUT, RL, OPTIMIZER)
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +66,10 @@ def two_steps(fp8_steps):
     """Two full FP8 steps (W8A8 + static FP8 KV cache) with random rewards, and what they saw."""
     rollout_step, train_step = fp8_steps
     state0 = _state()
-    host0 = _copy(state0)
+    host0 = copy_tree(state0)
     batch1 = rollout_step(state0, _prompts())
     state1, metrics1 = train_step(state0, batch1, _rewards())
-    host1 = _copy(state1)
+    host1 = copy_tree(state1)
     batch2 = rollout_step(state1, _prompts())
     state2, metrics2 = train_step(state1, batch2, _rewards())
     return dict(
@@ -111,13 +89,24 @@ def test_full_step_updates_params_with_finite_metrics(two_steps):
     deltas = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), host0.params, host1.params)
     unchanged = [k for k, d in jax.tree_util.tree_leaves_with_path(deltas) if d == 0.0]
     assert not unchanged, f"parameters not updated: {unchanged}"
-    _assert_finite(two_steps["batch1"].metrics)
-    _assert_finite(two_steps["metrics1"])
-    _assert_finite(two_steps["m2"])
+    assert_finite(two_steps["batch1"].metrics)
+    assert_finite(two_steps["metrics1"])
+    assert_finite(two_steps["m2"])
     assert int(two_steps["metrics1"]["nonfinite_skips"]) == 0
     assert float(two_steps["metrics1"]["grad_norm"]) > 0
     # The FP8 rollout differs from the BF16 scoring pass, so the mismatch metrics are not trivial.
     assert float(two_steps["batch1"].metrics["token_mult_prob_error"]) > 1.0
+
+
+def test_every_row_array_of_the_rollout_batch_is_declared_batched(two_steps):
+    """A mesh splits exactly the declared fields; an undeclared [B, ...] field would replicate."""
+    batch = two_steps["batch1"]
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if value is None:  # an optional field this config does not fill (logp_ref, values)
+            continue
+        rows = isinstance(value, jax.Array) and value.ndim >= 1 and value.shape[0] == 4 * G
+        assert rows == is_batched(batch, f.name), f.name
 
 
 def test_second_step_compiles_nothing_new(fp8_steps, two_steps):
@@ -156,11 +145,11 @@ def test_static_fp8_kv_scales_are_recalibrated(two_steps):
 def test_nonfinite_reward_skips_the_update(two_steps, fp8_steps):
     rollout_step, train_step = fp8_steps
     state = _state()
-    before = _copy(state)
+    before = copy_tree(state)
     batch = rollout_step(state, _prompts())
     rewards = _rewards().at[::G].set(jnp.nan)  # one NaN per group: every row's advantage is NaN
     state, metrics = train_step(state, batch, rewards)
-    after = _copy(state)
+    after = copy_tree(state)
     assert int(metrics["nonfinite_skips"]) == RL.num_minibatches  # both updates skipped
     assert int(after.nonfinite_skips) == RL.num_minibatches
     assert int(after.step) == 1  # the step still counts; the data position moves on
@@ -171,7 +160,7 @@ def test_nonfinite_reward_skips_the_update(two_steps, fp8_steps):
 
 def test_bypass_uses_rollout_logprobs_as_pi_old():
     rl = dataclasses.replace(RL, correction=RolloutCorrectionConfig(bypass=True))
-    batch = make_rollout_step(MODEL, FP8_ROLLOUT, rl)(_state(), _prompts())
+    batch = jit_steps(MODEL, FP8_ROLLOUT, rl, OPTIMIZER).rollout(_state(), _prompts())
     mask = np.asarray(batch.response_mask_BT)
     np.testing.assert_array_equal(batch.logp_old_BT, batch.logp_rollout_BT)
     np.testing.assert_array_equal(batch.is_weights_BT, mask)  # every ρ is 1
@@ -197,7 +186,7 @@ def test_same_precision_rollout_gives_unit_is_weights():
         kv_cache_dtype="float32",
         compute_dtype="float32",
     )
-    batch = make_rollout_step(MODEL, rc, RL)(_state(rc), _prompts())
+    batch = jit_steps(MODEL, rc, RL, OPTIMIZER).rollout(_state(rc), _prompts())
     mask = np.asarray(batch.response_mask_BT) > 0
     assert mask.sum() > 0
     log_ratio = np.asarray(batch.logp_old_BT - batch.logp_rollout_BT)[mask]
@@ -231,15 +220,15 @@ def test_fused_step_matches_two_programs_and_compiles_once(fp8_steps):
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
         state_f.params,
-        _copy(state.params),
+        copy_tree(state.params),
     )
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4),
         state_f.kv_scales,
-        _copy(state.kv_scales),
+        copy_tree(state.kv_scales),
     )
 
     state2, _, metrics2 = fused(state_f, _prompts(), parity_B)
-    _assert_finite(metrics2)
+    assert_finite(metrics2)
     assert int(state2.step) == 2
     assert fused._cache_size() == 1

@@ -14,28 +14,32 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from fp8rl_jax.generation import SamplingConfig, make_prompts
-from fp8rl_jax.models import init_weights
-from fp8rl_jax.rl.losses import LossConfig, entropy_from_logits
-from fp8rl_jax.rl.step import (
+from fp8rl_jax.generation import RolloutConfig, SamplingConfig
+from fp8rl_jax.rl import (
+    LossConfig,
     RLConfig,
     RolloutBatch,
-    RolloutConfig,
     compute_targets,
+    entropy_from_logits,
     init_train_state,
-    make_rollout_step,
-    make_train_step,
+    jit_steps,
+    kl_reward_penalty,
     policy_entropy,
+    terminal_rewards,
+    token_values,
 )
-from fp8rl_jax.rl.value import kl_reward_penalty, terminal_rewards, token_values
 from fp8rl_jax.train import sharding as sh
-from fp8rl_jax.train.experiment import ModelSpec
+from tests.testing import (
+    TINY_MODEL,
+    VOCAB,
+    assert_finite,
+    copy_tree,
+    tiny_params,
+    tiny_prompts,
+)
 
 G = 4
-VOCAB = 64
-MODEL = ModelSpec(
-    hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64
-).tiny_config(VOCAB)
+MODEL = TINY_MODEL
 ROLLOUT = RolloutConfig(
     max_new_tokens=4, quant=None, kv_cache_dtype="float32", compute_dtype="float32"
 )
@@ -48,29 +52,12 @@ RL_GAE = RLConfig(
 )
 
 
-def _params():
-    params = init_weights(MODEL, jax.random.key(0), jnp.float32)
-    params["embed"] = params["embed"] / MODEL.hidden_size**0.5  # O(1) logits, as build_model
-    return params
-
-
 def _prompts():
-    rng = np.random.default_rng(0)
-    return make_prompts([rng.integers(3, VOCAB, size=n).tolist() for n in (5, 3) for _ in range(G)])
+    return tiny_prompts((5, 3), G)
 
 
 def _rewards():
     return jnp.asarray(np.random.default_rng(1).normal(size=2 * G), jnp.float32)
-
-
-def _copy(tree):
-    """A copy that outlives donation (the train step donates its input state)."""
-    return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
-
-
-def _assert_finite(metrics):
-    bad = {k: float(v) for k, v in metrics.items() if not np.isfinite(np.asarray(v)).all()}
-    assert not bad, f"non-finite metrics: {bad}"
 
 
 def _max_delta(a, b):
@@ -139,23 +126,23 @@ def test_gae_targets_with_zero_values_are_whitened_returns():
 
 
 def test_missing_state_parts_raise():
-    state = init_train_state(_params(), OPTIMIZER, jax.random.key(1))
+    state = init_train_state(tiny_params(), OPTIMIZER, jax.random.key(1))
     with pytest.raises(ValueError, match="ref_params"):
-        make_rollout_step(MODEL, ROLLOUT, RL_KL)(state, _prompts())
+        jit_steps(MODEL, ROLLOUT, RL_KL, OPTIMIZER).rollout(state, _prompts())
     with pytest.raises(ValueError, match="value_head"):
         rl = dataclasses.replace(RL_GAE, kl_in_reward=0.0)
-        make_rollout_step(MODEL, ROLLOUT, rl)(state, _prompts())
+        jit_steps(MODEL, ROLLOUT, rl, OPTIMIZER).rollout(state, _prompts())
 
 
 def test_value_head_and_ref_stay_out_of_the_param_shardings():
     state = jax.eval_shape(
-        lambda: init_train_state(_params(), OPTIMIZER, jax.random.key(1), rl_cfg=RL_GAE)
+        lambda: init_train_state(tiny_params(), OPTIMIZER, jax.random.key(1), rl_cfg=RL_GAE)
     )
     assert state.ref_params is not None and state.value_head["w"].shape == (32, 1)
     mesh = sh.abstract_mesh(sh.MeshConfig(fsdp=2, tensor=2), 4)
     st = sh.train_state_shardings(state, MODEL, mesh)
     adam = st.opt_state[0]
-    assert adam.mu["policy"] == st.params and adam.mu["value_head"]["w"].spec == P()
+    assert adam.mu.policy == st.params and adam.mu.value_head["w"].spec == P()
     assert st.value_head["w"].spec == P()
     assert st.ref_params == st.params  # the frozen reference is sharded like the policy
 
@@ -165,17 +152,17 @@ def test_value_head_and_ref_stay_out_of_the_param_shardings():
 
 @pytest.fixture(scope="module")
 def plain_batch():
-    state = init_train_state(_params(), OPTIMIZER, jax.random.key(1))
-    return state, make_rollout_step(MODEL, ROLLOUT, RL)(state, _prompts())
+    state = init_train_state(tiny_params(), OPTIMIZER, jax.random.key(1))
+    return state, jit_steps(MODEL, ROLLOUT, RL, OPTIMIZER).rollout(state, _prompts())
 
 
 def test_entropy_bonus_adds_exactly_coef_times_minus_entropy(plain_batch):
     state, batch = plain_batch
-    s_plain, m_plain = make_train_step(MODEL, ROLLOUT, RL, OPTIMIZER)(
-        _copy(state), batch, _rewards()
+    s_plain, m_plain = jit_steps(MODEL, ROLLOUT, RL, OPTIMIZER).train(
+        copy_tree(state), batch, _rewards()
     )
-    train_ent = make_train_step(MODEL, ROLLOUT, RL_ENTROPY, OPTIMIZER)
-    s_ent, m_ent = train_ent(_copy(state), batch, _rewards())
+    train_ent = jit_steps(MODEL, ROLLOUT, RL_ENTROPY, OPTIMIZER).train
+    s_ent, m_ent = train_ent(copy_tree(state), batch, _rewards())
     h = float(m_plain["entropy"])
     assert 0.0 < h < np.log(VOCAB)
     np.testing.assert_allclose(float(m_ent["entropy"]), h, rtol=1e-6)
@@ -187,36 +174,35 @@ def test_entropy_bonus_adds_exactly_coef_times_minus_entropy(plain_batch):
 
 
 def test_kl_loss_is_zero_at_the_reference_and_grows_after_an_update():
-    state = init_train_state(_params(), OPTIMIZER, jax.random.key(1), rl_cfg=RL_KL)
-    ref0 = _copy(state.ref_params)
-    batch = make_rollout_step(MODEL, ROLLOUT, RL_KL)(state, _prompts())
+    state = init_train_state(tiny_params(), OPTIMIZER, jax.random.key(1), rl_cfg=RL_KL)
+    ref0 = copy_tree(state.ref_params)
+    batch = jit_steps(MODEL, ROLLOUT, RL_KL, OPTIMIZER).rollout(state, _prompts())
     m = np.asarray(batch.response_mask_BT) > 0
     np.testing.assert_allclose(
         np.asarray(batch.logp_ref_BT)[m], np.asarray(batch.logp_old_BT)[m], atol=1e-6
     )
-    train = make_train_step(MODEL, ROLLOUT, RL_KL, OPTIMIZER)
+    train = jit_steps(MODEL, ROLLOUT, RL_KL, OPTIMIZER).train
     state, m1 = train(state, batch, _rewards())
     assert abs(float(m1["kl_ref"])) < 1e-6
     state, m2 = train(state, batch, _rewards())
     assert float(m2["kl_ref"]) > 1e-6
-    _assert_finite(m2)
+    assert_finite(m2)
     assert _max_delta(state.ref_params, ref0) == 0.0  # the reference stays frozen
     assert train._cache_size() == 1
 
 
 def test_gae_two_steps_train_value_head_and_policy_without_recompiling():
-    state = init_train_state(_params(), OPTIMIZER, jax.random.key(1), rl_cfg=RL_GAE)
-    rollout = make_rollout_step(MODEL, ROLLOUT, RL_GAE)
-    train = make_train_step(MODEL, ROLLOUT, RL_GAE, OPTIMIZER)
-    host0 = _copy(state)
+    state = init_train_state(tiny_params(), OPTIMIZER, jax.random.key(1), rl_cfg=RL_GAE)
+    rollout, train = jit_steps(MODEL, ROLLOUT, RL_GAE, OPTIMIZER)
+    host0 = copy_tree(state)
     batch1 = rollout(state, _prompts())
     np.testing.assert_array_equal(batch1.values_BT, 0.0)  # zero-initialized head
     state, m1 = train(state, batch1, _rewards())
-    host1 = _copy(state)
+    host1 = copy_tree(state)
     batch2 = rollout(state, _prompts())
     state, m2 = train(state, batch2, _rewards())
     for m in (m1, m2):
-        _assert_finite(m)
+        assert_finite(m)
         assert {"vf_loss", "vf_clipfrac", "return_mean", "entropy"} <= set(m)
         assert int(m["nonfinite_skips"]) == 0
     assert _max_delta(host1.value_head, host0.value_head) > 0

@@ -3,6 +3,7 @@
 The 8-device runs of the sharded programs are in test_sharding_mesh.py (subprocesses).
 """
 
+import dataclasses
 import logging
 
 import jax
@@ -11,9 +12,10 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from fp8rl_jax.fields import batched
 from fp8rl_jax.models import ModelConfig, init_cache
 from fp8rl_jax.quant import QuantRecipe, quantize_params
-from fp8rl_jax.rl.step import init_train_state
+from fp8rl_jax.rl import init_train_state
 from fp8rl_jax.train import sharding as sh
 from fp8rl_jax.train.memory import memory_estimate
 
@@ -108,7 +110,7 @@ def test_fsdp_falls_back_to_a_shorter_axis_prefix():
 
 
 def test_indivisible_dims_fall_back_to_replication_with_one_warning(caplog):
-    sh._warned.clear()
+    sh.specs._warned.clear()
     cfg = _cfg(vocab_size=63, num_heads=3, num_kv_heads=1)  # 63 % 2, 3 heads % 2
     with caplog.at_level(logging.WARNING, logger="fp8rl_jax.train.sharding"):
         s = _specs(cfg, sh.MeshConfig(data=4, tensor=2, fsdp=1), sh.ROLLOUT_RULES)
@@ -164,23 +166,37 @@ def test_train_state_shardings_mirror_params_in_optimizer_state():
     mesh = sh.abstract_mesh(sh.MeshConfig(data=2, fsdp=2, tensor=2), 8)
     st = sh.train_state_shardings(state, cfg, mesh)
     adam = st.opt_state[1][0]
-    assert adam.mu["layers"][1]["attn"]["wq"].spec == P("fsdp", "tensor")
-    assert adam.nu == st.params and adam.mu == st.params
+    assert adam.mu.policy["layers"][1]["attn"]["wq"].spec == P("fsdp", "tensor")
+    assert adam.nu.policy == st.params and adam.mu.policy == st.params
     assert adam.count.spec == P() and st.step.spec == P() and st.rng.spec == P()
 
 
-def test_batch_shardings_follow_shape_suffixes():
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    tokens_BT: jax.Array = batched()
+    lens_B: jax.Array = batched()
+    weights: jax.Array = batched()  # declared: split although its name has no B suffix
+    q_LK: jax.Array  # not declared: replicated
+    metrics: dict  # not declared: replicated
+
+
+def test_batch_shardings_follow_declared_fields():
     mesh = sh.abstract_mesh(sh.MeshConfig(data=2, fsdp=4), 8)
-    tree = {
-        "tokens_BT": jax.ShapeDtypeStruct((16, 12), jnp.int32),
-        "lens_B": jax.ShapeDtypeStruct((16,), jnp.int32),
-        "q_LK": jax.ShapeDtypeStruct((2, 2), jnp.float32),
-        "metrics": {"kl": jax.ShapeDtypeStruct((), jnp.float32)},
-    }
+    f32 = jnp.float32
+    tree = _Rows(
+        tokens_BT=jax.ShapeDtypeStruct((16, 12), jnp.int32),
+        lens_B=jax.ShapeDtypeStruct((16,), jnp.int32),
+        weights=jax.ShapeDtypeStruct((16, 3), f32),
+        q_LK=jax.ShapeDtypeStruct((16, 2), f32),  # leading 16, but not a batch
+        metrics={"kl": jax.ShapeDtypeStruct((), f32), "lens_B": jax.ShapeDtypeStruct((16,), f32)},
+    )
     s = sh.batch_shardings(tree, mesh)
-    assert s["tokens_BT"].spec == P(("data", "fsdp"), None)
-    assert s["lens_B"].spec == P(("data", "fsdp"))
-    assert s["q_LK"].spec == P() and s["metrics"]["kl"].spec == P()
+    assert s.tokens_BT.spec == P(("data", "fsdp"), None)
+    assert s.lens_B.spec == P(("data", "fsdp"))
+    assert s.weights.spec == P(("data", "fsdp"), None)
+    assert s.q_LK.spec == P() and s.metrics["kl"].spec == P()
+    assert s.metrics["lens_B"].spec == P()  # a name is not a declaration
 
 
 @pytest.mark.parametrize("mode", ["none", "dynamic"])

@@ -1,10 +1,10 @@
 """Sharded programs on 8 fake CPU devices match the single-device programs.
 
-Each case runs ``python -m tests.sharding_worker`` in a subprocess, because the fake device
+All cases run in one ``python -m tests.sharding_worker`` subprocess, because the fake device
 count (``--xla_force_host_platform_device_count``) is fixed when jax is first imported and this
-pytest process already imported jax with one device. The worker runs the plain ``rl.step``
-programs on one device, then the same programs jitted with ``train.sharding`` in/out shardings,
-and reports the differences as JSON.
+pytest process already imported jax with one device. For each model the worker runs the
+``rl.jit_steps`` programs on one device, then the same programs with the mesh's
+``sharding.step_shardings``, and reports the differences as JSON.
 
 Tolerance: everything computes in f32 (FP8 only in the rollout weights, quantized identically
 under sharding), so results differ only by reduction order: ~1e-6 relative per op, ~1e-5 after
@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 5e-5
 
 
-def _worker(*args: str, timeout: int = 400) -> dict:
+def _worker(*args: str, timeout: int = 600) -> dict:
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop("XLA_FLAGS", None)
     out = subprocess.run(
@@ -34,8 +34,15 @@ def _worker(*args: str, timeout: int = 400) -> dict:
     return json.loads(out.stdout[out.stdout.index("{") :])
 
 
-def test_quantize_params_runs_sharded_without_gathering_weights():
-    r = _worker("--quantize-check")
+@pytest.fixture(scope="module")
+def report() -> dict:
+    """Every case of this file from one worker process (one jax start-up on 8 fake devices)."""
+    cases = ("dense:data=2,fsdp=2,tensor=2", "dense:fsdp=8", "moe:data=2,expert=4")
+    return _worker("--quantize-check", *(a for c in cases for a in ("--case", c)))
+
+
+def test_quantize_params_runs_sharded_without_gathering_weights(report):
+    r = report["quantize"]
     assert r["gathers"] == []  # no all-gather / all-to-all / collective-permute
     # The only communication is the amax of blocks that straddle two shards (wk/wv: a tensor
     # shard holds half a 128-column block): one scalar per straddling block.
@@ -62,14 +69,14 @@ def _check(report: dict) -> None:
 
 
 @pytest.mark.slow
-def test_dense_sharded_rl_steps_match_single_device():
-    r = _worker("--model", "dense", "--mesh", "data=2,fsdp=2,tensor=2", "--mesh", "fsdp=8")
+def test_dense_sharded_rl_steps_match_single_device(report):
+    r = report["dense"]
     _check(r)
     assert r["meshes"]["data=2,fsdp=2,tensor=2"]["wq_spec"] == "P('fsdp', 'tensor')"
 
 
 @pytest.mark.slow
-def test_moe_expert_parallel_rl_steps_match_single_device():
-    r = _worker("--model", "moe", "--mesh", "data=2,expert=4")
+def test_moe_expert_parallel_rl_steps_match_single_device(report):
+    r = report["moe"]
     _check(r)
     assert r["meshes"]["data=2,expert=4"]["w_up_spec"] == "P('expert', None, None)"

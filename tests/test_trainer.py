@@ -1,9 +1,10 @@
 """The trainer (issue 6): run outputs, exact resume, SIGKILL, damaged checkpoints, non-finite stop.
 
-Every run is `experiments/train.py` (or `train(exp, progress=False)` in a small driver) in a
-subprocess, on a tiny config (D=32, 4 prompts x 4 responses, 6 steps), sharing one persistent
-compilation cache: only the first run compiles from scratch (~30 s on 2 cores), the others take
-~10 s. One uninterrupted reference run is reused by every comparison.
+Every run is `experiments/train.py` in a subprocess (the NaN-reward run: `train()` in-process,
+with a reward hook), on a tiny config (D=32, 4 prompts x 4 responses, 6 steps), sharing the test
+run's persistent compilation cache (conftest.py): only the first run compiles from scratch (~30 s
+on 2 cores), the others take ~10 s. One uninterrupted reference run is reused by every
+comparison.
 
 Resumed runs must reproduce the reference exactly: the data of step t depends only on t, the RNG
 and optimizer state are in the checkpoint, and XLA on CPU is deterministic run to run. Only the
@@ -21,6 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from experiments.configs import tiny
+from experiments.configs.defaults import set_path
+from fp8rl_jax.tasks import score_completions
+from fp8rl_jax.train import trainer
+from fp8rl_jax.train.experiment import experiment_from_config
 
 REPO = Path(__file__).resolve().parents[1]
 ARM = "fp8kv_tis"  # FP8 W8A8 + FP8 KV cache with static scales: the most state to resume
@@ -42,41 +49,11 @@ TINY = {
 }
 WALL_CLOCK = {"rollout_time_s"}
 
-# train(exp, progress=False) in a subprocess, with the rewards replaced by NaN.
-_NAN_REWARD_DRIVER = """
-import json, sys
-import numpy as np
-sys.path.insert(0, {repo!r})
-from experiments.configs import tiny
-from fp8rl_jax.train import trainer
-from fp8rl_jax.train.experiment import experiment_from_config
-
-config = tiny.get_config({arm!r})
-for path, value in json.loads(sys.argv[1]).items():
-    *parents, name = path.split(".")
-    node = config
-    for p in parents:
-        node = node[p]
-    node[name] = value
-score = trainer.score_completions
-trainer.score_completions = lambda *a: (np.full(len(score(*a)[0]), np.nan), 0.0)
-try:
-    trainer.train(experiment_from_config(config), progress=False)
-except trainer.NonFiniteError as e:
-    print(f"NonFiniteError: {{e}}")
-    sys.exit(3)
-"""
-
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax_cache")
-    return {
-        **os.environ,
-        "JAX_COMPILATION_CACHE_DIR": str(cache),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
+def env():
+    """The environment of every run: the test run's persistent compilation cache (conftest)."""
+    return dict(os.environ)
 
 
 def _overrides(run_dir, **changes) -> dict:
@@ -204,22 +181,23 @@ def test_damaged_latest_checkpoint_falls_back_to_previous(env, reference, tmp_pa
     _assert_same_metrics(run_dir, reference)
 
 
+def _nan_rewards(task, examples, completions):
+    """The task's rewards, every one replaced by NaN (a broken reward function)."""
+    rewards, _ = score_completions(task, examples, completions)
+    return np.full_like(rewards, np.nan), 0.0
+
+
 @pytest.mark.slow
-def test_nan_rewards_stop_with_nonfinite_error(env, tmp_path):
-    driver = _NAN_REWARD_DRIVER.format(repo=str(REPO), arm=ARM)
-    overrides = _overrides(tmp_path, **{"trainer.max_nonfinite_skips": 1})
-    proc = subprocess.run(
-        [sys.executable, "-c", driver, json.dumps(overrides)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 3, proc.stdout + proc.stderr[-4000:]
-    message = proc.stdout.strip().splitlines()[-1]
+def test_nan_rewards_stop_with_nonfinite_error(reference, tmp_path):
+    """In-process ``train()`` with a NaN reward hook; its programs are the reference run's."""
+    config = tiny.get_config(ARM)
+    for path, value in _overrides(tmp_path, **{"trainer.max_nonfinite_skips": 1}).items():
+        set_path(config, path, value)
+    with pytest.raises(trainer.NonFiniteError) as e:
+        trainer.train(experiment_from_config(config), progress=False, reward_fn=_nan_rewards)
+    message = str(e.value)
     # Two minibatch updates per step, both skipped: 2 > 1 stops the run after step 1.
-    assert message.startswith("NonFiniteError: 2 updates skipped for a non-finite loss")
+    assert message.startswith("2 updates skipped for a non-finite loss")
     assert "trainer.max_nonfinite_skips=1" in message and "reward_mean=nan" in message
     assert str(tmp_path / "metrics.jsonl") in message
     last = _metrics(tmp_path)[-1]
@@ -270,9 +248,7 @@ def test_export_hf_writes_the_trained_policy(env, reference, tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from experiments.configs import tiny
     from fp8rl_jax.models import init_weights, load_hf_checkpoint
-    from fp8rl_jax.train.experiment import experiment_from_config
 
     out = tmp_path / "hf"
     flags = [f"--config.{k}={v}" for k, v in _overrides(reference).items()]

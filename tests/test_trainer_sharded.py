@@ -1,8 +1,9 @@
 """``train()`` on a mesh (docs/SCALING.md §6) logs what the single-device run logs.
 
 Each run is ``tests.trainer_sharded_worker`` in a subprocess (the fake CPU device count is fixed
-when jax is imported), on a tiny config (D=32, 4 prompts x 4 responses), all sharing one
-persistent compilation cache. The reference is one uninterrupted 4-step run on one device.
+when jax is imported), on a tiny config (D=32, 4 prompts x 4 responses), all sharing the test
+run's persistent compilation cache (conftest.py). The reference is one uninterrupted 4-step
+run on one device.
 
 Numerics: FP8 W8A8 rollout weights (quant on), everything else f32 (rollout compute, KV cache,
 SFT, master weights), so a mesh changes only the order of reductions. The sampled tokens are then
@@ -45,14 +46,9 @@ WALL_CLOCK = {"rollout_time_s"}
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache")),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
+def env():
+    """The test run's environment (with its persistent compilation cache), one device by default."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     for k in ("XLA_FLAGS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(k, None)
     return env

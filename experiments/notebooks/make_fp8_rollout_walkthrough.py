@@ -34,16 +34,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import optax
 
-from fp8rl_jax.generation import SamplingConfig, make_prompts
+from fp8rl_jax.generation import RolloutConfig, SamplingConfig, make_prompts
 from fp8rl_jax.models import init_weights
 from fp8rl_jax.quant import dequantize, quantize_blockwise
-from fp8rl_jax.rl.correction import RolloutCorrectionConfig
-from fp8rl_jax.rl.step import (
+from fp8rl_jax.rl import (
     RLConfig,
-    RolloutConfig,
+    RolloutCorrectionConfig,
     init_train_state,
-    make_rollout_step,
-    make_train_step,
+    jit_steps,
 )
 from fp8rl_jax.train.experiment import ModelSpec
 
@@ -101,8 +99,8 @@ plt.show()""",
         "md",
         """## (b) FP8 vs BF16 rollout: the log-prob mismatch
 
-A tiny random Qwen3-style model (D=128, 2 layers, vocab 128). `make_rollout_step` builds the
-rollout program: quantize the params (the per-step weight sync), generate, then score the
+A tiny random Qwen3-style model (D=128, 2 layers, vocab 128). `jit_steps` builds the rollout
+and train programs; the rollout: quantize the params (the per-step weight sync), generate, score the
 generated tokens with the BF16 policy in the same program (π_old). We run it once with the FP8 W8A8
 recipe and once without quantization: the BF16 rollout is the baseline, where only prefill/decode
 vs full-forward rounding separates rollout and scoring.""",
@@ -137,11 +135,11 @@ def fresh_state():
     return init_train_state(jax.tree.map(jnp.copy, params), optimizer, jax.random.key(2))
 
 
-rollout_fp8 = make_rollout_step(model_cfg, fp8_rollout, rl_tis)
+rollout_fp8, train_step = jit_steps(model_cfg, fp8_rollout, rl_tis, optimizer)
 state = fresh_state()
 batches = {
     "FP8 W8A8": rollout_fp8(state, prompts),
-    "BF16": make_rollout_step(model_cfg, bf16_rollout, rl_tis)(state, prompts),
+    "BF16": jit_steps(model_cfg, bf16_rollout, rl_tis, optimizer).rollout(state, prompts),
 }
 names = ("kl", "k3_kl", "token_mult_prob_error", "probs_diff_max", "is_weight_max", "ess")
 print(f"{'rollout':<10}" + "".join(f"{n:>24}" for n in names))
@@ -181,10 +179,9 @@ def even_token_reward(tokens_BT, response_mask_BT):
 
 
 rl_none = dataclasses.replace(rl_tis, correction=RolloutCorrectionConfig(is_level=None))
-train_step = make_train_step(model_cfg, fp8_rollout, rl_tis, optimizer)
 arms = {
     "TIS (C=2)": rollout_fp8,
-    "no correction": make_rollout_step(model_cfg, fp8_rollout, rl_none),
+    "no correction": jit_steps(model_cfg, fp8_rollout, rl_none, optimizer).rollout,
 }
 history = {}
 for arm, rollout_step in arms.items():

@@ -1,5 +1,15 @@
-"""Rollout engine: sampling, FP8 KV-cache scales, the jitted prefill + decode loop."""
+"""Rollout: sampling, FP8 KV-cache scales, the jitted prefill + decode loop, the rollout helper."""
 
+from fp8rl_jax.generation.config import (
+    ENGINES,
+    KV_CACHE_DTYPES,
+    KV_SCALE_MODES,
+    ComputeDtype,
+    Engine,
+    KVCacheDtype,
+    KVScaleMode,
+    RolloutConfig,
+)
 from fp8rl_jax.generation.generate import (
     DecodeState,
     Prompts,
@@ -9,6 +19,17 @@ from fp8rl_jax.generation.generate import (
     make_prompts,
 )
 from fp8rl_jax.generation.kv_scales import KVScales, calibrate_kv_scales
+from fp8rl_jax.generation.rollout import (
+    ENGINE_FNS,
+    PinParams,
+    calibrate_initial_kv_scales,
+    cast_floats,
+    kv_scale_metrics,
+    prompt_segment_ids,
+    recalibrate_kv_scales,
+    rollout,
+    rollout_weights,
+)
 from fp8rl_jax.generation.sampling import (
     SamplingConfig,
     process_logits,
@@ -18,16 +39,33 @@ from fp8rl_jax.generation.sampling import (
 )
 
 __all__ = [
+    "ENGINES",
+    "ENGINE_FNS",
+    "KV_CACHE_DTYPES",
+    "KV_SCALE_MODES",
+    "ComputeDtype",
+    "Engine",
+    "KVCacheDtype",
+    "KVScaleMode",
     "DecodeState",
+    "KVScales",
+    "PinParams",
     "Prompts",
     "Rollout",
-    "bucket_length",
-    "generate",
-    "make_prompts",
-    "KVScales",
+    "RolloutConfig",
     "SamplingConfig",
+    "bucket_length",
+    "calibrate_initial_kv_scales",
     "calibrate_kv_scales",
+    "cast_floats",
+    "generate",
+    "kv_scale_metrics",
+    "make_prompts",
     "process_logits",
+    "prompt_segment_ids",
+    "recalibrate_kv_scales",
+    "rollout",
+    "rollout_weights",
     "row_keys",
     "sample",
     "token_logprobs",

@@ -4,7 +4,8 @@ Prompts are left-padded to a bucketed length P (``make_prompts``), so prompts of
 share one compiled program; the program depends only on (B, P, max_new_tokens, the static
 configs). Row b's prompt occupies cache slots ``P - len_b .. P - 1`` (the pad slots are written but
 invalid) and its real tokens have positions ``0 .. len_b - 1``, so a prompt gives the same tokens
-whatever its padding. Each response slot n of row b is written at cache slot ``P + n``.
+whatever its padding. Response slot a of row b (A = ``max_new_tokens`` slots) is written at
+cache slot ``P + a``.
 
 Continuous-batching hook: the decode state ``DecodeState`` is per row (next position, response
 length, done flag, own cache row via ``KVCache.lengths_B``/``valid_BS``). A finished row could be
@@ -28,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fp8rl_jax.fields import batched
 from fp8rl_jax.generation.kv_scales import KVScales
 from fp8rl_jax.generation.sampling import SamplingConfig, sample
 from fp8rl_jax.models import ModelConfig, QKVAmax, extend_cache, forward, init_cache
@@ -42,8 +44,8 @@ CACHE_ALIGN = 128  # cache slots are rounded up to this when a decode kernel rea
 class Prompts:
     """Left-padded prompt token ids and their lengths."""
 
-    tokens_BP: jax.Array  # int32, pads (any id) on the left
-    lens_B: jax.Array  # int32, number of real tokens per row
+    tokens_BP: jax.Array = batched()  # int32, pads (any id) on the left
+    lens_B: jax.Array = batched()  # int32, number of real tokens per row
 
 
 @jax.tree_util.register_dataclass
@@ -51,11 +53,11 @@ class Prompts:
 class Rollout:
     """Generated sequences (prompt + response) and the rollout log-probs of the sampled tokens."""
 
-    tokens_BT: jax.Array  # int32 [B, P + N]: left-padded prompt, then response (pad 0 after it)
-    response_mask_BT: jax.Array  # bool: response tokens (including a final stop token)
-    logp_BT: jax.Array  # f32: log q(token) under the processed distribution; 0 off the response
-    response_lens_B: jax.Array  # int32
-    prompt_lens_B: jax.Array  # int32
+    tokens_BT: jax.Array = batched()  # int32 [B, P + A]: left-padded prompt, response, 0 pads
+    response_mask_BT: jax.Array = batched()  # bool: response tokens (with a final stop token)
+    logp_BT: jax.Array = batched()  # f32 log q(token), processed distribution; 0 off the response
+    response_lens_B: jax.Array = batched()  # int32
+    prompt_lens_B: jax.Array = batched()  # int32
     qkv_amax: QKVAmax  # per-layer Q/K/V amax over the prompts (prefill), for step-0 calibration
     prompt_len: int = dataclasses.field(metadata=dict(static=True))  # P (padded)
 
@@ -70,8 +72,8 @@ class DecodeState:
     pos_B: jax.Array  # int32: position of last_B
     n_B: jax.Array  # int32: response length so far
     done_B: jax.Array  # bool: stop token sampled or budget reached
-    out_BN: jax.Array  # int32 response tokens
-    logp_BN: jax.Array  # f32 their log-probs
+    out_BA: jax.Array  # int32 response tokens, one per response slot
+    logp_BA: jax.Array  # f32 their log-probs
     cache: object  # models.KVCache
 
 
@@ -142,13 +144,13 @@ def _record(state: DecodeState, tok_B, logp_B, stop_ids, max_new) -> DecodeState
     live = ~state.done_B
     rows = jnp.arange(tok_B.shape[0])
     idx = jnp.where(live, state.n_B, max_new)  # out-of-bounds index: dropped for done rows
-    out = state.out_BN.at[rows, idx].set(tok_B, mode="drop")
-    logp = state.logp_BN.at[rows, idx].set(logp_B, mode="drop")
+    out = state.out_BA.at[rows, idx].set(tok_B, mode="drop")
+    logp = state.logp_BA.at[rows, idx].set(logp_B, mode="drop")
     n_B = state.n_B + live
     is_stop = jnp.isin(tok_B, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else False
     done = state.done_B | (live & is_stop) | (n_B >= max_new)
     return dataclasses.replace(
-        state, last_B=jnp.where(live, tok_B, state.last_B), out_BN=out, logp_BN=logp, n_B=n_B,
+        state, last_B=jnp.where(live, tok_B, state.last_B), out_BA=out, logp_BA=logp, n_B=n_B,
         done_B=done,
     )  # fmt: skip
 
@@ -175,8 +177,8 @@ def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_d
         pos_B=prompts.lens_B - 1,
         n_B=jnp.zeros((b,), jnp.int32),
         done_B=jnp.zeros((b,), bool),
-        out_BN=jnp.zeros((b, max_new_tokens), jnp.int32),
-        logp_BN=jnp.zeros((b, max_new_tokens), jnp.float32),
+        out_BA=jnp.zeros((b, max_new_tokens), jnp.int32),
+        logp_BA=jnp.zeros((b, max_new_tokens), jnp.float32),
         cache=cache,
     )
     tok, logp = sample(jax.random.fold_in(rng, 0), logits_BV, sampling)
@@ -202,11 +204,11 @@ def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_d
         return _record(s, tok, logp, stop_ids, max_new_tokens)
 
     state = jax.lax.while_loop(cond, body, state)
-    resp_BN = jnp.arange(max_new_tokens)[None] < state.n_B[:, None]
+    resp_BA = jnp.arange(max_new_tokens)[None] < state.n_B[:, None]
     return Rollout(
-        tokens_BT=jnp.concatenate([prompts.tokens_BP, jnp.where(resp_BN, state.out_BN, 0)], 1),
-        response_mask_BT=jnp.concatenate([jnp.zeros((b, p), bool), resp_BN], 1),
-        logp_BT=jnp.concatenate([jnp.zeros((b, p)), jnp.where(resp_BN, state.logp_BN, 0.0)], 1),
+        tokens_BT=jnp.concatenate([prompts.tokens_BP, jnp.where(resp_BA, state.out_BA, 0)], 1),
+        response_mask_BT=jnp.concatenate([jnp.zeros((b, p), bool), resp_BA], 1),
+        logp_BT=jnp.concatenate([jnp.zeros((b, p)), jnp.where(resp_BA, state.logp_BA, 0.0)], 1),
         response_lens_B=state.n_B,
         prompt_lens_B=prompts.lens_B,
         qkv_amax=amax,

@@ -1,4 +1,4 @@
-"""fp8rl_jax.rl: rollout correction, advantages, losses, and the jitted RL step programs."""
+"""fp8rl_jax.rl: rollout correction, advantages, losses, and the RL step programs."""
 
 from fp8rl_jax.rl.advantages import gae, grpo_advantages, masked_whiten, rloo_advantages
 from fp8rl_jax.rl.correction import RolloutCorrectionConfig, mismatch_metrics, rollout_correction
@@ -13,32 +13,87 @@ from fp8rl_jax.rl.losses import (
     policy_loss,
     value_loss,
 )
-from fp8rl_jax.rl.state import RLConfig, RolloutBatch, RolloutConfig, TrainState, init_train_state
-from fp8rl_jax.rl.step import make_fused_step, make_rollout_step, make_train_step
+from fp8rl_jax.rl.scoring import policy_entropy, rollout_segment_ids, sequence_logprobs
+from fp8rl_jax.rl.state import (
+    RLConfig,
+    RolloutBatch,
+    StepConfig,
+    Trainable,
+    TrainState,
+    check_state,
+    init_train_state,
+)
+from fp8rl_jax.rl.step import (
+    Steps,
+    StepShardings,
+    jit_steps,
+    make_fused_step,
+    rollout_fn,
+    rollout_step,
+    train_fn,
+)
+from fp8rl_jax.rl.update import (
+    Grads,
+    MiniBatch,
+    Targets,
+    UpdateCarry,
+    compute_advantages,
+    compute_targets,
+    loss_fn,
+    minibatch_grads,
+    minibatches,
+    train_step,
+    update_minibatch,
+)
+from fp8rl_jax.rl.value import init_value_head, kl_reward_penalty, terminal_rewards, token_values
 
 __all__ = [
+    "Grads",
+    "LossConfig",
+    "MiniBatch",
     "RLConfig",
     "RolloutBatch",
-    "RolloutConfig",
-    "TrainState",
-    "init_train_state",
-    "make_fused_step",
-    "make_rollout_step",
-    "make_train_step",
-    "LossConfig",
     "RolloutCorrectionConfig",
+    "StepConfig",
+    "StepShardings",
+    "Steps",
+    "Targets",
+    "TrainState",
+    "Trainable",
+    "UpdateCarry",
     "aggregate_loss",
+    "check_state",
+    "compute_advantages",
+    "compute_targets",
     "entropy_bonus",
     "entropy_from_logits",
     "gae",
     "grpo_advantages",
+    "init_train_state",
+    "init_value_head",
+    "jit_steps",
     "kl_loss",
     "kl_penalty",
+    "kl_reward_penalty",
+    "loss_fn",
+    "make_fused_step",
     "masked_mean",
     "masked_whiten",
+    "minibatch_grads",
+    "minibatches",
     "mismatch_metrics",
+    "policy_entropy",
     "policy_loss",
     "rloo_advantages",
     "rollout_correction",
+    "rollout_fn",
+    "rollout_segment_ids",
+    "rollout_step",
+    "sequence_logprobs",
+    "terminal_rewards",
+    "token_values",
+    "train_fn",
+    "train_step",
+    "update_minibatch",
     "value_loss",
 ]

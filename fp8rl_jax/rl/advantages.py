@@ -1,6 +1,6 @@
 """Advantage estimators: GRPO / Dr.GRPO group normalization, RLOO, and GAE for PPO with a critic.
 
-Outcome rewards ``rewards_B`` hold G consecutive responses per prompt (``B = num_prompts * G``);
+Outcome rewards ``rewards_B`` hold G consecutive responses per prompt (``B = Q * G``, Q prompts);
 advantages are broadcast to the response tokens of ``mask_BT`` and are 0 elsewhere.
 """
 
@@ -36,11 +36,11 @@ def grpo_advantages(rewards_B, mask_BT, group_size: int, scale_by_std: bool = Tr
 
     References: DeepSeekMath, arXiv 2402.03300 (GRPO); Dr.GRPO, arXiv 2503.20783 (no std scaling).
     """
-    rewards_NG = _grouped(rewards_B, group_size)
-    centered_NG = rewards_NG - jnp.mean(rewards_NG, axis=-1, keepdims=True)
+    rewards_QG = _grouped(rewards_B, group_size)
+    centered_QG = rewards_QG - jnp.mean(rewards_QG, axis=-1, keepdims=True)
     if scale_by_std:
-        centered_NG = centered_NG / (jnp.std(rewards_NG, axis=-1, ddof=1, keepdims=True) + eps)
-    return _to_tokens(centered_NG.reshape(-1), mask_BT)
+        centered_QG = centered_QG / (jnp.std(rewards_QG, axis=-1, ddof=1, keepdims=True) + eps)
+    return _to_tokens(centered_QG.reshape(-1), mask_BT)
 
 
 def rloo_advantages(rewards_B, mask_BT, group_size: int):
@@ -48,9 +48,9 @@ def rloo_advantages(rewards_B, mask_BT, group_size: int):
 
     Reference: Ahmadian et al., arXiv 2402.14740 (RLOO); Kool et al. 2019.
     """
-    rewards_NG = _grouped(rewards_B, group_size)
-    loo_mean_NG = (jnp.sum(rewards_NG, axis=-1, keepdims=True) - rewards_NG) / (group_size - 1)
-    return _to_tokens((rewards_NG - loo_mean_NG).reshape(-1), mask_BT)
+    rewards_QG = _grouped(rewards_B, group_size)
+    loo_mean_QG = (jnp.sum(rewards_QG, axis=-1, keepdims=True) - rewards_QG) / (group_size - 1)
+    return _to_tokens((rewards_QG - loo_mean_QG).reshape(-1), mask_BT)
 
 
 class _GaeCarry(NamedTuple):

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
+from fp8rl_jax.fields import check_choices
 from fp8rl_jax.rl.losses import masked_mean
 
-IS_LEVELS = (None, "token", "sequence")
-RS_LEVELS = (None, "token", "sequence", "geometric")
+ISLevel = Literal["token", "sequence"]
+RSLevel = Literal["token", "sequence", "geometric"]
+IS_LEVELS = (None, *typing.get_args(ISLevel))
+RS_LEVELS = (None, *typing.get_args(RSLevel))
 _LOG_RATIO_CLAMP = 20.0  # veRL safety clamp: exp(±20) is finite in fp32, and so is its square
 
 
@@ -24,9 +29,9 @@ _LOG_RATIO_CLAMP = 20.0  # veRL safety clamp: exp(±20) is finite in fp32, and s
 class RolloutCorrectionConfig:
     """How the rollout/trainer mismatch is corrected (defaults: the paper's token TIS, C = 2)."""
 
-    is_level: str | None = "token"  # importance weights: None | "token" | "sequence"
+    is_level: ISLevel | None = "token"  # importance weights: None | token | sequence
     is_threshold: float = 2.0  # C: truncation cap of the TIS weight (>= 1)
-    rs_level: str | None = None  # rejection: None | "token" | "sequence" | "geometric"
+    rs_level: RSLevel | None = None  # rejection: None | token | sequence | geometric
     rs_upper: float = 2.0  # RS keeps ratios <= rs_upper (>= 1)
     rs_lower: float | None = None  # RS keeps ratios >= rs_lower; None means 1 / rs_upper
     rs_veto_threshold: float | None = None  # drop a sequence if any ρ_t < this (e.g. 1e-4)
@@ -37,10 +42,9 @@ class RolloutCorrectionConfig:
     bypass: bool = False  # π_old := π_rollout (no BF16 recompute): every ρ is 1
 
     def __post_init__(self):
+        check_choices(self)
         lo, hi = self.icepop_low, self.icepop_high
         checks = (
-            ("is_level", self.is_level in IS_LEVELS, f"one of {IS_LEVELS}"),
-            ("rs_level", self.rs_level in RS_LEVELS, f"one of {RS_LEVELS}"),
             ("is_threshold", self.is_threshold >= 1.0, ">= 1"),
             ("rs_upper", self.rs_upper >= 1.0, ">= 1"),
             ("rs_lower", self.rs_lower is None or 0.0 < self.rs_lower <= 1.0, "in (0, 1] or None"),

@@ -9,12 +9,18 @@ coefficients (``entropy_bonus`` is ``-H``, so a positive coefficient rewards ent
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-KL_KINDS = ("k1", "k2", "k3")
+from fp8rl_jax.fields import check_choices
+
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+KLKind = Literal["k1", "k2", "k3"]
+AGG_MODES = typing.get_args(AggMode)
+KL_KINDS = typing.get_args(KLKind)
 _LOG_RATIO_CLAMP = 20.0  # exp(±20) stays finite in fp32 (veRL's safety clamp)
 _K3_CLAMP = 10.0  # veRL clamps the per-token low-variance KL to [-10, 10]
 
@@ -26,9 +32,9 @@ class LossConfig:
     clip_low: float = 0.2  # ε_low: ratio lower bound 1 - ε_low
     clip_high: float = 0.28  # ε_high: ratio upper bound 1 + ε_high (DAPO clip-higher)
     dual_clip: float | None = 3.0  # c > 1: loss cap -A·c for A < 0; None disables
-    agg: str = "token-mean"  # one of AGG_MODES
+    agg: AggMode = "token-mean"  # how token losses are averaged (DESIGN.md §4.7)
     kl_coef: float = 0.0  # weight of the KL-to-reference loss term
-    kl_kind: str = "k3"  # KL estimator, one of KL_KINDS
+    kl_kind: KLKind = "k3"  # KL estimator (Schulman's k1 / k2 / k3)
     entropy_coef: float = 0.0  # weight of the entropy bonus (-H) term
     vf_coef: float = 0.5  # weight of the value loss (PPO with a critic)
     vf_clip: float | None = 0.5  # value clip range around the old values; None disables
@@ -40,10 +46,7 @@ class LossConfig:
             raise ValueError(f"LossConfig.clip_high must be >= 0, got {self.clip_high}")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"LossConfig.dual_clip must be > 1 or None, got {self.dual_clip}")
-        if self.agg not in AGG_MODES:
-            raise ValueError(f"LossConfig.agg must be one of {AGG_MODES}, got {self.agg!r}")
-        if self.kl_kind not in KL_KINDS:
-            raise ValueError(f"LossConfig.kl_kind must be one of {KL_KINDS}, got {self.kl_kind!r}")
+        check_choices(self)
         for name in ("kl_coef", "entropy_coef", "vf_coef"):
             if getattr(self, name) < 0.0:
                 raise ValueError(f"LossConfig.{name} must be >= 0, got {getattr(self, name)}")

@@ -5,13 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fp8rl_jax.generation import (
-    KVScales,
-    Prompts,
-    SamplingConfig,
-    calibrate_kv_scales,
-    token_logprobs,
-)
+from fp8rl_jax.generation import SamplingConfig, token_logprobs
 from fp8rl_jax.models import forward
 from fp8rl_jax.rl.losses import entropy_from_logits
 
@@ -23,20 +17,6 @@ def rollout_segment_ids(ro) -> jax.Array:
     start_B1 = (ro.prompt_len - ro.prompt_lens_B)[:, None]
     end_B1 = (ro.prompt_len + ro.response_lens_B)[:, None]
     return ((t_T >= start_B1) & (t_T < end_B1)).astype(jnp.int32)
-
-
-def prompt_segment_ids(prompts: Prompts) -> jax.Array:
-    """1 on real prompt tokens, 0 on the left padding."""
-    P = prompts.tokens_BP.shape[1]
-    return (jnp.arange(P)[None, :] >= P - prompts.lens_B[:, None]).astype(jnp.int32)
-
-
-def cast_floats(tree, dtype):
-    """Casts floating leaves (weights) to ``dtype``; integer leaves pass."""
-    dtype = jnp.dtype(dtype)
-    return jax.tree.map(
-        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
-    )
 
 
 def sequence_logprobs(
@@ -73,21 +53,3 @@ def policy_entropy(logits_BTV, sampling: SamplingConfig):
     """Entropy ``H_t`` of the policy that sampled token t (temperature-scaled, untruncated)."""
     z_BTV = logits_BTV[:, :-1] if sampling.greedy else logits_BTV[:, :-1] / sampling.temperature
     return jnp.pad(entropy_from_logits(z_BTV), ((0, 0), (1, 0)))
-
-
-def calibrate_initial_kv_scales(
-    params, prompts: Prompts, model_cfg, rollout_cfg
-) -> KVScales | None:
-    """Step 0 (DESIGN.md §4.5): KV scales from a high-precision pass over the prompts."""
-    if not rollout_cfg.static_kv_scales:
-        return None
-    seg = prompt_segment_ids(prompts)
-    pos = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0)
-    out = jax.jit(
-        lambda p, t, q, s: forward(
-            p, t, model_cfg, positions_BT=q, segment_ids_BT=s, return_qkv_amax=True
-        )
-    )(cast_floats(params, rollout_cfg.compute_dtype), prompts.tokens_BP, pos, seg)
-    return calibrate_kv_scales(
-        out.qkv_amax, rollout_cfg.kv_calib_percentile, rollout_cfg.kv_calib_margin
-    )

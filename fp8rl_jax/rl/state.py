@@ -1,99 +1,44 @@
-"""What the RL step programs carry: rollout/algorithm configs, the train state, a rollout batch."""
+"""What the RL step programs carry: the algorithm config, the train state, a rollout batch."""
 
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fp8rl_jax.generation import KVScales, SamplingConfig
-from fp8rl_jax.quant import QuantRecipe
+from fp8rl_jax.fields import batched, check_choices
+from fp8rl_jax.generation import KVScales, RolloutConfig
+from fp8rl_jax.models import ModelConfig
 from fp8rl_jax.rl.correction import RolloutCorrectionConfig
 from fp8rl_jax.rl.losses import LossConfig
 from fp8rl_jax.rl.value import init_value_head
-from kernels_pallas.backend import KernelImpls
 
-ADVANTAGES = ("grpo", "drgrpo", "rloo", "gae")
-
-
-KV_CACHE_DTYPES = ("bfloat16", "float32", "float8_e4m3fn")
-
-
-KV_SCALE_MODES = ("static", "dynamic")
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """How the rollout policy generates: precision of weights and KV cache, sampling, budget."""
-
-    sampling: SamplingConfig = SamplingConfig()
-    max_new_tokens: int = 16  # response budget per sequence
-    stop_token_ids: tuple[int, ...] = ()  # generation of a row stops after any of these
-    quant: QuantRecipe | None = QuantRecipe()  # FP8 W8A8 recipe; None = BF16 rollout
-    kv_cache_dtype: str = "bfloat16"  # one of KV_CACHE_DTYPES
-    kv_scale_mode: str = "static"  # FP8 KV scales: "static" (recalibrated per step) | "dynamic"
-    compute_dtype: str = "bfloat16"  # activations / non-FP8 weights in rollout and scoring
-    kv_calib_percentile: float = 99.9  # percentile over micro-batch amax (NeMo-RL)
-    kv_calib_margin: float = 1.05  # headroom multiplier on the amax
-    matmul_impl: str = (
-        "auto"  # W8A8 linear layers: "auto" | "xla" | "pallas_mosaic_gpu" | "pallas_tpu"
-    )
-    decode_attention_impl: str | None = None  # None: jnp; "auto"/"xla"/"pallas_*": decode kernel op
-
-    def __post_init__(self):
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"RolloutConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, "
-                f"got {self.kv_cache_dtype!r}"
-            )
-        if self.kv_scale_mode not in KV_SCALE_MODES:
-            raise ValueError(
-                f"RolloutConfig.kv_scale_mode must be one of {KV_SCALE_MODES}, "
-                f"got {self.kv_scale_mode!r}"
-            )
-        KernelImpls(self.matmul_impl, self.decode_attention_impl)  # validates the names
-        if self.max_new_tokens < 1:
-            raise ValueError(
-                f"RolloutConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}"
-            )
-
-    @property
-    def kernels(self) -> KernelImpls:
-        """The kernel choices of the rollout program (static)."""
-        return KernelImpls(matmul=self.matmul_impl, decode_attention=self.decode_attention_impl)
-
-    @property
-    def fp8_kv(self) -> bool:
-        return self.kv_cache_dtype.startswith("float8")
-
-    @property
-    def static_kv_scales(self) -> bool:
-        return self.fp8_kv and self.kv_scale_mode == "static"
+Advantage = Literal["grpo", "drgrpo", "rloo", "gae"]
+ADVANTAGES = typing.get_args(Advantage)
 
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
     """The algorithm: advantages, PPO epochs/minibatches, loss, rollout correction."""
 
-    group_size: int = 8  # G responses per prompt (GRPO group)
-    advantage: str = "grpo"  # "grpo" | "drgrpo" (no std division) | "rloo" | "gae" (value head)
+    group_size: int = 16  # responses per prompt (the GRPO group)
+    advantage: Advantage = "grpo"  # grpo | drgrpo (no std division) | rloo | gae (value head)
     ppo_epochs: int = 1  # passes over the rollout batch
     num_minibatches: int = 1  # optimizer updates per epoch
     grad_accum: int = 1  # micro-batches accumulated per minibatch update
-    loss: LossConfig = LossConfig()
-    correction: RolloutCorrectionConfig = RolloutCorrectionConfig()
+    loss: LossConfig = LossConfig()  # the PPO objective and its optional terms
+    correction: RolloutCorrectionConfig = RolloutCorrectionConfig()  # FP8 mismatch correction
     gamma: float = 1.0  # GAE discount per token
     lam: float = 1.0  # GAE λ (1: Monte-Carlo returns minus the value baseline)
     whiten_advantages: bool = True  # GAE: whiten advantages over the batch's response tokens
     kl_in_reward: float = 0.0  # β of the per-token reward penalty −β·KL(π_old‖π_ref); 0: off
 
     def __post_init__(self):
-        if self.advantage not in ADVANTAGES:
-            raise ValueError(
-                f"RLConfig.advantage must be one of {ADVANTAGES}, got {self.advantage!r}"
-            )
+        check_choices(self)
         for name in ("group_size", "ppo_epochs", "num_minibatches", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RLConfig.{name} must be >= 1, got {getattr(self, name)}")
@@ -114,13 +59,27 @@ class RLConfig:
         return self.advantage == "gae"
 
 
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """The static configuration the RL step programs are compiled for."""
+
+    model: ModelConfig  # the policy's architecture
+    rollout: RolloutConfig  # how the rollout generates (precision, sampling, budget)
+    rl: RLConfig  # the algorithm (advantages, epochs, minibatches, loss, correction)
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        """Activations and non-FP8 weights in rollout, scoring and the loss forward."""
+        return jnp.dtype(self.rollout.compute_dtype)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrainState:
     """Everything a step needs and a checkpoint saves; donated to the train program."""
 
     params: dict  # FP32 master weights
-    opt_state: optax.OptState
+    opt_state: optax.OptState  # the optimizer's state over ``Trainable(params, value_head)``
     kv_scales: KVScales | None  # static FP8 KV scales for the next rollout (None: not used)
     step: jax.Array  # int32 number of completed RL steps
     rng: jax.Array  # base key; step t uses fold_in(rng, t)
@@ -136,23 +95,36 @@ class TrainState:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RolloutBatch:
-    """One rollout, scored and corrected, ready for the update (all arrays [B, T] unless noted)."""
+    """One rollout, scored and corrected, ready for the update (``batched()`` fields are [B, T])."""
 
-    tokens_BT: jax.Array  # prompt + response, left-padded prompts
-    segment_ids_BT: jax.Array  # 1 for real tokens, 0 for left padding
-    positions_BT: jax.Array  # per-row positions (left-padding invariant)
-    response_mask_BT: jax.Array  # 1 on generated tokens up to and including the stop token
-    logp_rollout_BT: jax.Array  # rollout (FP8) policy log-probs of the sampled tokens
-    logp_old_BT: jax.Array  # high-precision policy log-probs at the params that generated
-    is_weights_BT: jax.Array  # rollout-correction importance weights (stop-gradient)
-    keep_BT: jax.Array  # rollout-correction keep mask (MIS / rejection)
+    tokens_BT: jax.Array = batched()  # prompt + response, left-padded prompts
+    segment_ids_BT: jax.Array = batched()  # 1 for real tokens, 0 for left padding
+    positions_BT: jax.Array = batched()  # per-row positions (left-padding invariant)
+    response_mask_BT: jax.Array = batched()  # 1 on generated tokens, the stop token included
+    logp_rollout_BT: jax.Array = batched()  # rollout (FP8) policy log-probs of the samples
+    logp_old_BT: jax.Array = batched()  # high-precision log-probs at the generating params
+    is_weights_BT: jax.Array = batched()  # rollout-correction importance weights (no grad)
+    keep_BT: jax.Array = batched()  # rollout-correction keep mask (MIS / rejection)
     qkv_amax: dict  # per-layer Q/K/V amax of the scoring pass, for KV-scale recalibration
     metrics: dict  # rollout-correction and generation metrics (device scalars)
-    logp_ref_BT: jax.Array | None = None  # reference-policy log-probs (when RLConfig.uses_ref)
-    values_BT: jax.Array | None = None  # old values V_t of the scoring pass (advantage="gae")
+    logp_ref_BT: jax.Array | None = batched(default=None)  # reference log-probs (uses_ref)
+    values_BT: jax.Array | None = batched(default=None)  # old values V_t (advantage="gae")
 
 
-def _check_state(state: TrainState, rl_cfg: RLConfig) -> None:
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Trainable:
+    """What the optimizer updates: the policy weights, and the value head when there is one."""
+
+    policy: dict  # FP32 master weights (``TrainState.params``)
+    value_head: dict | None = None  # ``TrainState.value_head`` (advantage="gae"), else None
+
+    @classmethod
+    def of(cls, state: TrainState) -> Trainable:
+        return cls(state.params, state.value_head)
+
+
+def check_state(state: TrainState, rl_cfg: RLConfig) -> None:
     """Trace-time check that the state holds what ``rl_cfg`` needs."""
     if rl_cfg.uses_ref and state.ref_params is None:
         raise ValueError(
@@ -164,11 +136,6 @@ def _check_state(state: TrainState, rl_cfg: RLConfig) -> None:
             'advantage="gae" needs TrainState.value_head, and only it has one: build the state '
             f"with init_train_state(..., rl_cfg=rl_cfg) (advantage={rl_cfg.advantage!r})"
         )
-
-
-def _trainable(params, value_head):
-    """What the optimizer updates: the policy, and the value head when there is one."""
-    return params if value_head is None else {"policy": params, "value_head": value_head}
 
 
 def init_train_state(
@@ -197,7 +164,7 @@ def init_train_state(
         value_head = init_value_head(params["embed"].shape[-1])
     return TrainState(
         params=params,
-        opt_state=optimizer.init(_trainable(params, value_head)),
+        opt_state=optimizer.init(Trainable(params, value_head)),
         kv_scales=kv_scales,
         step=jnp.zeros((), jnp.int32),
         rng=rng,

@@ -1,6 +1,7 @@
 """ConfigDict -> nested frozen dataclasses, with errors that name the full field path.
 
-Entry points call `from_config_dict(TrainConfig, config)`; library code only sees dataclasses.
+The entry point calls ``train.experiment.experiment_from_config(config)``, which calls
+``from_config_dict(Experiment, ...)``; library code only sees the dataclasses.
 """
 
 from __future__ import annotations

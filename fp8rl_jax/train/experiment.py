@@ -8,32 +8,36 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Literal
 
+from fp8rl_jax.fields import check_choices
+from fp8rl_jax.generation import RolloutConfig
 from fp8rl_jax.models import ModelConfig
-from fp8rl_jax.rl.state import RLConfig, RolloutConfig
+from fp8rl_jax.models.config import ARCHITECTURES
+from fp8rl_jax.rl import RLConfig
 from fp8rl_jax.train.distributed import DistributedConfig
 from fp8rl_jax.train.optim import OptimConfig
 from fp8rl_jax.train.sft import SFTConfig
-from fp8rl_jax.train.sharding import MeshConfig
+from fp8rl_jax.train.sharding.mesh import MeshConfig
 
-ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Qwen3MoeForCausalLM",
-)
+Architecture = Literal[tuple(ARCHITECTURES)]  # the HF classes models.ModelConfig supports
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """A local HF checkpoint, or a tiny random model built from the fields below."""
+    """A local HF checkpoint, or a tiny random model built from the fields below.
+
+    The tiny-model fields are ``models.ModelConfig`` fields of the same name and meaning (D, L,
+    H, K, C, F, E are DESIGN.md's axis letters); ``tiny_config`` copies them over and adds the
+    vocabulary size and what the architecture implies (QK-norm for Qwen3, QKV bias for Qwen2).
+    """
 
     hf_checkpoint: str = ""  # local HF directory (config.json + *.safetensors); "" = tiny model
-    architecture: str = "Qwen3ForCausalLM"  # tiny model: HF class it mimics
+    architecture: Architecture = "Qwen3ForCausalLM"  # tiny model: HF class it mimics
     hidden_size: int = 64  # D
     num_layers: int = 2  # L
-    num_heads: int = 4  # H
-    num_kv_heads: int = 2  # K
+    num_heads: int = 4  # H (query heads)
+    num_kv_heads: int = 2  # K (GQA key/value heads)
     head_dim: int = 16  # C
     intermediate_size: int = 256  # F (dense MLP)
     num_experts: int = 0  # E (0 = dense; > 0 needs architecture Qwen3MoeForCausalLM)
@@ -43,32 +47,24 @@ class ModelSpec:
     max_position_embeddings: int = 512  # RoPE table length
 
     def __post_init__(self):
-        if self.architecture not in ARCHITECTURES:
-            raise ValueError(
-                f"model.architecture must be one of {ARCHITECTURES}, got {self.architecture!r}"
-            )
+        check_choices(self)
         if self.hf_checkpoint and not os.path.isdir(self.hf_checkpoint):
             raise ValueError(f"model.hf_checkpoint: no such directory {self.hf_checkpoint!r}")
         if self.num_experts and self.architecture != "Qwen3MoeForCausalLM":
             raise ValueError("model.num_experts > 0 needs architecture='Qwen3MoeForCausalLM'")
 
     def tiny_config(self, vocab_size: int) -> ModelConfig:
+        """The ``ModelConfig`` of the tiny model for a tokenizer of ``vocab_size`` ids."""
+        shared = {f.name for f in dataclasses.fields(ModelConfig)}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        cfg = {k: v for k, v in fields.items() if k in shared}
+        if not self.num_experts:  # a dense model has no top-k or expert width
+            cfg.update(num_experts_per_tok=0, moe_intermediate_size=0)
         return ModelConfig(
             vocab_size=vocab_size,
-            hidden_size=self.hidden_size,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            intermediate_size=self.intermediate_size,
-            max_position_embeddings=self.max_position_embeddings,
-            tie_word_embeddings=self.tie_word_embeddings,
             qk_norm=self.architecture.startswith("Qwen3"),
             qkv_bias=self.architecture == "Qwen2ForCausalLM",
-            num_experts=self.num_experts,
-            num_experts_per_tok=self.num_experts_per_tok if self.num_experts else 0,
-            moe_intermediate_size=self.moe_intermediate_size if self.num_experts else 0,
-            architecture=self.architecture,
+            **cfg,
         )
 
 
@@ -94,11 +90,11 @@ class TrainerConfig:
 
     run_dir: str = "runs/default"  # outputs: config, metrics, TensorBoard, checkpoints, plots
     seed: int = 0  # model init, rollout sampling and shuffling
-    steps: int = 50  # RL steps
-    prompts_per_step: int = 16  # distinct prompts per step (x group_size responses)
-    eval_every: int = 10  # greedy held-out accuracy every N steps (0 = only at the end)
-    eval_size: int = 128  # held-out problems per evaluation
-    checkpoint_every: int = 10  # steps between checkpoints (0 = only at the end)
+    steps: int = 300  # RL steps
+    prompts_per_step: int = 32  # distinct prompts per step (x group_size responses)
+    eval_every: int = 50  # greedy held-out accuracy every N steps (0 = only at the end)
+    eval_size: int = 256  # held-out problems per evaluation
+    checkpoint_every: int = 50  # steps between checkpoints (0 = only at the end)
     keep_checkpoints: int = 3  # newest checkpoints kept
     max_nonfinite_skips: int = 5  # stop when more updates than this were skipped as non-finite
     plots: bool = True  # write PNG plots at the end
@@ -116,13 +112,13 @@ class TrainerConfig:
 class Experiment:
     """Everything one run needs, validated."""
 
-    model: ModelSpec = ModelSpec()
-    task: TaskSpec = TaskSpec()
-    sft: SFTConfig = SFTConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    rl: RLConfig = RLConfig()
-    optim: OptimConfig = OptimConfig()
-    trainer: TrainerConfig = TrainerConfig()
+    model: ModelSpec = ModelSpec()  # the policy: an HF checkpoint or a tiny random model
+    task: TaskSpec = TaskSpec()  # the verifiable-reward task and its tokenizer
+    sft: SFTConfig = SFTConfig()  # supervised warm start before RL (0 steps = none)
+    rollout: RolloutConfig = RolloutConfig()  # rollout precision, kernels, sampling, budget
+    rl: RLConfig = RLConfig()  # the algorithm: advantages, PPO epochs, loss, correction
+    optim: OptimConfig = OptimConfig()  # the RL optimizer (the paper's recipe by default)
+    trainer: TrainerConfig = TrainerConfig()  # the host loop: steps, batch, eval, checkpoints
     mesh: MeshConfig = MeshConfig()  # device mesh (docs/SCALING.md); all 1 = one device
     distributed: DistributedConfig = DistributedConfig()  # jax.distributed (multi-host)
 

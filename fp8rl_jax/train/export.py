@@ -7,9 +7,9 @@ import os
 import jax
 import jax.numpy as jnp
 
+from fp8rl_jax.generation import cast_floats
 from fp8rl_jax.models import ModelConfig, init_weights, save_hf_checkpoint
-from fp8rl_jax.rl.scoring import cast_floats
-from fp8rl_jax.rl.state import init_train_state
+from fp8rl_jax.rl import init_train_state
 from fp8rl_jax.train.checkpoint import CheckpointManager
 from fp8rl_jax.train.experiment import Experiment
 from fp8rl_jax.train.optim import make_optimizer

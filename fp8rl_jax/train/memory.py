@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from fp8rl_jax.models import ModelConfig, weight_shapes
 from fp8rl_jax.quant import path_str
-from fp8rl_jax.train.sharding import MeshConfig
+from fp8rl_jax.train.sharding.mesh import MeshConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
+from typing import Literal
 
 import optax
 
-SCHEDULES = ("constant", "cosine")
+from fp8rl_jax.fields import check_choices
+
+Schedule = Literal["constant", "cosine"]
+SCHEDULES = typing.get_args(Schedule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,15 +26,12 @@ class OptimConfig:
     b2: float = 0.999  # Adam beta2
     eps: float = 1e-8  # Adam epsilon
     warmup_steps: int = 0  # linear warmup from 0 (optimizer updates)
-    schedule: str = "constant"  # after warmup: "constant" | "cosine"
+    schedule: Schedule = "constant"  # after warmup: constant | cosine
     decay_steps: int = 0  # cosine: updates until lr reaches end_lr_frac * lr
     end_lr_frac: float = 0.0  # cosine: final lr as a fraction of lr
 
     def __post_init__(self):
-        if self.schedule not in SCHEDULES:
-            raise ValueError(
-                f"OptimConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}"
-            )
+        check_choices(self)
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"OptimConfig.lr must be finite and > 0, got {self.lr}")
         if self.grad_clip < 0 or self.warmup_steps < 0 or self.weight_decay < 0:

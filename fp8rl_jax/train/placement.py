@@ -1,9 +1,10 @@
 """Where the host loop's arrays live: one device, or a mesh over devices and processes.
 
-``make_placement`` picks ``SingleDevice`` (one device, one process: plain ``rl.step`` programs,
-host arrays moved with ``jnp.asarray``) or ``OnMesh`` (docs/SCALING.md §6: state sharded by
-``train_state_shardings``, both steps jitted with explicit shardings, each process feeding and
-scoring only its own rows of every batch). The trainer calls the same methods either way.
+``make_placement`` picks ``SingleDevice`` (one device, one process: ``rl.jit_steps`` without
+shardings, host arrays moved with ``jnp.asarray``) or ``OnMesh`` (docs/SCALING.md §6: state
+sharded by ``train_state_shardings``, ``rl.jit_steps`` with ``sharding.step_shardings``, each
+process feeding and scoring only its own rows of every batch). The trainer calls the same methods
+either way.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8rl_jax.generation import Prompts
-from fp8rl_jax.rl.step import make_rollout_step, make_train_step
+from fp8rl_jax.rl import Steps, jit_steps
 from fp8rl_jax.train import distributed as dist
 from fp8rl_jax.train import sharding as sh
 
@@ -35,14 +36,11 @@ class SingleDevice:
     def place_state(self, state):
         return state
 
-    def steps(self, model_cfg, exp, optimizer):
-        """``(rollout_step, train_step)`` as ``rl.step`` builds them."""
-        return (
-            make_rollout_step(model_cfg, exp.rollout, exp.rl),
-            make_train_step(model_cfg, exp.rollout, exp.rl, optimizer),
-        )
+    def steps(self, model_cfg, exp, optimizer) -> Steps:
+        """The jitted rollout and train programs (``rl.jit_steps``)."""
+        return jit_steps(model_cfg, exp.rollout, exp.rl, optimizer)
 
-    pin_rollout_params = None  # constraint on the quantized weights (rl.step hook)
+    pin_rollout_params = None  # layout of the quantized rollout weights (generation.rollout)
 
     def jit_eval(self, fn, n_rows: int):
         """``fn(params, prompts, kv_scales) -> tokens_BT`` jitted."""
@@ -95,34 +93,21 @@ class OnMesh(SingleDevice):
             return jax.device_put(state, self.state_sh)
         return jax.tree.map(_from_every_process, state, self.state_sh)
 
-    def _abstract_prompts(self, n_rows: int) -> Prompts:
-        return Prompts(
-            jax.ShapeDtypeStruct((n_rows, self.prompt_len), jnp.int32),
-            jax.ShapeDtypeStruct((n_rows,), jnp.int32),
-        )
-
     @functools.cache  # noqa: B019 (a few batch sizes per run)
     def _prompts_sh(self, n_rows: int) -> Prompts:
-        return sh.batch_shardings(self._abstract_prompts(n_rows), self.mesh)
+        return sh.batch_shardings(sh.abstract_prompts(n_rows, self.prompt_len), self.mesh)
 
     @functools.cache  # noqa: B019
     def _rows_sh(self, n_rows: int):
-        return sh.batch_shardings(jax.ShapeDtypeStruct((n_rows,), jnp.float32), self.mesh)
+        return sh.rows_sharding(n_rows, self.mesh)
 
-    def steps(self, model_cfg, exp, optimizer):
-        """Both steps jitted with explicit shardings; the FP8 weights are gathered once a step."""
-        rollout = make_rollout_step(
-            model_cfg, exp.rollout, exp.rl, constrain_rollout_params=self.pin_rollout_params
+    def steps(self, model_cfg, exp, optimizer) -> Steps:
+        """Both programs jitted with the mesh's shardings; FP8 weights gathered once a step."""
+        prompts = sh.abstract_prompts(self.batch_rows, self.prompt_len)
+        shardings = sh.step_shardings(
+            model_cfg, exp.rollout, exp.rl, self.mesh, self.abstract_state, prompts
         )
-        train = make_train_step(model_cfg, exp.rollout, exp.rl, optimizer)
-        abstract_prompts = self._abstract_prompts(self.batch_rows)
-        abstract_batch = jax.eval_shape(rollout, self.abstract_state, abstract_prompts)
-        batch_sh = sh.batch_shardings(abstract_batch, self.mesh)
-        prompts_sh, rewards_sh = self._prompts_sh(self.batch_rows), self._rows_sh(self.batch_rows)
-        return (
-            sh.shard_rollout_step(rollout, self.state_sh, prompts_sh, batch_sh),
-            sh.shard_train_step(train, self.state_sh, batch_sh, rewards_sh, self.mesh),
-        )
+        return jit_steps(model_cfg, exp.rollout, exp.rl, optimizer, shardings=shardings)
 
     @property
     def pin_rollout_params(self):

@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fp8rl_jax.fields import check_choices
+from fp8rl_jax.generation import ComputeDtype, cast_floats
 from fp8rl_jax.models import ModelConfig, forward
-from fp8rl_jax.rl.losses import masked_mean
-from fp8rl_jax.rl.step import cast_floats
+from fp8rl_jax.rl import masked_mean
 from fp8rl_jax.tasks.batch import DemonstrationBatch
 from fp8rl_jax.train.optim import OptimConfig, make_optimizer
 
@@ -23,10 +24,12 @@ class SFTConfig:
 
     steps: int = 0  # optimizer updates; 0 skips the warm start
     batch_size: int = 64  # demonstrations per update
-    optim: OptimConfig = OptimConfig(lr=3e-3, weight_decay=0.0, warmup_steps=20)
-    compute_dtype: str = "float32"  # forward dtype during SFT
+    # A tiny model from scratch takes a large lr; b2 0.99 adapts the second moment faster.
+    optim: OptimConfig = OptimConfig(lr=3e-3, weight_decay=0.0, b2=0.99, warmup_steps=20)
+    compute_dtype: ComputeDtype = "float32"  # forward dtype during SFT
 
     def __post_init__(self):
+        check_choices(self)
         if self.steps < 0 or self.batch_size < 1:
             raise ValueError("SFTConfig.steps must be >= 0 and batch_size >= 1")
 

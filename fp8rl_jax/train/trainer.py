@@ -1,10 +1,11 @@
 """The host loop: SFT warm start, then RL steps with FP8 rollouts, eval, checkpoints, logs, plots.
 
-Each RL step is two compiled programs (``fp8rl_jax.rl.step``): the rollout program (FP8 weight
-sync, generation, BF16 scoring, rollout correction), then string rewards on the host, then the
-train program. The loop dispatches the train program of step t before it reads step t-1's metrics,
-so logging overlaps device work. Data of step t depends only on t, and the RNG lives in the
-state, so a resumed run reproduces an uninterrupted one.
+Each RL step is two compiled programs (``rl.jit_steps``): the rollout program (FP8 weight sync,
+generation, BF16 scoring, rollout correction), then string rewards on the host, then the train
+program. The loop reads step t-1's metrics and non-finite count (a ``Pending`` record) only after
+step t's rollout is dispatched, so logging and the checks overlap the rollout; the host waits only
+for the rollout's tokens, which its rewards need. Data of step t depends only on t, and the RNG
+lives in the state, so a resumed run reproduces an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -14,20 +15,29 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8rl_jax.generation import Prompts, SamplingConfig, bucket_length, generate
-from fp8rl_jax.quant import quantize_params
-from fp8rl_jax.rl.step import (
-    TrainState,
+from fp8rl_jax.generation import (
+    Prompts,
+    SamplingConfig,
+    bucket_length,
     calibrate_initial_kv_scales,
-    cast_floats,
-    init_train_state,
+    rollout,
 )
-from fp8rl_jax.tasks import make_demonstration_batch, make_prompt_batch, score_completions
+from fp8rl_jax.models import ModelConfig, Tokenizer
+from fp8rl_jax.rl import TrainState, init_train_state
+from fp8rl_jax.tasks import (
+    CharTokenizer,
+    Example,
+    Task,
+    make_demonstration_batch,
+    make_prompt_batch,
+    score_completions,
+)
 from fp8rl_jax.train.checkpoint import CheckpointManager
 from fp8rl_jax.train.experiment import Experiment
 from fp8rl_jax.train.logging import MetricsLogger
@@ -37,6 +47,10 @@ from fp8rl_jax.train.setup import build_model, build_task
 from fp8rl_jax.train.sft import sft_warm_start
 
 log = logging.getLogger(__name__)
+
+
+# (task, examples, completion texts) -> (rewards_B float32, exact accuracy): ``score_completions``
+RewardFn = Callable[[Task, Sequence[Example], Sequence[str]], tuple[np.ndarray, float]]
 
 
 class NonFiniteError(RuntimeError):
@@ -69,37 +83,38 @@ def _completions(tokenizer, tokens_BT: np.ndarray, prompt_len: int) -> list[str]
 class _Run:
     """What the loop carries besides the device state."""
 
-    exp: Experiment
-    task: object
-    tokenizer: object
-    model_cfg: object
-    prompt_len: int
-    placement: object = SingleDevice()  # where arrays live (train/placement.py)
+    exp: Experiment  # the validated experiment
+    task: Task  # prompts and the verifier of its rewards
+    tokenizer: CharTokenizer | Tokenizer  # the task's tokenizer (character or HF)
+    model_cfg: ModelConfig  # the policy's architecture
+    prompt_len: int  # P: every prompt batch is left-padded to it (one compiled program)
+    placement: SingleDevice = dataclasses.field(default_factory=SingleDevice)  # or OnMesh
+    reward_fn: RewardFn = score_completions  # host rewards of the rollouts (and their accuracy)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pending:
+    """A dispatched step, logged once the next step's rollout is dispatched (no host sync)."""
+
+    step: int  # RL steps completed with it: its metrics.jsonl row
+    rollout_metrics: dict  # device scalars of the rollout program
+    train_metrics: dict  # device scalars of the train program (nonfinite_skips included)
+    train_accuracy: float  # exact accuracy of the step's responses (host verifier)
+    rollout_time_s: float  # previous train program done -> this rollout's tokens on the host
+    eval_accuracy: float | None = None  # greedy held-out accuracy measured after the step
 
 
 def make_eval_fn(run: _Run):
     """Greedy held-out accuracy of the policy as the rollout engine runs it (same precision)."""
-    rc = run.exp.rollout
     greedy = SamplingConfig(temperature=0.0)
     place, n = run.placement, run.exp.trainer.eval_size
 
     def eval_generate(params, prompts, kv_scales):
-        p = quantize_params(cast_floats(params, rc.compute_dtype), rc.quant)
-        if place.pin_rollout_params is not None:  # gather the FP8 weights once, not per token
-            p = place.pin_rollout_params(p)
-        return generate(
-            p,
-            prompts,
-            run.model_cfg,
-            greedy,
-            jax.random.key(0),
-            kv_cache_dtype=rc.kv_cache_dtype,
-            kv_scale_mode=rc.kv_scale_mode,
-            kv_scales=kv_scales if rc.static_kv_scales else None,
-            max_new_tokens=rc.max_new_tokens,
-            stop_token_ids=rc.stop_token_ids,
-            kernels=rc.kernels,
-        ).tokens_BT
+        ro, _ = rollout(
+            params, prompts, run.model_cfg, run.exp.rollout, jax.random.key(0), kv_scales,
+            sampling=greedy, pin=place.pin_rollout_params,
+        )  # fmt: skip
+        return ro.tokens_BT
 
     eval_generate = place.jit_eval(eval_generate, n)
 
@@ -149,18 +164,22 @@ def _initial_state(run: _Run, params, optimizer, rng) -> TrainState:
     return init_train_state(params, optimizer, rng, kv_scales, rl_cfg=run.exp.rl)
 
 
-def train(exp: Experiment, *, progress: bool = True) -> dict:
+def train(
+    exp: Experiment, *, progress: bool = True, reward_fn: RewardFn = score_completions
+) -> dict:
     """Runs (or resumes) the experiment; returns the summary (also in run_dir/summary.json).
 
     With more than one device or process the state and both steps live on ``exp.mesh``
     (docs/SCALING.md §6); every process runs this same loop on its own rows of each batch.
+    ``reward_fn(task, examples, completions) -> (rewards_B, accuracy)`` scores the rollouts on
+    the host (default: the task's verifier); held-out accuracy always uses the verifier.
     """
     tc = exp.trainer
     os.makedirs(tc.run_dir, exist_ok=True)
     task, tokenizer = build_task(exp.task, exp.model.hf_checkpoint)
     model_cfg, params = build_model(exp.model, tokenizer, jax.random.key(tc.seed))
     prompt_len = prompt_length(task, tokenizer)
-    run = _Run(exp, task, tokenizer, model_cfg, prompt_len)
+    run = _Run(exp, task, tokenizer, model_cfg, prompt_len, reward_fn=reward_fn)
     optimizer = make_optimizer(exp.optim)
     ckpt = CheckpointManager(
         os.path.join(tc.run_dir, "checkpoints"), max_to_keep=tc.keep_checkpoints
@@ -209,58 +228,78 @@ def _step_prompts(run: _Run, step: int):
     return batch, run.placement.prompts(batch.tokens_BP, batch.lens_B, n * group)
 
 
+class _Output:
+    """Reads pending steps: logs each row, updates the progress bar, stops on non-finite skips."""
+
+    def __init__(self, logger: MetricsLogger, bar, ckpt: CheckpointManager, tc):
+        self.logger, self.bar, self.ckpt, self.tc = logger, bar, ckpt, tc
+        self.eval_acc: float | None = None  # the latest held-out accuracy, for the bar
+
+    def read(self, p: Pending) -> None:
+        """Logs step ``p`` (waits for its programs); raises ``NonFiniteError`` past the limit."""
+        metrics = dict(p.rollout_metrics)
+        if p.eval_accuracy is not None:
+            metrics["eval_accuracy"] = self.eval_acc = p.eval_accuracy
+        row = {k: float(v) for k, v in {**metrics, **p.train_metrics}.items()}
+        row.update(train_accuracy=p.train_accuracy, rollout_time_s=p.rollout_time_s)
+        self.logger.log(p.step, row)
+        self.bar.set_postfix(
+            reward=f"{row['reward_mean']:.2f}",
+            acc=f"{p.train_accuracy:.2f}",
+            eval=f"{self.eval_acc:.2f}" if self.eval_acc is not None else "-",
+            kl=f"{row['kl']:.1e}",
+        )
+        if int(row["nonfinite_skips"]) > self.tc.max_nonfinite_skips:
+            self.logger.close()
+            self.ckpt.wait_until_finished()
+            raise NonFiniteError(_nonfinite_message(p, row, self.tc, self.logger))
+
+
+def _due(every: int, done: int, last: int) -> bool:
+    return (every and done % every == 0) or done == last
+
+
 def _run_steps(run: _Run, state, start, optimizer, ckpt, logger, progress: bool) -> None:
+    """RL steps ``start .. steps-1``: step t's metrics are read after step t+1 is dispatched."""
     from tqdm.auto import tqdm
 
     tc, place = run.exp.trainer, run.placement
     rollout_step, train_step = place.steps(run.model_cfg, run.exp, optimizer)
     evaluate = make_eval_fn(run)
-
-    eval_acc = None
+    show = progress and place.is_main
+    bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not show,
+               desc="GRPO", unit="step")  # fmt: skip
+    out = _Output(logger, bar, ckpt, tc)
     if start == 0:
-        eval_acc = evaluate(state)
-        logger.log(0, {"eval_accuracy": eval_acc})
-    bar = tqdm(
-        range(start, tc.steps),
-        initial=start,
-        total=tc.steps,
-        disable=not (progress and place.is_main),
-        desc="GRPO",
-        unit="step",
-    )
-    pending = None
+        out.eval_acc = evaluate(state)
+        logger.log(0, {"eval_accuracy": out.eval_acc})
+    pending: Pending | None = None
     for step in bar:
         batch, prompts = _step_prompts(run, step)
-        jax.block_until_ready(state.step)  # so rollout_time measures the rollout alone
+        rollout = rollout_step(state, prompts)  # queued behind step t-1's train program
+        jax.block_until_ready(state.step)  # t-1's update is done: rollout t runs from here
         t0 = time.perf_counter()
-        rollout = rollout_step(state, prompts)
+        if pending is not None:  # step t-1's metrics are ready now; read them as rollout t runs
+            out.read(pending)
         tokens = place.local_tokens(rollout.tokens_BT)
         rollout_time = time.perf_counter() - t0
-        rewards, acc = score_completions(
+        rewards, acc = run.reward_fn(
             run.task, batch.examples, _completions(run.tokenizer, tokens, run.prompt_len)
         )
         state, train_metrics = train_step(state, rollout, place.rewards(rewards))
         acc = place.mean_over_rows(float(acc), len(batch.examples))
-        if pending is not None:  # read step t-1 while step t's update runs
-            eval_acc = _flush(logger, bar, pending, eval_acc)
-        pending = (step + 1, rollout.metrics, train_metrics, acc, rollout_time)
-        if int(train_metrics["nonfinite_skips"]) > tc.max_nonfinite_skips:
-            _flush(logger, bar, pending, eval_acc)
-            logger.close()
-            ckpt.wait_until_finished()
-            raise NonFiniteError(_nonfinite_message(step + 1, train_metrics, rollout, tc, logger))
         done = step + 1
-        if (tc.eval_every and done % tc.eval_every == 0) or done == tc.steps:
-            eval_acc = evaluate(state)
-            pending[1]["eval_accuracy"] = eval_acc  # logged with this step
-        if (tc.checkpoint_every and done % tc.checkpoint_every == 0) or done == tc.steps:
+        pending = Pending(done, rollout.metrics, train_metrics, acc, rollout_time)
+        if _due(tc.eval_every, done, tc.steps):
+            pending = dataclasses.replace(pending, eval_accuracy=evaluate(state))
+        if _due(tc.checkpoint_every, done, tc.steps):
             # Row `done` is written before its checkpoint can commit: a run killed after the
             # commit resumes at `done` and never logs that row again.
-            eval_acc = _flush(logger, bar, pending, eval_acc)
+            out.read(pending)
             pending = None
             ckpt.save(done, state, {"step": done})  # on every process: each writes its shards
     if pending is not None:
-        _flush(logger, bar, pending, eval_acc)
+        out.read(pending)
 
 
 def _abstract_kv_scales(run: _Run, params):
@@ -273,31 +312,15 @@ def _abstract_kv_scales(run: _Run, params):
     )
 
 
-def _nonfinite_message(step, train_metrics, rollout, tc, logger) -> str:
-    last = {k: float(train_metrics[k]) for k in ("reward_mean", "loss", "grad_norm")}
-    last["quant_nonfinite"] = float(rollout.metrics["quant_nonfinite"])
+def _nonfinite_message(p: Pending, row: dict, tc, logger) -> str:
+    last = {k: row[k] for k in ("reward_mean", "loss", "grad_norm", "quant_nonfinite")}
     return (
-        f"{int(train_metrics['nonfinite_skips'])} updates skipped for a non-finite loss, gradient "
+        f"{int(row['nonfinite_skips'])} updates skipped for a non-finite loss, gradient "
         f"or optimizer update (limit trainer.max_nonfinite_skips={tc.max_nonfinite_skips}). "
-        f"Step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()) + ". A NaN "
+        f"Step {p.step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()) + ". A NaN "
         f"reward_mean points at the reward function, a finite loss and grad_norm at the optimizer "
         f"(optim.lr), quant_nonfinite > 0 at the params. Metrics: {logger.path}"
     )
-
-
-def _flush(logger, bar, pending, eval_acc):
-    step, rollout_metrics, train_metrics, acc, rollout_time = pending
-    row = {k: float(v) for k, v in {**rollout_metrics, **train_metrics}.items()}
-    row.update(train_accuracy=acc, rollout_time_s=rollout_time)
-    logger.log(step, row)
-    eval_acc = row.get("eval_accuracy", eval_acc)
-    bar.set_postfix(
-        reward=f"{row['reward_mean']:.2f}",
-        acc=f"{acc:.2f}",
-        eval=f"{eval_acc:.2f}" if eval_acc is not None else "-",
-        kl=f"{row['kl']:.1e}",
-    )
-    return eval_acc
 
 
 def _summary(run_dir: str, metrics_path: str) -> dict:

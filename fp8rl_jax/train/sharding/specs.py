@@ -1,10 +1,4 @@
-"""Device mesh, logical-axis rules and shardings for the rollout and train programs (DESIGN.md §6).
-
-Mesh axes, outermost first (the innermost axis gets neighbouring devices, i.e. NVLink peers):
-  ``data``   pure data parallelism: weights replicated (cross-node friendly: one all-reduce)
-  ``fsdp``   training: weights and optimizer state sharded (ZeRO-3); rollout: more data parallelism
-  ``expert`` MoE experts sharded; dense layers treat it as data parallelism (batch is split on it)
-  ``tensor`` Megatron tensor parallelism over query/KV heads, MLP hidden dim and vocab
+"""Logical-axis rules and the shardings of weights, train state, batches and KV cache (§6).
 
 Each weight dim has a logical name (``models.logical_axes``); ``ShardingRules`` map names to mesh
 axes. ``TRAIN_RULES`` also shard the largest still-unsharded dim of every matrix over ``fsdp`` (and
@@ -23,9 +17,8 @@ takes the mesh axes of its values dim iff every values shard holds whole blocks,
 ``(dim / n) % b == 0``; then scale shard i covers exactly values shard i and quantization needs no
 communication. Otherwise that scale dim is replicated (it is 1/b of the values' size).
 
-Axis types are ``AxisType.Auto`` (GSPMD/Shardy propagation): the model code has no sharding
-annotations and jax 0.11+ ``jax.make_mesh`` defaults to Explicit axes, which would reject it.
-Install the mesh with ``jax.set_mesh(mesh)`` (never ``with mesh:``).
+Batches: the fields a dataclass declares ``fields.batched()`` split their leading (row) axis over
+the batch axes; everything else is replicated.
 """
 
 from __future__ import annotations
@@ -33,18 +26,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Mapping
 
 import jax
-from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from fp8rl_jax.fields import is_batched
 from fp8rl_jax.models import ModelConfig, logical_axes
 from fp8rl_jax.quant import QArray, path_str
+from fp8rl_jax.train.sharding.mesh import mesh_sizes
 
 log = logging.getLogger(__name__)
-
-MESH_AXES = ("data", "fsdp", "expert", "tensor")
 _warned: set[str] = set()
 
 
@@ -52,53 +44,6 @@ def _warn_once(msg: str) -> None:
     if msg not in _warned:
         _warned.add(msg)
         log.warning(msg)
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    """Mesh axis sizes; any may be 1, one may be -1 ("all remaining devices")."""
-
-    data: int = 1  # data-parallel replicas (weights replicated)
-    fsdp: int = -1  # FSDP shards in training; extra data parallelism in rollout
-    expert: int = 1  # expert-parallel shards (MoE); data parallelism for dense layers
-    tensor: int = 1  # tensor-parallel shards (heads, MLP hidden, vocab)
-
-    def __post_init__(self):
-        sizes = dataclasses.astuple(self)
-        if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
-            raise ValueError(f"{self}: sizes must be >= 1, with at most one -1")
-
-    def axis_sizes(self, num_devices: int) -> tuple[int, ...]:
-        """Sizes in ``MESH_AXES`` order with -1 resolved; raises if they don't use all devices."""
-        sizes = list(dataclasses.astuple(self))
-        known = math.prod(s for s in sizes if s != -1)
-        if -1 in sizes:
-            if num_devices % known:
-                raise ValueError(
-                    f"{self}: {num_devices} devices are not divisible by the fixed axes' "
-                    f"product {known}, so -1 cannot be resolved"
-                )
-            sizes[sizes.index(-1)] = num_devices // known
-        if math.prod(sizes) != num_devices:
-            raise ValueError(
-                f"{self} needs {math.prod(sizes)} devices but {num_devices} are available; "
-                "the product of the axis sizes must equal the device count (use -1 for one axis)"
-            )
-        return tuple(sizes)
-
-
-def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
-    """A ``Mesh`` over ``devices`` (default all, across processes) with Auto axis types."""
-    devices = jax.devices() if devices is None else list(devices)
-    sizes = cfg.axis_sizes(len(devices))
-    auto = (AxisType.Auto,) * len(MESH_AXES)
-    return jax.make_mesh(sizes, MESH_AXES, axis_types=auto, devices=devices)
-
-
-def abstract_mesh(cfg: MeshConfig, num_devices: int) -> AbstractMesh:
-    """A device-free mesh of the same shape, for planning shardings (and tests)."""
-    sizes = cfg.axis_sizes(num_devices)
-    return AbstractMesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,10 +74,6 @@ _TP = (
 # across data/fsdp (batch split there instead).
 TRAIN_RULES = ShardingRules(logical=(("batch", _BATCH), *_TP), fsdp=("fsdp", "expert"))
 ROLLOUT_RULES = ShardingRules(logical=(("batch", _BATCH), *_TP), fsdp=())
-
-
-def _sizes(mesh) -> Mapping[str, int]:
-    return mesh.shape if hasattr(mesh, "shape") else dict(mesh)
 
 
 def _fit(dim: int, unit: int, axes, sizes, where: str) -> tuple[str, ...]:
@@ -235,7 +176,7 @@ def _units(cfg: ModelConfig, names, shape) -> tuple[int, ...]:
 
 def param_specs(weights, cfg: ModelConfig, mesh, rules: ShardingRules):
     """PartitionSpecs of a weights pytree (arrays, ShapeDtypeStructs or QArrays)."""
-    sizes = _sizes(mesh)
+    sizes = mesh_sizes(mesh)
 
     def one(path, names, leaf):
         where = path_str(path)
@@ -295,7 +236,7 @@ def mirror_params(tree, params, params_sharding, mesh):
 
 
 def train_state_shardings(state, cfg: ModelConfig, mesh, rules: ShardingRules = TRAIN_RULES):
-    """Shardings of an ``rl.step.TrainState`` (concrete or from ``jax.eval_shape``).
+    """Shardings of an ``rl.TrainState`` (concrete or from ``jax.eval_shape``).
 
     params by ``rules``; optimizer state and the frozen reference policy (if any) mirror them;
     the value head, KV scales, step, RNG and counters are replicated.
@@ -310,31 +251,34 @@ def train_state_shardings(state, cfg: ModelConfig, mesh, rules: ShardingRules = 
     )
 
 
-def _shape_suffix(path) -> str | None:
-    """'BT' for a leaf named like ``tokens_BT`` (DESIGN.md axis letters), else None."""
-    if not path:
-        return None
-    last = path[-1]
-    name = getattr(last, "name", None) or getattr(last, "key", None)
-    if not isinstance(name, str) or "_" not in name:
-        return None
-    suffix = name.rsplit("_", 1)[1]
-    return suffix if suffix.isalpha() and suffix.isupper() else None
+def _declared_batched(tree, path) -> bool:
+    """Whether ``path`` passes through a field its dataclass declares ``fields.batched()``."""
+    node = tree
+    for key in path:
+        if isinstance(key, jax.tree_util.GetAttrKey):
+            if is_batched(node, key.name):
+                return True
+            node = getattr(node, key.name)
+        elif isinstance(key, jax.tree_util.DictKey):
+            node = node[key.key]
+        elif isinstance(key, jax.tree_util.SequenceKey):
+            node = node[key.idx]
+        else:
+            return False
+    return False
 
 
 def batch_shardings(tree, mesh, rules: ShardingRules = ROLLOUT_RULES):
-    """[B, ...] leaves split over the batch axes; everything else replicated.
+    """Leaves of ``fields.batched()`` fields split their leading axis over the batch axes.
 
-    A leaf is batch-leading when its name's shape suffix starts with B (``tokens_BT``,
-    ``lens_B``; so ``qkv_amax.q_LK`` and metric scalars replicate) or, for an unnamed leaf
-    (a bare array argument such as ``rewards_B``), when it has rank >= 1.
+    A bare array (the whole tree is one array, e.g. ``rewards_B``) of rank >= 1 is a batch too;
+    every other leaf (``qkv_amax``, metric scalars, undeclared fields) is replicated.
     """
-    sizes = _sizes(mesh)
+    sizes = mesh_sizes(mesh)
     axes = [a for a in rules.batch_axes if sizes.get(a, 1) > 1]
 
     def one(path, x):
-        suffix = _shape_suffix(path)
-        batched = suffix.startswith("B") if suffix is not None else (not path and x.ndim >= 1)
+        batched = _declared_batched(tree, path) if path else x.ndim >= 1
         if not batched or x.ndim == 0:
             return replicated(mesh)
         kept = _fit(x.shape[0], 1, axes, sizes, f"batch {path_str(path) or 'array'}")
@@ -346,7 +290,7 @@ def batch_shardings(tree, mesh, rules: ShardingRules = ROLLOUT_RULES):
 def kv_cache_shardings(cache, mesh, rules: ShardingRules = ROLLOUT_RULES):
     """Shardings of a ``models.KVCache``: [B, S, K, C] over (batch axes, -, kv-head axes, -);
     dynamic scales [B, K, S] alike."""
-    sizes = _sizes(mesh)
+    sizes = mesh_sizes(mesh)
     names = {4: ("batch", None, "kv_heads", None), 3: ("batch", "kv_heads", None),
              2: ("batch", None), 1: ("kv_heads",)}  # fmt: skip
 
@@ -374,38 +318,6 @@ def rollout_params_constraint(cfg: ModelConfig, mesh, rules: ShardingRules = ROL
         return constrain(params, param_shardings(params, cfg, mesh, rules))
 
     return constrain_params
-
-
-def _inner(fn: Callable) -> Callable:
-    # make_*_step return jax.jit(f); re-jitting f itself keeps one compiled program per phase.
-    return getattr(fn, "__wrapped__", fn)
-
-
-def shard_rollout_step(rollout_step, state_sharding, prompts_sharding, batch_sharding):
-    """``rollout_step(state, prompts) -> RolloutBatch`` jitted with explicit in/out shardings.
-
-    ``rollout_step`` comes from ``rl.step.make_rollout_step``; quantization, generation and
-    scoring all run inside this one sharded program (weights arrive FSDP-sharded).
-    """
-    return jax.jit(
-        _inner(rollout_step),
-        in_shardings=(state_sharding, prompts_sharding),
-        out_shardings=batch_sharding,
-    )
-
-
-def shard_train_step(train_step, state_sharding, batch_sharding, rewards_sharding, mesh):
-    """``train_step(state, batch, rewards_B) -> (state', metrics)``, sharded, state donated.
-
-    The new state keeps the input state's shardings, so the next step neither reshards nor
-    recompiles; metrics are replicated scalars (any process can read them).
-    """
-    return jax.jit(
-        _inner(train_step),
-        in_shardings=(state_sharding, batch_sharding, rewards_sharding),
-        out_shardings=(state_sharding, replicated(mesh)),
-        donate_argnums=(0,),
-    )
 
 
 def shard_pytree(tree, shardings):

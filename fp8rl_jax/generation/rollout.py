@@ -1,0 +1,157 @@
+"""The one rollout call of the RL step and of evaluation: cast -> quantize -> pin -> generate.
+
+``rollout`` runs the policy exactly as the rollout engine runs it: the weights cast to
+``compute_dtype``, quantized by ``cfg.quant`` (the per-step "weight sync", DESIGN.md §4.2),
+optionally pinned to a rollout layout, then handed to the engine ``cfg.engine`` names. Evaluation
+calls it with greedy sampling, so its precision cannot drift from the rollout's.
+
+An engine is ``engine(weights, prompts, model_cfg, cfg, sampling, rng, kv_scales) -> (Rollout,
+metrics)``; ``ENGINE_FNS`` maps ``RolloutConfig.engine`` to it, so adding an engine (issue 14's
+paged engine) is one entry here and one name in ``config.ENGINES``.
+
+KV-scale calibration (§4.5) lives here too: step 0 from a high-precision pass over the prompts
+(``calibrate_initial_kv_scales``), every later step from the scoring pass's Q/K/V amax
+(``recalibrate_kv_scales``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from fp8rl_jax.generation.config import RolloutConfig
+from fp8rl_jax.generation.generate import Prompts, Rollout, generate
+from fp8rl_jax.generation.kv_scales import KVScales, calibrate_kv_scales
+from fp8rl_jax.generation.sampling import SamplingConfig
+from fp8rl_jax.models import ModelConfig, QKVAmax, forward
+from fp8rl_jax.quant import QuantStats, quantize_params
+
+PinParams = Callable[[dict], dict]  # pins the quantized weights to a layout (inside jit)
+Engine = Callable[..., tuple[Rollout, dict]]
+
+
+def cast_floats(tree, dtype):
+    """Casts floating leaves (weights) to ``dtype``; integer leaves pass."""
+    dtype = jnp.dtype(dtype)
+    return jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
+    )
+
+
+def rollout_weights(
+    params, cfg: RolloutConfig, pin: PinParams | None = None
+) -> tuple[dict, QuantStats]:
+    """The rollout copy of the weights: cast to ``compute_dtype``, quantized, pinned.
+
+    ``pin`` (e.g. ``train.sharding.rollout_params_constraint``) places the quantized weights in
+    the rollout layout, so FSDP gathers run once per step, not once per generated token.
+    """
+    weights, stats = quantize_params(
+        cast_floats(params, cfg.compute_dtype), cfg.quant, return_stats=True
+    )
+    return (weights if pin is None else pin(weights)), stats
+
+
+def _static_engine(weights, prompts, model_cfg, cfg: RolloutConfig, sampling, rng, kv_scales):
+    """Prefill + ``while_loop`` decode over a dense per-row KV cache (``generate``)."""
+    ro = generate(
+        weights,
+        prompts,
+        model_cfg,
+        sampling,
+        rng,
+        kv_cache_dtype=cfg.kv_cache_dtype,
+        kv_scale_mode=cfg.kv_scale_mode,
+        kv_scales=kv_scales if cfg.static_kv_scales else None,
+        max_new_tokens=cfg.max_new_tokens,
+        stop_token_ids=cfg.stop_token_ids,
+        kernels=cfg.kernels,
+    )
+    return ro, {}
+
+
+ENGINE_FNS: dict[str, Engine] = {"static": _static_engine}
+
+
+def rollout(
+    params,
+    prompts: Prompts,
+    model_cfg: ModelConfig,
+    cfg: RolloutConfig,
+    rng: jax.Array,
+    kv_scales: KVScales | None = None,
+    *,
+    sampling: SamplingConfig | None = None,
+    pin: PinParams | None = None,
+) -> tuple[Rollout, dict]:
+    """Generates with the rollout policy of ``params``; returns the rollout and its metrics.
+
+    ``params``: high-precision weights (FP32 master or already cast). ``kv_scales``: the static
+    FP8 KV scales (used only when ``cfg.static_kv_scales``). ``sampling`` overrides
+    ``cfg.sampling`` (evaluation: greedy). Metrics (device scalars): ``response_len_mean``,
+    ``quant_nonfinite`` (NaN/Inf weights met by the quantizer), and the engine's own.
+    """
+    weights, qstats = rollout_weights(params, cfg, pin)
+    engine = ENGINE_FNS[cfg.engine]
+    ro, engine_metrics = engine(
+        weights,
+        prompts,
+        model_cfg,
+        cfg,
+        cfg.sampling if sampling is None else sampling,
+        rng,
+        kv_scales,
+    )
+    metrics = {
+        "response_len_mean": jnp.mean(ro.response_lens_B.astype(jnp.float32)),
+        "quant_nonfinite": qstats.nonfinite,
+        **engine_metrics,
+    }
+    return ro, metrics
+
+
+def prompt_segment_ids(prompts: Prompts) -> jax.Array:
+    """1 on real prompt tokens, 0 on the left padding."""
+    P = prompts.tokens_BP.shape[1]
+    return (jnp.arange(P)[None, :] >= P - prompts.lens_B[:, None]).astype(jnp.int32)
+
+
+def calibrate_initial_kv_scales(
+    params, prompts: Prompts, model_cfg: ModelConfig, cfg: RolloutConfig
+) -> KVScales | None:
+    """Step 0 (DESIGN.md §4.5): KV scales from a high-precision pass over the prompts."""
+    if not cfg.static_kv_scales:
+        return None
+    seg = prompt_segment_ids(prompts)
+    pos = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0)
+    out = jax.jit(
+        lambda p, t, q, s: forward(
+            p, t, model_cfg, positions_BT=q, segment_ids_BT=s, return_qkv_amax=True
+        )
+    )(cast_floats(params, cfg.compute_dtype), prompts.tokens_BP, pos, seg)
+    return calibrate_kv_scales(out.qkv_amax, cfg.kv_calib_percentile, cfg.kv_calib_margin)
+
+
+def recalibrate_kv_scales(
+    qkv_amax: QKVAmax, cfg: RolloutConfig, previous: KVScales | None
+) -> KVScales:
+    """The next rollout's static KV scales from this step's scoring-pass amax (§4.5).
+
+    An invalid amax entry (0, NaN, Inf) keeps ``previous``'s scale and is counted.
+    """
+    return calibrate_kv_scales(
+        qkv_amax, cfg.kv_calib_percentile, cfg.kv_calib_margin, previous=previous
+    )
+
+
+def kv_scale_metrics(kv_scales: KVScales) -> dict:
+    """Range of the static FP8 KV scales and how many amax entries were invalid (0/NaN/Inf)."""
+    return {
+        "kv_scale_k_min": jnp.min(kv_scales.k),
+        "kv_scale_k_max": jnp.max(kv_scales.k),
+        "kv_scale_v_min": jnp.min(kv_scales.v),
+        "kv_scale_v_max": jnp.max(kv_scales.v),
+        "kv_scale_invalid": kv_scales.num_invalid,
+    }
