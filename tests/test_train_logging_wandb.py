@@ -93,15 +93,20 @@ def test_offline_run_logs_the_jsonl_metric_names(tmp_path, offline):
 
 def test_resume_continues_the_same_wandb_run(tmp_path, offline):
     run_dir = tmp_path / "run"
+    id_file = run_dir / "wandb_run_id"
     with WandbLogger(run_dir) as logger:
         logger.log(0, {"reward": 0.1})
-    with WandbLogger(run_dir) as logger:  # a resumed run: the id file is reused
+    first_id = id_file.read_text().strip()
+    with WandbLogger(run_dir, resume_step=1) as logger:  # a resumed run continues the W&B run
         logger.log(1, {"reward": 0.2})
+    assert id_file.read_text().strip() == first_id
     files = run_files(offline)
-    run_id = (run_dir / "wandb_run_id").read_text().strip()
-    assert files and all(f.endswith(f"run-{run_id}.wandb") for f in files)
+    assert files and all(f.endswith(f"run-{first_id}.wandb") for f in files)
     steps = sorted(row["_step"] for f in files for row in read_wandb_run(f)[0])
     assert steps == [0, 1]
+    with WandbLogger(run_dir):  # a fresh run in the same directory is a new W&B run
+        pass
+    assert id_file.read_text().strip() != first_id
 
 
 def test_only_process_zero_logs_to_wandb(tmp_path, offline, monkeypatch):

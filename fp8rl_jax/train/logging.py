@@ -3,8 +3,8 @@ resolved config.
 
 A resumed run passes its first step as `resume_step`; every record at or after it is dropped from
 `metrics.jsonl` (and purged in TensorBoard), so the run keeps one clean history. W&B continues the
-same run (its id is kept in the run directory) but keeps steps only increasing: the replayed steps
-below its last logged one are dropped there (W&B warns), the steps after are logged.
+same W&B run (its id is kept in the run directory) but keeps steps only increasing: replayed steps
+below its last logged one are dropped there (W&B warns), later steps are logged.
 """
 
 from __future__ import annotations
@@ -145,10 +145,11 @@ def _import_wandb():
     return wandb
 
 
-def _wandb_run_id(run_dir: str) -> str:
-    """The run's W&B id, created once and kept in the run directory (so a resume continues it)."""
+def _wandb_run_id(run_dir: str, resume: bool) -> str:
+    """The run's W&B id, kept in the run directory: a resume continues it, a fresh run gets a
+    new one (as it starts a clean metrics.jsonl)."""
     path = os.path.join(run_dir, WANDB_ID_FILE)
-    if os.path.exists(path):
+    if resume and os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             return f.read().strip()
     run_id = secrets.token_hex(4)  # W&B ids: letters and digits
@@ -171,6 +172,7 @@ class WandbLogger:
         config: Any = None,
         project: str | None = None,
         mode: str | None = None,
+        resume_step: int = 0,
         process_index: int | None = None,
     ):
         self.run_dir = os.fspath(run_dir)
@@ -183,7 +185,7 @@ class WandbLogger:
         self._run = wandb.init(
             project=project or os.environ.get("WANDB_PROJECT") or "fp8rl_jax",
             name=os.path.basename(os.path.abspath(self.run_dir)),
-            id=_wandb_run_id(self.run_dir),
+            id=_wandb_run_id(self.run_dir, resume=resume_step > 0),
             resume="allow",
             dir=os.environ.get("WANDB_DIR") or self.run_dir,
             config=_jsonable(config) if config is not None else None,
@@ -255,7 +257,9 @@ def make_metrics_logger(
         raise ValueError(f"loggers must include 'jsonl' and be among {LOGGERS}, got {loggers!r}")
     wandb = None
     if "wandb" in loggers:  # first: if wandb is missing, no file is left open
-        wandb = WandbLogger(run_dir, config=config, process_index=process_index)
+        wandb = WandbLogger(
+            run_dir, config=config, resume_step=resume_step, process_index=process_index
+        )
     jsonl = MetricsLogger(
         run_dir,
         resume_step=resume_step,
