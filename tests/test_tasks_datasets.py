@@ -268,3 +268,38 @@ def test_chat_messages_go_through_the_chat_template():
     assert example.answer == problem.answer and example.meta["data_source"] == "math_dapo"
     with pytest.raises(ValueError, match=r"needs a chat template.*make_chat_prompt_fn"):
         MathTask(train=ds, eval_fraction=0.25).sample(0)
+
+
+# --- the config path: TaskSpec -> build_task ----------------------------------------------------
+
+
+@requires_pyarrow
+def test_build_task_from_a_verl_parquet_file():
+    from fp8rl_jax.train.experiment import TaskSpec, TrainerConfig
+    from fp8rl_jax.train.setup import build_task
+
+    spec = TaskSpec(
+        name="math",
+        jsonl_path=str(PARQUET),
+        question_key="prompt",
+        answer_key="reward_model.ground_truth",
+        data_source_key="data_source",
+        extra_info_key="extra_info",
+        verifier="dapo",
+        native_reward=True,
+        tokenizer_path=str(FIXTURES / "hf" / "tokenizer"),
+    )
+    task, _ = build_task(spec)
+    assert task.num_examples("train") + task.num_examples("eval") == 32
+    example = task.sample(0)
+    assert example.prompt.startswith("<|im_start|>user\nSolve the following math problem")
+    assert example.meta["data_source"] == "math_dapo"
+    assert task.reward(example, f"...\nAnswer: {example.answer}") == 1.0
+    assert task.reward(example, "\\boxed{0.5}") == -1.0  # dapo needs "Answer:"
+    with pytest.raises(ValueError, match="task.verifier must be one of"):
+        TaskSpec(verifier="exact")
+    with pytest.raises(ValueError, match="task.data_format must be one of"):
+        TaskSpec(data_format="csv")
+    with pytest.raises(ValueError, match="trainer.loggers must include 'jsonl'"):
+        TrainerConfig(loggers=("wandb",))
+    assert TrainerConfig(loggers=("jsonl", "wandb")).loggers == ("jsonl", "wandb")
