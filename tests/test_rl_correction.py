@@ -125,6 +125,7 @@ def test_metrics_by_hand():
     p_old, p_roll = np.exp(LP_OLD[MASK]), np.exp(LP_ROLL[MASK])
     want["probs_diff_mean"] = np.mean(np.abs(p_old - p_roll))
     want["probs_diff_max"] = np.max(np.abs(p_old - p_roll))
+    want["probs_diff_std"] = np.std(np.abs(p_old - p_roll), ddof=1)  # torch.std: N - 1
     want["probs_pearson"] = np.corrcoef(p_roll, p_old)[0, 1]
     for key, value in want.items():
         np.testing.assert_allclose(m[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
@@ -168,6 +169,24 @@ def test_identical_logprobs_give_unit_weights(cfg):
     for key in ("ess", "ppl_ratio", "token_mult_prob_error", "is_weight_mean", "is_weight_min"):
         assert float(m[key]) == 1.0, key
     np.testing.assert_allclose(m["probs_pearson"], 1.0, rtol=1e-5)
+
+
+def test_probs_diff_std_divides_by_n_minus_one():
+    # |p_old - p_roll| on the valid tokens = [0.1, 0.3, 0.2]: mean 0.2, Σ (d - 0.2)² = 0.02,
+    # so the std is sqrt(0.02 / 2) = 0.1 (veRL's torch.std), not sqrt(0.02 / 3) = 0.0816 (N).
+    # The padded token (diff 0.9) stays out.
+    p_old = np.array([[0.5, 0.6, 0.95], [0.9, 0.5, 0.5]])
+    p_roll = np.array([[0.4, 0.3, 0.05], [0.7, 0.5, 0.5]])
+    mask = np.array([[1, 1, 0], [1, 0, 0]], dtype=bool)
+    lp_old, lp_roll = (jnp.asarray(np.log(p), jnp.float32) for p in (p_old, p_roll))
+    _, _, m = rollout_correction(lp_old, lp_roll, jnp.asarray(mask), RolloutCorrectionConfig())
+    np.testing.assert_allclose(m["probs_diff_std"], 0.1, rtol=1e-5)
+    np.testing.assert_allclose(m["probs_diff_mean"], 0.2, rtol=1e-5)
+    # One valid token: N - 1 = 0, torch.std gives NaN; our metrics stay finite and give 0.
+    one = np.array([[1, 0, 0], [0, 0, 0]], dtype=bool)
+    _, _, m = rollout_correction(lp_old, lp_roll, jnp.asarray(one), RolloutCorrectionConfig())
+    assert float(m["probs_diff_std"]) == 0.0
+    np.testing.assert_allclose(m["probs_diff_max"], 0.1, rtol=1e-5)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)

@@ -164,7 +164,9 @@ def mismatch_metrics(logp_old_BT, logp_rollout_BT, mask_BT, weights_BT, keep_BT,
     is_weight_{mean,max,min,std}; is_ratio_fraction_{high,low}: ρ > C, ρ < 1/C;
     masked_{token,seq}_fraction; ess = (Σw)² / (N Σw²) over kept tokens;
     token_mult_prob_error = mean exp(|lp_roll − lp_old|);
-    probs_diff_{mean,max,std} = |p_old − p_roll| (probability space, veRL debug metrics);
+    probs_diff_{mean,max,std} = |p_old − p_roll| (probability space, veRL debug metrics), the std
+    with Bessel's correction as ``torch.std`` in veRL: sqrt(Σ (d − d̄)² / (N − 1)), 0 for N <= 1
+    (torch gives NaN there);
     probs_pearson = corr(p_roll, p_old) (0 when either has zero variance).
     Every metric is a finite fp32 scalar, 0 when the mask is empty (denominators are guarded).
     """
@@ -215,9 +217,12 @@ def _masked_max(x_BT, valid_BT):
     return jnp.where(jnp.any(valid_BT), jnp.max(jnp.where(valid_BT, x_BT, -jnp.inf)), 0.0)
 
 
-def _masked_std(x_BT, valid_BT):
-    mean = masked_mean(x_BT, valid_BT)
-    return jnp.sqrt(masked_mean(jnp.square(x_BT - mean), valid_BT))
+def _masked_std(x_BT, valid_BT, ddof=0):
+    """sqrt(Σ_valid (x − x̄)² / (N − ddof)) over the N valid entries; 0 when N <= ddof."""
+    n = jnp.sum(valid_BT.astype(jnp.float32))
+    sq_dev_BT = jnp.where(valid_BT, jnp.square(x_BT - masked_mean(x_BT, valid_BT)), 0.0)
+    var = jnp.sum(sq_dev_BT) / jnp.maximum(n - ddof, 1.0)
+    return jnp.where(n > ddof, jnp.sqrt(var), 0.0)
 
 
 def _weight_stats(weights_BT, valid_BT, keep_BT):
@@ -246,6 +251,6 @@ def _prob_stats(p_old_BT, p_roll_BT, valid_BT):
     return {
         "probs_diff_mean": masked_mean(abs_diff_BT, valid_BT),
         "probs_diff_max": _masked_max(abs_diff_BT, valid_BT),
-        "probs_diff_std": _masked_std(abs_diff_BT, valid_BT),
+        "probs_diff_std": _masked_std(abs_diff_BT, valid_BT, ddof=1),  # torch.std (N − 1)
         "probs_pearson": jnp.clip(pearson, -1.0, 1.0),
     }

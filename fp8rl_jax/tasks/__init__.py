@@ -1,4 +1,4 @@
-"""Verifiable-reward tasks, a character tokenizer, and math datasets from local JSONL files."""
+"""Verifiable-reward tasks, a character tokenizer, math datasets (JSONL, parquet), verifiers."""
 
 from fp8rl_jax.tasks.answers import (
     answers_match,
@@ -17,15 +17,30 @@ from fp8rl_jax.tasks.batch import (
     score_completions,
 )
 from fp8rl_jax.tasks.countdown import CountdownTask, grade_countdown, parse_arithmetic
-from fp8rl_jax.tasks.math_data import (
-    DEFAULT_MATH_INSTRUCTION,
+from fp8rl_jax.tasks.datasets import (
+    DATA_FORMATS,
+    VERL_FIELDS,
+    DataFields,
+    MathDataset,
     MathJsonlDataset,
     MathProblem,
+)
+from fp8rl_jax.tasks.math_data import (
+    DEFAULT_MATH_INSTRUCTION,
     MathTask,
     chat_prompt,
     make_chat_prompt_fn,
 )
 from fp8rl_jax.tasks.tokenizer import CharTokenizer
+from fp8rl_jax.tasks.verifiers import (
+    NATIVE_REWARDS,
+    VERIFIERS,
+    get_verifier,
+    normalize_dapo_answer,
+    verify_boxed,
+    verify_dapo,
+    verify_math,
+)
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls
@@ -44,16 +59,22 @@ def get_task(name: str, **kwargs) -> Task:
 
 
 __all__ = [
+    "DATA_FORMATS",
     "DEFAULT_MATH_INSTRUCTION",
+    "NATIVE_REWARDS",
     "SPLITS",
     "TASKS",
+    "VERIFIERS",
+    "VERL_FIELDS",
     "AdditionTask",
     "CharTokenizer",
     "CountdownTask",
+    "DataFields",
     "DemonstrationBatch",
     "Example",
     "GeneratedTask",
     "Grade",
+    "MathDataset",
     "MathJsonlDataset",
     "MathProblem",
     "MathTask",
@@ -66,6 +87,7 @@ __all__ = [
     "chat_prompt",
     "extract_final_answer",
     "get_task",
+    "get_verifier",
     "grade_countdown",
     "has_explicit_answer",
     "in_eval_split",
@@ -73,7 +95,11 @@ __all__ = [
     "make_demonstration_batch",
     "make_prompt_batch",
     "normalize_answer",
+    "normalize_dapo_answer",
     "parse_arithmetic",
     "parse_number",
     "score_completions",
+    "verify_boxed",
+    "verify_dapo",
+    "verify_math",
 ]

@@ -1,84 +1,18 @@
-"""Math problems from local JSONL files, chat-template prompts, and a boxed-answer task."""
+"""Math problems with verifiable answers: chat-template prompts and the math task."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Protocol
+from collections.abc import Callable, Sequence
+from typing import ClassVar, Protocol
 
-from fp8rl_jax.tasks.answers import answers_match, extract_final_answer, has_explicit_answer
 from fp8rl_jax.tasks.base import Example, Grade, Split, Task, check_split, in_eval_split
+from fp8rl_jax.tasks.datasets import MathDataset, MathProblem, Message
+from fp8rl_jax.tasks.verifiers import NATIVE_REWARDS, VERIFIERS, get_verifier
 
 DEFAULT_MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
-
-@dataclasses.dataclass(frozen=True)
-class MathProblem:
-    """One JSONL record: the question, its full reference solution, and the final answer."""
-
-    question: str
-    solution: str  # the raw answer field (a GSM8K solution ending in "#### x", or just "x")
-    answer: str  # the extracted final answer
-
-
-class MathJsonlDataset(Sequence[MathProblem]):
-    """Reads `{question_key: str, answer_key: str | number}` objects, one per line."""
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        question_key: str = "question",
-        answer_key: str = "answer",
-    ):
-        self.path = os.fspath(path)
-        if not os.path.isfile(self.path):
-            raise FileNotFoundError(f"math dataset file not found: {self.path}")
-        self.problems = tuple(self._read(question_key, answer_key))
-        if not self.problems:
-            raise ValueError(f"{self.path}: no records")
-
-    def _read(self, question_key: str, answer_key: str):
-        with open(self.path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                where = f"{self.path}:{line_no}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
-                if not isinstance(record, dict):
-                    raise ValueError(
-                        f"{where}: expected a JSON object, got {type(record).__name__}"
-                    )
-                yield _problem_from_record(record, question_key, answer_key, where)
-
-    def __len__(self) -> int:
-        return len(self.problems)
-
-    def __getitem__(self, index):  # noqa: ANN001 (int or slice, as Sequence)
-        return self.problems[index]
-
-
-def _problem_from_record(
-    record: Mapping[str, Any], question_key: str, answer_key: str, where: str
-) -> MathProblem:
-    for key in (question_key, answer_key):
-        if key not in record:
-            raise ValueError(f"{where}: missing field {key!r} (fields present: {sorted(record)})")
-    question, solution = record[question_key], record[answer_key]
-    if not isinstance(question, str):
-        raise ValueError(f"{where}: field {question_key!r} must be a string")
-    if isinstance(solution, bool) or not isinstance(solution, str | int | float):
-        raise ValueError(f"{where}: field {answer_key!r} must be a string or a number")
-    solution = str(solution)
-    answer = extract_final_answer(solution, fallback_last_number=False) or solution.strip()
-    if not answer:
-        raise ValueError(f"{where}: field {answer_key!r} is empty")
-    return MathProblem(question=question, solution=solution, answer=answer)
+Prompt = str | Sequence[Message]  # a question, or chat messages (veRL's `prompt` column)
 
 
 class ChatTokenizer(Protocol):
@@ -89,15 +23,23 @@ class ChatTokenizer(Protocol):
 
 def chat_prompt(
     tokenizer: ChatTokenizer,
-    question: str,
+    question: Prompt,
     *,
     system: str | None = None,
     instruction: str = DEFAULT_MATH_INSTRUCTION,
 ) -> str:
-    """The question wrapped in the tokenizer's chat template, ending with the assistant turn."""
-    messages = [{"role": "system", "content": system}] if system else []
-    content = f"{question}\n{instruction}" if instruction else question
-    messages.append({"role": "user", "content": content})
+    """The prompt in the tokenizer's chat template, ending with the assistant turn.
+
+    A question string becomes one user turn (after an optional system turn) with `instruction`
+    appended; chat messages (veRL datasets, whose messages carry their own instruction) go to
+    the template as they are.
+    """
+    if isinstance(question, str):
+        messages = [{"role": "system", "content": system}] if system else []
+        content = f"{question}\n{instruction}" if instruction else question
+        messages.append({"role": "user", "content": content})
+    else:
+        messages = [{"role": m["role"], "content": m["content"]} for m in question]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     if not isinstance(text, str):
         raise TypeError(
@@ -112,30 +54,48 @@ def make_chat_prompt_fn(
     *,
     system: str | None = None,
     instruction: str = DEFAULT_MATH_INSTRUCTION,
-) -> Callable[[str], str]:
-    """question -> chat prompt, for `MathTask(prompt_fn=...)`."""
+) -> Callable[[Prompt], str]:
+    """question or chat messages -> chat prompt, for `MathTask(prompt_fn=...)`."""
     return lambda question: chat_prompt(tokenizer, question, system=system, instruction=instruction)
+
+
+def _plain_prompt(question: Prompt) -> str:
+    if not isinstance(question, str):
+        raise ValueError(
+            "a chat-message prompt needs a chat template: "
+            "MathTask(prompt_fn=make_chat_prompt_fn(tokenizer))"
+        )
+    return question
 
 
 @dataclasses.dataclass(frozen=True)
 class MathTask(Task):
-    """Problems from JSONL files; reward 1 for a matching final answer, `format_reward` for an
-    explicit (\\boxed / ####) but wrong answer.
+    """Problems from JSONL or parquet files, graded by `verifier` ("boxed" | "dapo" |
+    "math_verify", see `fp8rl_jax.tasks.verifiers`).
 
-    Without an eval file, a hash of the question holds out `eval_fraction` of the train file.
-    Indices wrap around the split (epochs).
+    Reward: 1 correct, `format_reward` well-formed but wrong, else 0; with `native_reward` the
+    verifier's own pair instead (dapo: +1 / -1, as veRL's DAPO recipe trains). Without an eval
+    file, a hash of the question holds out `eval_fraction` of the train file. Indices wrap
+    around the split (epochs).
     """
 
-    train: MathJsonlDataset
-    eval: MathJsonlDataset | None = None
-    prompt_fn: Callable[[str], str] = lambda question: question  # e.g. make_chat_prompt_fn(tok)
+    train: MathDataset
+    eval: MathDataset | None = None
+    prompt_fn: Callable[[Prompt], str] = _plain_prompt  # e.g. make_chat_prompt_fn(tokenizer)
     eval_fraction: float = 0.1  # used only without an eval file
     format_reward: float = 0.1  # reward for an explicit but wrong final answer
-    strict: bool = False  # only \\boxed / #### answers count (no last-number fallback)
+    strict: bool = False  # verifier "boxed": only \\boxed / #### answers count (no last number)
+    verifier: str = "boxed"  # "boxed" | "dapo" | "math_verify"
+    native_reward: bool = False  # reward with the verifier's own values (ignores format_reward)
 
     name: ClassVar[str] = "math"
 
     def __post_init__(self):
+        if self.verifier not in VERIFIERS:
+            raise ValueError(
+                f"math task: verifier must be one of {VERIFIERS}, got {self.verifier!r}"
+            )
+        object.__setattr__(self, "_verify", get_verifier(self.verifier, strict=self.strict))
         if self.eval is None:
             held_out = [in_eval_split(p.question, self.eval_fraction) for p in self.train]
             splits = {
@@ -160,19 +120,28 @@ class MathTask(Task):
     def sample(self, index: int, split: Split = "train") -> Example:
         check_split(split)
         problems = self._splits[split]
-        problem = problems[index % len(problems)]
+        problem: MathProblem = problems[index % len(problems)]
         return Example(
-            prompt=self.prompt_fn(problem.question),
+            prompt=self.prompt_fn(problem.prompt),
             answer=problem.answer,
-            meta={"question": problem.question, "solution": problem.solution},
+            meta={
+                "question": problem.question,
+                "solution": problem.solution,
+                "data_source": problem.data_source,
+                "extra_info": problem.extra_info,
+            },
         )
 
     def demonstration(self, example: Example) -> str:
+        if self.verifier == "dapo":
+            return f"Answer: {example.answer}"
         return f"\\boxed{{{example.answer}}}"
 
     def grade(self, example: Example, completion: str) -> Grade:
-        prediction = extract_final_answer(completion, fallback_last_number=not self.strict)
-        return Grade(
-            correct=answers_match(prediction, example.answer),
-            well_formed=has_explicit_answer(completion),
-        )
+        return self._verify(completion, example.answer)
+
+    def reward_of(self, grade: Grade) -> float:
+        if not self.native_reward:
+            return super().reward_of(grade)
+        correct_reward, wrong_reward = NATIVE_REWARDS[self.verifier]
+        return correct_reward if grade.correct else wrong_reward

@@ -2,7 +2,15 @@
 
 from fp8rl_jax.train.checkpoint import CheckpointManager, Restored
 from fp8rl_jax.train.config import ConfigError, from_config_dict
-from fp8rl_jax.train.logging import MetricsLogger, read_metrics, write_resolved_config
+from fp8rl_jax.train.logging import (
+    LOGGERS,
+    LoggerGroup,
+    MetricsLogger,
+    WandbLogger,
+    make_metrics_logger,
+    read_metrics,
+    write_resolved_config,
+)
 
 _LAZY = {"plot_run", "plot_compare"}  # matplotlib costs ~0.4 s to import: load it on first use
 
@@ -16,11 +24,15 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "LOGGERS",
     "CheckpointManager",
     "ConfigError",
+    "LoggerGroup",
     "MetricsLogger",
     "Restored",
+    "WandbLogger",
     "from_config_dict",
+    "make_metrics_logger",
     "plot_compare",
     "plot_run",
     "read_metrics",

@@ -15,12 +15,16 @@ from fp8rl_jax.generation import RolloutConfig
 from fp8rl_jax.models import ModelConfig
 from fp8rl_jax.models.config import ARCHITECTURES
 from fp8rl_jax.rl import RLConfig
+from fp8rl_jax.tasks import DATA_FORMATS, VERIFIERS
 from fp8rl_jax.train.distributed import DistributedConfig
+from fp8rl_jax.train.logging import LOGGERS
 from fp8rl_jax.train.optim import OptimConfig
 from fp8rl_jax.train.sft import SFTConfig
 from fp8rl_jax.train.sharding.mesh import MeshConfig
 
 Architecture = Literal[tuple(ARCHITECTURES)]  # the HF classes models.ModelConfig supports
+DataFormat = Literal[DATA_FORMATS]  # math task data files (tasks.datasets)
+Verifier = Literal[VERIFIERS]  # math task answer checkers (tasks.verifiers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,18 +74,33 @@ class ModelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
-    """Which verifiable task the policy is trained on."""
+    """Which verifiable task the policy is trained on.
 
-    name: str = "addition"  # a built-in task (fp8rl_jax.tasks.TASKS) or "math" (JSONL file)
+    A veRL parquet file (DAPO-Math-17k, veRL's gsm8k): question_key="prompt",
+    answer_key="reward_model.ground_truth", data_source_key="data_source",
+    extra_info_key="extra_info"; veRL's DAPO reward: verifier="dapo", native_reward=True.
+    """
+
+    name: str = "addition"  # a built-in task (fp8rl_jax.tasks.TASKS) or "math" (a data file)
     digits: int = 2  # arithmetic tasks: operand digits
     seed: int = 0  # problem generator seed
     format_reward: float = 0.0  # reward for a well-formed but wrong answer
-    jsonl_path: str = ""  # math task: local JSONL file
-    eval_jsonl_path: str = ""  # math task: held-out JSONL; "" = hold out eval_fraction of train
+    jsonl_path: str = ""  # math task: local data file, JSONL or (veRL) parquet
+    eval_jsonl_path: str = ""  # math task: held-out file; "" = hold out eval_fraction of train
     eval_fraction: float = 0.1  # math task without an eval file: share of questions held out
-    question_key: str = "question"  # math task: JSONL field of the problem
-    answer_key: str = "answer"  # math task: JSONL field of the reference answer
+    data_format: DataFormat = (
+        "auto"  # math task: "auto" (from the file extension) | jsonl | parquet
+    )
+    question_key: str = "question"  # math task: field of the prompt (string or chat messages)
+    answer_key: str = "answer"  # math task: field of the ground truth (dotted = nested)
+    data_source_key: str = ""  # math task: field of the data source; "" = not read
+    extra_info_key: str = ""  # math task: field of the extra info (an object); "" = not read
+    verifier: Verifier = "boxed"  # math task: "boxed" | "dapo" | "math_verify"
+    native_reward: bool = False  # math task: the verifier's own rewards (dapo: +1 / -1)
     tokenizer_path: str = ""  # HF tokenizer dir (with an HF checkpoint); "" = character tokenizer
+
+    def __post_init__(self):
+        check_choices(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +117,13 @@ class TrainerConfig:
     keep_checkpoints: int = 3  # newest checkpoints kept
     max_nonfinite_skips: int = 5  # stop when more updates than this were skipped as non-finite
     plots: bool = True  # write PNG plots at the end
+    loggers: tuple[str, ...] = ("jsonl", "tensorboard")  # "jsonl" + tensorboard and/or wandb
 
     def __post_init__(self):
+        if "jsonl" not in self.loggers or any(name not in LOGGERS for name in self.loggers):
+            raise ValueError(
+                f"trainer.loggers must include 'jsonl' and be among {LOGGERS}, got {self.loggers!r}"
+            )
         for name in ("steps", "prompts_per_step", "eval_size", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")

@@ -1,7 +1,10 @@
-"""Run outputs: metrics as JSON lines and TensorBoard events (process 0 only), resolved config.
+"""Run outputs: metrics as JSON lines, TensorBoard events and optionally W&B (process 0 only),
+resolved config.
 
 A resumed run passes its first step as `resume_step`; every record at or after it is dropped from
-`metrics.jsonl` (and purged in TensorBoard), so the run keeps one clean history.
+`metrics.jsonl` (and purged in TensorBoard), so the run keeps one clean history. W&B continues the
+same W&B run (its id is kept in the run directory) but keeps steps only increasing: replayed steps
+below its last logged one are dropped there (W&B warns), later steps are logged.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import secrets
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -20,6 +24,8 @@ import numpy as np
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 TENSORBOARD_DIR = "tensorboard"
+WANDB_ID_FILE = "wandb_run_id"
+LOGGERS = ("jsonl", "tensorboard", "wandb")
 
 
 def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
@@ -79,8 +85,7 @@ class MetricsLogger:
     ):
         self.run_dir = os.fspath(run_dir)
         self.path = os.path.join(self.run_dir, METRICS_FILE)
-        index = jax.process_index() if process_index is None else process_index
-        self.active = index == 0
+        self.active = _process_index(process_index) == 0
         self._file = None
         self._writer = None
         if not self.active:
@@ -126,6 +131,142 @@ class MetricsLogger:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _process_index(process_index: int | None) -> int:
+    return jax.process_index() if process_index is None else process_index
+
+
+def _import_wandb():
+    try:
+        import wandb
+    except ImportError as e:
+        raise ImportError("the 'wandb' logger needs wandb: pip install 'fp8rl_jax[wandb]'") from e
+    return wandb
+
+
+def _wandb_run_id(run_dir: str, resume: bool) -> str:
+    """The run's W&B id, kept in the run directory: a resume continues it, a fresh run gets a
+    new one (as it starts a clean metrics.jsonl)."""
+    path = os.path.join(run_dir, WANDB_ID_FILE)
+    if resume and os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    run_id = secrets.token_hex(4)  # W&B ids: letters and digits
+    _atomic_write_text(path, run_id + "\n")
+    return run_id
+
+
+class WandbLogger:
+    """Logs the records `MetricsLogger` writes, under the same flattened names, to W&B.
+
+    Project from `project`, else $WANDB_PROJECT, else "fp8rl_jax"; run name = the run
+    directory's name; files under $WANDB_DIR, else the run directory. $WANDB_MODE=offline (or
+    `mode`) writes locally for a later `wandb sync`. Only process 0 logs.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        config: Any = None,
+        project: str | None = None,
+        mode: str | None = None,
+        resume_step: int = 0,
+        process_index: int | None = None,
+    ):
+        self.run_dir = os.fspath(run_dir)
+        self.active = _process_index(process_index) == 0
+        self._run = None
+        if not self.active:
+            return
+        wandb = _import_wandb()
+        os.makedirs(self.run_dir, exist_ok=True)
+        self._run = wandb.init(
+            project=project or os.environ.get("WANDB_PROJECT") or "fp8rl_jax",
+            name=os.path.basename(os.path.abspath(self.run_dir)),
+            id=_wandb_run_id(self.run_dir, resume=resume_step > 0),
+            resume="allow",
+            dir=os.environ.get("WANDB_DIR") or self.run_dir,
+            config=_jsonable(config) if config is not None else None,
+            mode=mode,
+        )
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        if not self.active:
+            return
+        flat = _flatten(metrics)
+        if "step" in flat:
+            raise ValueError("'step' is reserved; pass it as the step argument")
+        self._run.log(flat, step=int(step))
+
+    def flush(self) -> None:
+        pass  # W&B writes from its own process
+
+    def close(self) -> None:
+        """Finishes the run; W&B's service process may still be writing its files (at exit,
+        or on `wandb.teardown()`, W&B waits for it)."""
+        if self._run is not None:
+            self._run.finish()
+            self._run = None
+
+    def __enter__(self) -> WandbLogger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class LoggerGroup:
+    """Several loggers behind one `log` / `flush` / `close`."""
+
+    def __init__(self, loggers):
+        self.loggers = tuple(loggers)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        for logger in self.loggers:
+            logger.log(step, metrics)
+
+    def flush(self) -> None:
+        for logger in self.loggers:
+            logger.flush()
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close()
+
+    def __enter__(self) -> LoggerGroup:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def make_metrics_logger(
+    run_dir: str | os.PathLike[str],
+    loggers: tuple[str, ...] = ("jsonl", "tensorboard"),
+    *,
+    resume_step: int = 0,
+    config: Any = None,
+    process_index: int | None = None,
+) -> MetricsLogger | LoggerGroup:
+    """The loggers named in `loggers` (a subset of LOGGERS that includes "jsonl": resuming and
+    the plots read metrics.jsonl)."""
+    unknown = [name for name in loggers if name not in LOGGERS]
+    if unknown or "jsonl" not in loggers:
+        raise ValueError(f"loggers must include 'jsonl' and be among {LOGGERS}, got {loggers!r}")
+    wandb = None
+    if "wandb" in loggers:  # first: if wandb is missing, no file is left open
+        wandb = WandbLogger(
+            run_dir, config=config, resume_step=resume_step, process_index=process_index
+        )
+    jsonl = MetricsLogger(
+        run_dir,
+        resume_step=resume_step,
+        tensorboard="tensorboard" in loggers,
+        process_index=process_index,
+    )
+    return jsonl if wandb is None else LoggerGroup((jsonl, wandb))
 
 
 def _jsonable(value: Any) -> Any:

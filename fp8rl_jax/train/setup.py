@@ -5,12 +5,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from fp8rl_jax.models import ModelConfig, init_weights, load_hf_checkpoint, load_tokenizer
-from fp8rl_jax.tasks import CharTokenizer, MathJsonlDataset, get_task, make_chat_prompt_fn
+from fp8rl_jax.tasks import CharTokenizer, DataFields, MathDataset, get_task, make_chat_prompt_fn
 from fp8rl_jax.train.experiment import ModelSpec, TaskSpec
 
 
 def build_task(spec: TaskSpec, hf_checkpoint: str = ""):
-    """``(task, tokenizer)``: a built-in task with the character tokenizer, or JSONL math + HF.
+    """``(task, tokenizer)``: a built-in task with the character tokenizer, or math from a JSONL
+    or parquet file + HF.
 
     An empty ``tokenizer_path`` means the HF checkpoint's own tokenizer when there is one.
     """
@@ -23,10 +24,15 @@ def build_task(spec: TaskSpec, hf_checkpoint: str = ""):
             )
         tokenizer = load_tokenizer(tokenizer_path)
 
+        fields = DataFields(
+            prompt=spec.question_key,
+            ground_truth=spec.answer_key,
+            data_source=spec.data_source_key,
+            extra_info=spec.extra_info_key,
+        )
+
         def dataset(path):
-            return MathJsonlDataset(
-                path, question_key=spec.question_key, answer_key=spec.answer_key
-            )
+            return MathDataset(path, data_format=spec.data_format, fields=fields)
 
         task = get_task(
             "math",
@@ -35,6 +41,8 @@ def build_task(spec: TaskSpec, hf_checkpoint: str = ""):
             eval_fraction=spec.eval_fraction,
             prompt_fn=make_chat_prompt_fn(tokenizer),
             format_reward=spec.format_reward,
+            verifier=spec.verifier,
+            native_reward=spec.native_reward,
         )
         return task, tokenizer
     kwargs = {"seed": spec.seed, "format_reward": spec.format_reward}

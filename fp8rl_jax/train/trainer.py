@@ -40,7 +40,7 @@ from fp8rl_jax.tasks import (
 )
 from fp8rl_jax.train.checkpoint import CheckpointManager
 from fp8rl_jax.train.experiment import Experiment
-from fp8rl_jax.train.logging import MetricsLogger
+from fp8rl_jax.train.logging import METRICS_FILE, make_metrics_logger
 from fp8rl_jax.train.optim import make_optimizer
 from fp8rl_jax.train.placement import SingleDevice, make_placement
 from fp8rl_jax.train.setup import build_model, build_task
@@ -203,7 +203,9 @@ def train(
     start = int(state.step)
     # Row s holds the metrics of the step that completed s steps, so a run resumed from the
     # checkpoint of step s keeps rows <= s (from scratch, none: row 0 is logged again).
-    logger = MetricsLogger(tc.run_dir, resume_step=start + 1 if start else 0)
+    logger = make_metrics_logger(
+        tc.run_dir, tc.loggers, resume_step=start + 1 if start else 0, config=exp
+    )
     with place.activate():
         _run_steps(run, state, start, optimizer, ckpt, logger, progress)
     ckpt.wait_until_finished()
@@ -211,7 +213,7 @@ def train(
     if not place.is_main:  # only process 0 holds metrics.jsonl
         return {"run_dir": os.path.abspath(tc.run_dir), "steps": tc.steps,
                 "eval_accuracy_first": None, "eval_accuracy_last": None}  # fmt: skip
-    summary = _summary(tc.run_dir, logger.path)
+    summary = _summary(tc.run_dir, os.path.join(tc.run_dir, METRICS_FILE))
     if tc.plots:
         from fp8rl_jax.train.plots import plot_run
 
@@ -319,7 +321,8 @@ def _nonfinite_message(p: Pending, row: dict, tc, logger) -> str:
         f"or optimizer update (limit trainer.max_nonfinite_skips={tc.max_nonfinite_skips}). "
         f"Step {p.step}: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()) + ". A NaN "
         f"reward_mean points at the reward function, a finite loss and grad_norm at the optimizer "
-        f"(optim.lr), quant_nonfinite > 0 at the params. Metrics: {logger.path}"
+        f"(optim.lr), quant_nonfinite > 0 at the params. "
+        f"Metrics: {os.path.join(tc.run_dir, METRICS_FILE)}"
     )
 
 
