@@ -296,9 +296,9 @@ def test_build_task_from_a_verl_parquet_file():
     assert example.meta["data_source"] == "math_dapo"
     assert task.reward(example, f"...\nAnswer: {example.answer}") == 1.0
     assert task.reward(example, "\\boxed{0.5}") == -1.0  # dapo needs "Answer:"
-    with pytest.raises(ValueError, match="task.verifier must be one of"):
+    with pytest.raises(ValueError, match="TaskSpec.verifier must be one of"):
         TaskSpec(verifier="exact")
-    with pytest.raises(ValueError, match="task.data_format must be one of"):
+    with pytest.raises(ValueError, match="TaskSpec.data_format must be one of"):
         TaskSpec(data_format="csv")
     with pytest.raises(ValueError, match="trainer.loggers must include 'jsonl'"):
         TrainerConfig(loggers=("wandb",))

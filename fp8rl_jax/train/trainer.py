@@ -40,7 +40,7 @@ from fp8rl_jax.tasks import (
 )
 from fp8rl_jax.train.checkpoint import CheckpointManager
 from fp8rl_jax.train.experiment import Experiment
-from fp8rl_jax.train.logging import METRICS_FILE, make_metrics_logger
+from fp8rl_jax.train.logging import METRICS_FILE, LoggerGroup, MetricsLogger, make_metrics_logger
 from fp8rl_jax.train.optim import make_optimizer
 from fp8rl_jax.train.placement import SingleDevice, make_placement
 from fp8rl_jax.train.setup import build_model, build_task
@@ -233,7 +233,7 @@ def _step_prompts(run: _Run, step: int):
 class _Output:
     """Reads pending steps: logs each row, updates the progress bar, stops on non-finite skips."""
 
-    def __init__(self, logger: MetricsLogger, bar, ckpt: CheckpointManager, tc):
+    def __init__(self, logger: MetricsLogger | LoggerGroup, bar, ckpt: CheckpointManager, tc):
         self.logger, self.bar, self.ckpt, self.tc = logger, bar, ckpt, tc
         self.eval_acc: float | None = None  # the latest held-out accuracy, for the bar
 
