@@ -1,0 +1,204 @@
+"""Grouped blockwise FP8 W8A8 matmul for Hopper (sm_90) with Pallas Mosaic GPU.
+
+The dense kernel of ``fp8_matmul/pallas_mosaic_gpu.py`` (DeepGEMM ``sm90_fp8_gemm_1d2d``
+structure: a TMA warpgroup streams 128-wide K slices into an SMEM ring, one or two compute
+warpgroups run one FP8 wgmma per slice into a fresh f32 accumulator and promote it,
+``acc += acc_k · s_x[m, kb] · s_w[e, nb, kb]``), with one CTA per (row tile, N tile) of the
+tile map (``tiles.py``, the grouped analogue of jax ``ragged_dot_mgpu``'s ``GroupInfo``). A
+CTA reads its tile's (expert, row block, live) triple from GMEM, multiplies the row block of
+``x`` by ``w[expert]`` (``[E, N, K]`` K-major: the wgmma B operand is ``w_smem.T``), and writes
+the full tile into its own slot of the tile outputs; dead tiles return at once. The wrapper
+gathers each row from its group's tile (``tiles.gather_rows``).
+
+Decode-sized groups (a few rows per expert) use swap-AB as the dense kernel does:
+``yᵀ = w[e] · xᵀ`` with 64 weight rows per compute warpgroup and the tile's rows as the wgmma N
+(16..64), so a tile of 16 rows is not padded to 64. The kernel then writes ``[N, T·tm]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+# The dense kernel's building blocks: same tiles, same SMEM buffers, same K step.
+from kernels_pallas.fp8_matmul.pallas_mosaic_gpu import (
+    _MAX_GRID,
+    _WGMMA_M,
+    GROUP,
+    SMEM_BYTES,
+    MgpuConfig,
+    _k_step,
+    _pipeline_operands,
+    _smem_transforms,
+    smem_bytes,
+)
+from kernels_pallas.grouped_fp8_matmul.tiles import (
+    gather_cols,
+    gather_rows,
+    make_tile_map,
+    num_tiles,
+)
+from kernels_pallas.qarray import QArray
+
+__all__ = ["GROUP", "SMEM_BYTES", "MgpuConfig", "default_config", "grouped_fp8_matmul_mgpu"]
+
+
+def default_config(m: int, n: int, k: int, num_groups: int, *, out_itemsize: int = 2):
+    """Untuned defaults by the mean group size ``M / E``: swap-AB tiles of 16..64 rows (a power
+    of two near it) below 64 rows per group, else 128x128 CTAs with two compute warpgroups
+    (64-wide N tiles if N % 128). The ring is as deep as fits the SMEM budget (<= 4 stages)."""
+    mean = m / max(num_groups, 1)
+    if mean < 64:
+        bm = min(max(16, 1 << max(int(mean) - 1, 1).bit_length()), 64)
+        cfg = MgpuConfig(block_m=bm, block_n=64, swap_ab=True)
+    else:
+        cfg = MgpuConfig(block_m=128, block_n=128 if n % 128 == 0 else 64)
+    for stages in range(cfg.max_concurrent_steps, 1, -1):
+        cfg = dataclasses.replace(cfg, max_concurrent_steps=stages)
+        if smem_bytes(cfg, k, 1, out_itemsize, False) <= SMEM_BYTES:
+            break
+    return cfg
+
+
+def supports(m: int, k: int, n: int, num_groups: int, cfg: MgpuConfig, *, out_itemsize: int):
+    """None if the kernel compiles for these shapes and this tile configuration, else why not."""
+    if (bad := cfg.invalid()) is not None:
+        return bad
+    if k % GROUP or k == 0:
+        return f"K={k} must be a positive multiple of {GROUP}"
+    if n % cfg.block_n:
+        return f"N={n} must be a multiple of block_n={cfg.block_n}"
+    if cfg.swap_ab and cfg.block_m * out_itemsize % 32:
+        return (
+            f"swap_ab block_m={cfg.block_m} makes {cfg.block_m * out_itemsize} B output rows; "
+            "the epilogue tile needs a multiple of 32 B (its smallest swizzle)"
+        )
+    if m < 1:
+        return "M must be >= 1"
+    t = num_tiles(m, num_groups, cfg.block_m)
+    if max(t, n // cfg.block_n) > _MAX_GRID:
+        return f"the CTA grid ({t} tiles x {n // cfg.block_n}) exceeds {_MAX_GRID}"
+    used = smem_bytes(cfg, k, 1, out_itemsize, False)
+    if used > SMEM_BYTES:
+        return f"tiles need {used} B of SMEM > {SMEM_BYTES} B (fewer stages or smaller tiles)"
+    return None
+
+
+def _kernel(meta_gmem, x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, wdt):
+    """One CTA: tile t of the tile map times one N tile of its expert, over all K steps."""
+    out_dtype = out_gmem.dtype
+    bm, bn, swap, tm = cfg.block_m, cfg.block_n, cfg.swap_ab, _WGMMA_M
+    a_blk, b_blk = (bn, bm) if swap else (bm, bn)
+    a_idx, b_idx = lax.axis_index("a"), lax.axis_index("b")
+    t_idx, n_idx = (b_idx, a_idx) if swap else (a_idx, b_idx)
+    group, block, live = meta_gmem[0, t_idx], meta_gmem[1, t_idx], meta_gmem[2, t_idx]
+    in_specs, gmem_in = _pipeline_operands(
+        x_gmem, sx_gmem, w_gmem.at[group], pl.ds(block * bm, bm), pl.ds(n_idx * bn, bn),
+        cfg=cfg, fused=False, wdt=wdt,
+    )  # fmt: skip
+
+    def get_pipeline(body, compute_context):
+        return plgpu.emit_pipeline_warp_specialized(
+            body,
+            grid=(w_gmem.shape[2] // GROUP,),
+            memory_registers=40,
+            in_specs=in_specs,
+            wg_axis="wg",
+            num_compute_wgs=cfg.num_compute_wgs,
+            max_concurrent_steps=cfg.max_concurrent_steps,
+            compute_context=compute_context,
+        )
+
+    ignore = lambda *_, **__: None
+    scratch = dict(
+        pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(*gmem_in),
+        out_smem=plgpu.SMEM(
+            (cfg.num_compute_wgs, tm, b_blk), out_dtype,
+            transforms=_smem_transforms(out_dtype, b_blk),
+        ),
+    )  # fmt: skip
+
+    @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
+    def _scope(pipeline_allocs, out_smem):
+        wg = lax.axis_index("wg")
+        nb = (n_idx * bn + (wg * tm if swap else 0)) // GROUP
+
+        def compute_context(eval_pipeline):
+            acc0 = plgpu.layout_cast(jnp.zeros((tm, b_blk), jnp.float32), plgpu.Layout.WGMMA)
+            out_smem[wg] = eval_pipeline(acc0).astype(out_dtype)
+            plgpu.commit_smem()
+            dst = out_gmem.at[pl.ds(a_idx * a_blk, a_blk), pl.ds(b_idx * b_blk, b_blk)]
+            plgpu.copy_smem_to_gmem(out_smem.at[wg], dst.at[pl.ds(wg * tm, tm)])
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+        def body(idx, x_smem, w_smem, sx_ref, acc):
+            sw = sw_gmem[group, nb, idx[0]]  # issued before the wgmma so its latency overlaps
+            step = functools.partial(_k_step, cfg=cfg, fused=False, wdt=wdt)
+            return step(x_smem, w_smem, sx_ref, acc, sw, None)
+
+        @pl.when(live != 0)  # dead tiles: every warpgroup skips the pipeline alike
+        def _run():
+            get_pipeline(body, compute_context)(*gmem_in, allocations=pipeline_allocs)
+
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def _call(meta, x, sx_t, w_q: QArray, t: int, *, out_dtype, cfg: MgpuConfig, interpret: bool):
+    """Runs the kernel; returns the tile outputs [T·tm, N], or [N, T·tm] when swapped."""
+    n = w_q.shape[1]
+    rows = t * cfg.block_m
+    a_rows, b_rows = (n, rows) if cfg.swap_ab else (rows, n)
+    a_blk, b_blk = (cfg.block_n, cfg.block_m) if cfg.swap_ab else (cfg.block_m, cfg.block_n)
+    kern = plgpu.kernel(
+        functools.partial(_kernel, cfg=cfg, wdt=w_q.values.dtype),
+        out_type=jax.ShapeDtypeStruct((a_rows, b_rows), out_dtype),
+        grid=(a_rows // a_blk, b_rows // b_blk),
+        grid_names=("a", "b"),
+        num_threads=cfg.num_compute_wgs + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        **({"interpret": plgpu.InterpretGPUParams()} if interpret else {}),
+    )
+    return kern(meta, x, sx_t, w_q.values, w_q.scales)
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "interpret", "config"))
+def grouped_fp8_matmul_mgpu(
+    x_q: QArray, w_q: QArray, group_sizes_E: jax.Array, *, out_dtype=jnp.bfloat16,
+    interpret: bool = False, config: MgpuConfig | None = None,
+) -> jax.Array:  # fmt: skip
+    """``y_m = Σ_kb s_x[m, kb] s_w[e(m), nb, kb] (x̂_m,kb · ŵ_e(m),kbᵀ)`` on Hopper (module doc).
+
+    ``x_q``: QArray [M, K] with (128,) groups, rows sorted by group; ``w_q``: QArray [E, N, K]
+    with (128, 128) blocks; ``group_sizes_E``: int [E]. Needs K % 128 == 0, N % block_n == 0.
+    """
+    if tuple(w_q.block_shape) != (GROUP, GROUP) or tuple(x_q.block_shape) != (GROUP,):
+        raise ValueError(
+            f"grouped_fp8_matmul_mgpu: needs ({GROUP},) activation groups and ({GROUP}, {GROUP}) "
+            f"weight blocks, got {x_q.block_shape} and {w_q.block_shape}"
+        )
+    if x_q.values.dtype != w_q.values.dtype:
+        raise ValueError(
+            f"grouped_fp8_matmul_mgpu: x and w FP8 formats differ ({x_q.values.dtype} vs "
+            f"{w_q.values.dtype}); quantize x to the weight's format"
+        )
+    (m, k), (e, n, _) = x_q.shape, w_q.shape
+    out_itemsize = jnp.dtype(out_dtype).itemsize
+    cfg = config or default_config(m, n, k, e, out_itemsize=out_itemsize)
+    if (reason := supports(m, k, n, e, cfg, out_itemsize=out_itemsize)) is not None:
+        raise ValueError(f"grouped_fp8_matmul_mgpu: {reason}")
+    tiles = make_tile_map(group_sizes_E, m, cfg.block_m)
+    t = num_tiles(m, e, cfg.block_m)
+    m_pad = pl.cdiv(m, cfg.block_m) * cfg.block_m
+    pad = ((0, m_pad - m), (0, 0))
+    x, sx_t = jnp.pad(x_q.values, pad), jnp.pad(x_q.scales, pad).T  # padded rows: zeros
+    out = _call(tiles.meta_3T, x, sx_t, w_q, t, out_dtype=jnp.dtype(out_dtype), cfg=cfg,
+                interpret=interpret)  # fmt: skip
+    gather = gather_cols if cfg.swap_ab else gather_rows
+    return gather(out, tiles, out_dtype)
