@@ -7,6 +7,7 @@ the grid simulated on CPU; Mosaic TPU under the HLO interpreter); the same grid 
 ``[E, K, N]``); rows of x are sorted by expert.
 """
 
+import functools
 import logging
 
 import jax
@@ -39,17 +40,24 @@ def _on(device):
 
 
 def _operands(m, k, n, sizes, dtype=E4M3, seed=0):
+    """x [M, K], group sizes, x_q, and w_q: a QArray [E, N, K], or a tuple of stacks for a
+    tuple ``n``."""
     kx, kw = jax.random.split(jax.random.key(seed))
     x = jax.random.normal(kx, (m, k), jnp.float32)
-    # Distinct experts (offset per expert) so that a row multiplied by a wrong expert shows.
-    w = jax.random.normal(kw, (len(sizes), k, n), jnp.float32)
-    w = w + jnp.arange(len(sizes), dtype=jnp.float32)[:, None, None] / 2
+    ws = []
+    for i, n_i in enumerate(n if isinstance(n, tuple) else (n,)):
+        # Distinct experts and stacks (offsets) so that a row times a wrong weight shows.
+        w = jax.random.normal(jax.random.fold_in(kw, i), (len(sizes), k, n_i), jnp.float32)
+        w = w + (jnp.arange(len(sizes), dtype=jnp.float32)[:, None, None] + i) / 2
+        ws.append(quantize_weight(w, (128, 128), dtype))
     gs = jnp.asarray(sizes, jnp.int32)
-    return x, gs, quantize_activations(x, 128, dtype), quantize_weight(w, (128, 128), dtype)
+    return x, gs, quantize_activations(x, 128, dtype), tuple(ws) if len(ws) > 1 else ws[0]
 
 
 def _dq(q) -> np.ndarray:
-    return np.asarray(dequantize(q), np.float64)  # exact: FP8 value times FP32 scale
+    """Exact dequantization (FP8 value times FP32 scale); stacks concatenated along N."""
+    qs = q if isinstance(q, tuple) else (q,)
+    return np.concatenate([np.asarray(dequantize(a), np.float64) for a in qs], axis=-2)
 
 
 def _float64_grouped(xd, wd, sizes):
@@ -130,23 +138,28 @@ def test_tile_map_invariants(seed, tile_m):
 
 # ---------------------------------------------------------------- every implementation
 
-_IMPLS = [
-    pytest.param("xla", None, False, id="xla"),
+_XLA_METHODS = [  # the XLA path's GPU methods, on the grid entries marked below
     pytest.param("xla", XlaConfig("kblock_fp8", tile_m=8), False, id="xla-kblock"),
     pytest.param("xla", XlaConfig("dequant_bf16", tiles_per_step=2), False, id="xla-bf16"),
+]
+_IMPLS = [
+    pytest.param("xla", None, False, id="xla"),
     pytest.param("pallas_mosaic_gpu", None, True, id="mgpu-interpret"),
     pytest.param("pallas_tpu", None, True, id="tpu-interpret"),
     pytest.param("pallas_mosaic_gpu", None, False, id="mgpu", marks=pytest.mark.gpu),
     pytest.param("pallas_tpu", None, False, id="tpu", marks=pytest.mark.tpu),
 ]
 # (M, K, N, group sizes, FP8 format, raw F32 x). Decode-sized groups (swap-AB on Hopper), empty
-# experts, one expert holding every row, ragged tails and rows past Σ sizes, a 2-tile N grid.
+# experts, one expert holding every row, ragged tails and rows past Σ sizes, a 2-tile N grid,
+# two weight stacks in one call (gate and up: N = 128 + 256).
 _GRID = [
     (8, 256, 128, (0, 3, 0, 5), E4M3, False),
     (40, 128, 256, (40, 0, 0), E5M2, False),
     (150, 384, 128, (70, 1, 0, 66), E4M3, True),
     (300, 128, 128, (0, 129, 0, 0, 171), E4M3, False),
+    (24, 256, (128, 256), (9, 0, 11), E4M3, False),
 ]
+_GRID_XLA_METHODS = [_GRID[0], _GRID[2], _GRID[4]]
 
 
 def _tol_bound(xq, wq, gs, config):
@@ -158,14 +171,31 @@ def _tol_bound(xq, wq, gs, config):
     return rel * mag + 1e-6 * np.max(mag)
 
 
-@pytest.mark.parametrize("impl,config,interpret", _IMPLS)
-@pytest.mark.parametrize("m,k,n,sizes,dtype,raw", _GRID)
-def test_impl_matches_reference(impl, config, interpret, m, k, n, sizes, dtype, raw):
-    x, gs, xq, wq = _operands(m, k, n, sizes, dtype, seed=m + k + n)
+@functools.cache
+def _grid_case(m, k, n, sizes, dtype):
+    """Operands and reference of one grid entry, shared by every implementation."""
+    x, gs, xq, wq = _operands(m, k, n, sizes, dtype, seed=m + k + len(sizes))
     ref = np.asarray(grouped_fp8_matmul_reference(xq, wq, gs, out_dtype=jnp.float32), np.float64)
+    return x, gs, xq, wq, ref
+
+
+def _cross(impls, grid):
+    return [
+        pytest.param(*i.values, *g, marks=i.marks, id=f"{i.id}-{g[0]}x{g[1]}x{g[2]}")
+        for i in impls
+        for g in grid
+    ]
+
+
+@pytest.mark.parametrize(
+    "impl,config,interpret,m,k,n,sizes,dtype,raw",
+    _cross(_IMPLS, _GRID) + _cross(_XLA_METHODS, _GRID_XLA_METHODS),
+)
+def test_impl_matches_reference(impl, config, interpret, m, k, n, sizes, dtype, raw):
+    x, gs, xq, wq, ref = _grid_case(m, k, n, sizes, dtype)
     y = grouped_fp8_matmul(x if raw else xq, wq, gs, out_dtype=jnp.float32, impl=impl,
                            config=config, interpret=interpret)  # fmt: skip
-    assert y.shape == (m, n) and y.dtype == jnp.float32
+    assert y.shape == (m, sum(n) if isinstance(n, tuple) else n) and y.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(y)[sum(sizes) :], 0)
     err = np.abs(np.asarray(y, np.float64) - ref)
     bound = _tol_bound(xq, wq, gs, config)
@@ -181,7 +211,7 @@ def test_impl_matches_reference(impl, config, interpret, m, k, n, sizes, dtype, 
     ],
 )
 def test_kernel_explicit_configs_bf16_out(impl, cfg):
-    _, gs, xq, wq = _operands(96, 384, 256, (30, 0, 41, 20), seed=5)
+    _, gs, xq, wq = _operands(72, 384, 128, (30, 0, 22, 20), seed=5)
     ref = np.asarray(grouped_fp8_matmul_reference(xq, wq, gs, out_dtype=jnp.float32))
     y = grouped_fp8_matmul(xq, wq, gs, impl=impl, config=cfg, interpret=True)
     assert y.dtype == jnp.bfloat16
@@ -189,6 +219,16 @@ def test_kernel_explicit_configs_bf16_out(impl, cfg):
     np.testing.assert_allclose(
         np.asarray(y, np.float32), ref, rtol=2**-8, atol=1e-5 * abs(ref).max()
     )
+
+
+def test_stacks_equal_the_concatenated_weight():
+    """A tuple of stacks is one product over their concatenation along N; with N blocks that
+    are not whole (F=96), the XLA path multiplies stack by stack."""
+    _, gs, xq, (wg, wu) = _operands(20, 128, (96, 64), (7, 13), seed=9)
+    y = grouped_fp8_matmul(xq, (wg, wu), gs, out_dtype=jnp.float32, impl="xla")
+    yg = grouped_fp8_matmul(xq, wg, gs, out_dtype=jnp.float32, impl="xla")
+    yu = grouped_fp8_matmul(xq, wu, gs, out_dtype=jnp.float32, impl="xla")
+    np.testing.assert_array_equal(y, jnp.concatenate([yg, yu], axis=-1))
 
 
 def test_xla_path_is_tiled_not_ragged_dot():
@@ -234,11 +274,19 @@ def test_mosaic_gpu_support_check_and_defaults():
         odd = MgpuConfig(block_m=8, block_n=64, swap_ab=True)
         assert "32 B" in _supports("pallas_mosaic_gpu", *_sds(16, 256, 256, 4), odd)
         assert "MgpuConfig" in _supports("pallas_mosaic_gpu", *_sds(16, 256, 256, 4), TpuConfig())
+        x, w, gs = _sds(512, 2048, 768, 128)
+        assert _supports("pallas_mosaic_gpu", x, (w, w), gs) is None  # gate+up in one launch
+        assert "at most 2" in _supports("pallas_mosaic_gpu", x, (w, w, w), gs)
+        # A pipeline per stack: 6 stages spill registers with two stacks (ptxas), 5 do not.
+        deep = MgpuConfig(32, 128, 6, True)
+        assert _supports("pallas_mosaic_gpu", x, w, gs, deep) is None
+        assert "<= 5" in _supports("pallas_mosaic_gpu", x, (w, w), gs, deep)
     assert "Hopper" in _supports("pallas_mosaic_gpu", *_sds(16, 256, 256, 4))  # CPU target
     # Decode-sized groups swap A and B with 16..64-row tiles; large groups get 128x128 CTAs.
-    assert mgpu.default_config(8, 1536, 2048, 128) == MgpuConfig(16, 64, 4, True)
-    assert mgpu.default_config(4096, 1536, 2048, 128).block_m == 32
-    assert mgpu.default_config(65536, 1536, 2048, 128) == MgpuConfig(128, 128, 4, False)
+    assert mgpu.default_config(8, (768, 768), 2048, 128) == MgpuConfig(16, 64, 4, True)
+    assert mgpu.default_config(4096, (768, 768), 2048, 128).block_m == 32
+    assert mgpu.default_config(65536, (768, 768), 2048, 128) == MgpuConfig(128, 128, 4, False)
+    assert mgpu.default_config(65536, (2048, 64), 768, 128).block_n == 64
 
 
 def test_tpu_support_check():
@@ -282,5 +330,9 @@ def test_operand_errors():
         grouped_fp8_matmul(quantize_activations(jnp.ones((8, 256)), 64), wq, gs)
     with pytest.raises(ValueError, match=r"\[M, K\]"):
         grouped_fp8_matmul(jnp.ones((2, 4, 256)), wq, gs)
+    with pytest.raises(ValueError, match="share E, K"):
+        grouped_fp8_matmul(xq, (wq, quantize_weight(jnp.ones((2, 384, 128)))), gs)
+    with pytest.raises(ValueError, match="share E, K"):
+        grouped_fp8_matmul(xq, (wq, quantize_weight(jnp.ones((2, 256, 128)), dtype=E5M2)), gs)
     with pytest.raises(ValueError, match="pallas_mosaic_gpu.*Hopper"):
         grouped_fp8_matmul(xq, wq, gs, impl="pallas_mosaic_gpu")

@@ -16,7 +16,10 @@ The layer is four pure steps, each replaceable on its own:
     Training weights (BF16/F32 ``[E, D, F]``) run ``jax.lax.ragged_dot`` (differentiable). FP8
     rollout weights (QArrays ``[E, F, D]``, K-major, one 128x128 block grid per expert) run the
     grouped blockwise W8A8 GEMM ``kernels_pallas.grouped_fp8_matmul`` (Mosaic GPU on Hopper,
-    Mosaic TPU on TPU, the XLA row-tile path elsewhere: ``KernelImpls.grouped_matmul``). The
+    Mosaic TPU on TPU, the XLA row-tile path elsewhere: ``KernelImpls.grouped_matmul``). Gate
+    and up run as one GEMM over both stacks (``[E, 2F, D]`` as far as the kernel's N tiles
+    go; the weights stay two leaves, so the rollout copy keeps the training tree's structure
+    and sharding): one launch instead of two, twice the CTAs for decode-sized groups. The
     activations are quantized per token in 1x128 groups once, before the rows are gathered
     (quantization is per row, so gathering commutes with it), and the down projection's input
     per sorted row.
@@ -152,7 +155,9 @@ def experts(p: dict, x_ND: jax.Array, d: Dispatch, kernels: KernelImpls = DEFAUL
         impl = kernels.grouped_matmul
         return grouped_fp8_matmul(x, w, gs, out_dtype=x_ND.dtype, impl=impl)
 
-    h = jax.nn.silu(gemm(xs_q, w_g)) * gemm(xs_q, w_u)
+    gate_up = gemm(xs_q, (w_g, w_u))  # one launch over both stacks: [R, 2F]
+    f = w_g.shape[1]
+    h = jax.nn.silu(gate_up[:, :f]) * gate_up[:, f:]
     return gemm(h, w_d)
 
 

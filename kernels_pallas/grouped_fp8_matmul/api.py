@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from kernels_pallas.backend import Implementation, ImplTable, target_device
 from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.grouped_fp8_matmul import pallas_tpu as tpu
-from kernels_pallas.grouped_fp8_matmul.reference import check_operands
+from kernels_pallas.grouped_fp8_matmul.reference import check_operands, stacks
 from kernels_pallas.grouped_fp8_matmul.xla import XlaConfig, grouped_fp8_matmul_xla
 from kernels_pallas.qarray import QArray
 from kernels_pallas.quantize import quantize_activations
@@ -39,6 +39,7 @@ def _device_reason(kind: str, interpret: bool) -> str | None:
 
 
 def _common_reason(x, w_q, out_dtype) -> str | None:
+    w_q = stacks(w_q)[0]  # stacks share block shape and format (operand_error)
     if tuple(w_q.block_shape) != (128, 128):
         return f"weight blocks must be (128, 128), got {w_q.block_shape}"
     if jnp.dtype(out_dtype) not in _OUT_DTYPES:
@@ -56,10 +57,10 @@ def _mgpu_supports(x, w_q, gs, *, config, out_dtype, interpret) -> str | None:
         reason := _device_reason("gpu", interpret) or _common_reason(x, w_q, out_dtype)
     ) is not None:
         return reason
-    (m, k), (e, n, _) = x.shape, w_q.shape
+    (m, k), e, ns = x.shape, stacks(w_q)[0].shape[0], tuple(w.shape[1] for w in stacks(w_q))
     out_itemsize = jnp.dtype(out_dtype).itemsize
-    cfg = config or mgpu.default_config(m, n, k, e, out_itemsize=out_itemsize)
-    return mgpu.supports(m, k, n, e, cfg, out_itemsize=out_itemsize)
+    cfg = config or mgpu.default_config(m, ns, k, e, out_itemsize=out_itemsize)
+    return mgpu.supports(m, k, ns, e, cfg, out_itemsize=out_itemsize)
 
 
 def _tpu_supports(x, w_q, gs, *, config, out_dtype, interpret) -> str | None:
@@ -70,15 +71,16 @@ def _tpu_supports(x, w_q, gs, *, config, out_dtype, interpret) -> str | None:
         reason := _device_reason("tpu", interpret) or _common_reason(x, w_q, out_dtype)
     ) is not None:
         return reason
-    (m, k), (e, n, _) = x.shape, w_q.shape
-    t = tpu.tiles(m, k, n, e, config or tpu.TpuConfig())
+    (m, k), e, ns = x.shape, stacks(w_q)[0].shape[0], tuple(w.shape[1] for w in stacks(w_q))
+    t = tpu.tiles(m, k, ns, e, config or tpu.TpuConfig())
     return t if isinstance(t, str) else None
 
 
-def _quantized(x, w_q: QArray) -> QArray:
+def _quantized(x, w_q) -> QArray:
     if isinstance(x, QArray):
         return x
-    return quantize_activations(x, w_q.block_shape[1], w_q.values.dtype)
+    w0 = stacks(w_q)[0]
+    return quantize_activations(x, w0.block_shape[1], w0.values.dtype)
 
 
 def _run_xla(x, w_q, gs, *, config, out_dtype, interpret):
@@ -117,7 +119,7 @@ def _run(x, w_q, group_sizes_E, *, impl, config, out_dtype, interpret):
 
 def grouped_fp8_matmul(
     x: QArray | jax.Array,
-    w_q: QArray,
+    w_q: QArray | tuple[QArray, ...],
     group_sizes_E: jax.Array,
     *,
     out_dtype=jnp.bfloat16,
@@ -129,11 +131,14 @@ def grouped_fp8_matmul(
 
     ``x``: rows sorted by group, a QArray [M, K] with (128,) groups or a plain array [M, K]
     (quantized per token in groups of the weight's K block by ``quantize_activations``);
-    ``w_q``: a QArray [E, N, K] (``quantize_weight`` of a stack ``[E, K, N]``);
+    ``w_q``: a QArray [E, N, K] (``quantize_weight`` of a stack ``[E, K, N]``), or a tuple of
+    stacks [E, N_i, K] multiplied in one launch as their concatenation along N (gate and up:
+    the output is [M, ΣN_i]; the weights are not concatenated in memory);
     ``group_sizes_E``: int [E], rows of each group in order (sum <= M; later rows are zero).
     ``impl``: "auto" | "xla" | "pallas_mosaic_gpu" | "pallas_tpu"; ``config``: the
     implementation's tile config (``XlaConfig``, ``MgpuConfig``, ``TpuConfig``; None: default).
     """
+    w_q = tuple(w_q) if isinstance(w_q, list) else w_q
     check_operands(x, w_q, group_sizes_E)
     out_dtype = jnp.dtype(out_dtype)
     chosen = IMPLEMENTATIONS.select(

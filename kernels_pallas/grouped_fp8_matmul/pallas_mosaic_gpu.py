@@ -13,12 +13,17 @@ gathers each row from its group's tile (``tiles.gather_rows``).
 Decode-sized groups (a few rows per expert) use swap-AB as the dense kernel does:
 ``yᵀ = w[e] · xᵀ`` with 64 weight rows per compute warpgroup and the tile's rows as the wgmma N
 (16..64), so a tile of 16 rows is not padded to 64. The kernel then writes ``[N, T·tm]``.
+
+Several weight stacks sharing the rows (gate and up) run as one launch: the N tiles run over the
+stacks' concatenation and each CTA runs the pipeline of its stack (one ``pl.when`` branch per
+stack), so the weights are never concatenated in memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +43,7 @@ from kernels_pallas.fp8_matmul.pallas_mosaic_gpu import (
     _smem_transforms,
     smem_bytes,
 )
+from kernels_pallas.grouped_fp8_matmul.reference import stacks
 from kernels_pallas.grouped_fp8_matmul.tiles import (
     gather_cols,
     gather_rows,
@@ -46,19 +52,23 @@ from kernels_pallas.grouped_fp8_matmul.tiles import (
 )
 from kernels_pallas.qarray import QArray
 
+_MAX_STACKS = 2  # gate and up; more stacks were never compiled
+_MAX_STAGES_STACKED = 5  # deepest ring that compiled without spills for two stacks
+
 __all__ = ["GROUP", "SMEM_BYTES", "MgpuConfig", "default_config", "grouped_fp8_matmul_mgpu"]
 
 
-def default_config(m: int, n: int, k: int, num_groups: int, *, out_itemsize: int = 2):
+def default_config(m: int, ns: tuple[int, ...], k: int, num_groups: int, *, out_itemsize: int = 2):
     """Untuned defaults by the mean group size ``M / E``: swap-AB tiles of 16..64 rows (a power
     of two near it) below 64 rows per group, else 128x128 CTAs with two compute warpgroups
-    (64-wide N tiles if N % 128). The ring is as deep as fits the SMEM budget (<= 4 stages)."""
+    (64-wide N tiles unless every stack's N % 128 == 0). The ring is as deep as fits the SMEM
+    budget (<= 4 stages). ``ns``: N of each weight stack."""
     mean = m / max(num_groups, 1)
     if mean < 64:
         bm = min(max(16, 1 << max(int(mean) - 1, 1).bit_length()), 64)
         cfg = MgpuConfig(block_m=bm, block_n=64, swap_ab=True)
     else:
-        cfg = MgpuConfig(block_m=128, block_n=128 if n % 128 == 0 else 64)
+        cfg = MgpuConfig(block_m=128, block_n=64 if any(n % 128 for n in ns) else 128)
     for stages in range(cfg.max_concurrent_steps, 1, -1):
         cfg = dataclasses.replace(cfg, max_concurrent_steps=stages)
         if smem_bytes(cfg, k, 1, out_itemsize, False) <= SMEM_BYTES:
@@ -66,14 +76,22 @@ def default_config(m: int, n: int, k: int, num_groups: int, *, out_itemsize: int
     return cfg
 
 
-def supports(m: int, k: int, n: int, num_groups: int, cfg: MgpuConfig, *, out_itemsize: int):
-    """None if the kernel compiles for these shapes and this tile configuration, else why not."""
+def supports(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: MgpuConfig, *,
+             out_itemsize: int) -> str | None:  # fmt: skip
+    """None if the kernel compiles for these shapes and this tile configuration, else why not
+    (``ns``: N of each weight stack)."""
     if (bad := cfg.invalid()) is not None:
         return bad
+    if len(ns) > _MAX_STACKS:
+        return f"at most {_MAX_STACKS} weight stacks per launch, got {len(ns)}"
+    if len(ns) > 1 and cfg.max_concurrent_steps > _MAX_STAGES_STACKED:
+        # One pipeline per stack in the kernel: 6 stages spill registers (ptxas, H100).
+        steps = cfg.max_concurrent_steps
+        return f"with {len(ns)} weight stacks max_concurrent_steps must be <= 5, got {steps}"
     if k % GROUP or k == 0:
         return f"K={k} must be a positive multiple of {GROUP}"
-    if n % cfg.block_n:
-        return f"N={n} must be a multiple of block_n={cfg.block_n}"
+    if any(n % cfg.block_n for n in ns):
+        return f"N={'+'.join(map(str, ns))} must be multiples of block_n={cfg.block_n}"
     if cfg.swap_ab and cfg.block_m * out_itemsize % 32:
         return (
             f"swap_ab block_m={cfg.block_m} makes {cfg.block_m * out_itemsize} B output rows; "
@@ -81,32 +99,34 @@ def supports(m: int, k: int, n: int, num_groups: int, cfg: MgpuConfig, *, out_it
         )
     if m < 1:
         return "M must be >= 1"
-    t = num_tiles(m, num_groups, cfg.block_m)
-    if max(t, n // cfg.block_n) > _MAX_GRID:
-        return f"the CTA grid ({t} tiles x {n // cfg.block_n}) exceeds {_MAX_GRID}"
+    t, n_tiles = num_tiles(m, num_groups, cfg.block_m), sum(ns) // cfg.block_n
+    if max(t, n_tiles) > _MAX_GRID:
+        return f"the CTA grid ({t} tiles x {n_tiles}) exceeds {_MAX_GRID}"
     used = smem_bytes(cfg, k, 1, out_itemsize, False)
     if used > SMEM_BYTES:
         return f"tiles need {used} B of SMEM > {SMEM_BYTES} B (fewer stages or smaller tiles)"
     return None
 
 
-def _kernel(meta_gmem, x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, wdt):
-    """One CTA: tile t of the tile map times one N tile of its expert, over all K steps."""
+def _kernel(meta_gmem, x_gmem, sx_gmem, *refs, cfg: MgpuConfig, wdt, stack_tiles):
+    """One CTA: tile t of the tile map times one N tile of its expert, over all K steps. The N
+    tiles run over the weight stacks in order (``stack_tiles`` N tiles each); a CTA runs the
+    pipeline of the one stack its N tile is in."""
+    *w_refs, out_gmem = refs
     out_dtype = out_gmem.dtype
     bm, bn, swap, tm = cfg.block_m, cfg.block_n, cfg.swap_ab, _WGMMA_M
     a_blk, b_blk = (bn, bm) if swap else (bm, bn)
     a_idx, b_idx = lax.axis_index("a"), lax.axis_index("b")
     t_idx, n_idx = (b_idx, a_idx) if swap else (a_idx, b_idx)
     group, block, live = meta_gmem[0, t_idx], meta_gmem[1, t_idx], meta_gmem[2, t_idx]
-    in_specs, gmem_in = _pipeline_operands(
-        x_gmem, sx_gmem, w_gmem.at[group], pl.ds(block * bm, bm), pl.ds(n_idx * bn, bn),
-        cfg=cfg, fused=False, wdt=wdt,
-    )  # fmt: skip
+    m_slice = pl.ds(block * bm, bm)
+    operands = functools.partial(_pipeline_operands, x_gmem, sx_gmem, cfg=cfg, fused=False, wdt=wdt)
+    in_specs, gmem0 = operands(w_refs[0].at[group], m_slice, pl.ds(0, bn))  # same for every stack
 
     def get_pipeline(body, compute_context):
         return plgpu.emit_pipeline_warp_specialized(
             body,
-            grid=(w_gmem.shape[2] // GROUP,),
+            grid=(x_gmem.shape[1] // GROUP,),
             memory_registers=40,
             in_specs=in_specs,
             wg_axis="wg",
@@ -117,7 +137,7 @@ def _kernel(meta_gmem, x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuC
 
     ignore = lambda *_, **__: None
     scratch = dict(
-        pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(*gmem_in),
+        pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(*gmem0),
         out_smem=plgpu.SMEM(
             (cfg.num_compute_wgs, tm, b_blk), out_dtype,
             transforms=_smem_transforms(out_dtype, b_blk),
@@ -127,7 +147,6 @@ def _kernel(meta_gmem, x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuC
     @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
     def _scope(pipeline_allocs, out_smem):
         wg = lax.axis_index("wg")
-        nb = (n_idx * bn + (wg * tm if swap else 0)) // GROUP
 
         def compute_context(eval_pipeline):
             acc0 = plgpu.layout_cast(jnp.zeros((tm, b_blk), jnp.float32), plgpu.Layout.WGMMA)
@@ -137,26 +156,38 @@ def _kernel(meta_gmem, x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuC
             plgpu.copy_smem_to_gmem(out_smem.at[wg], dst.at[pl.ds(wg * tm, tm)])
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-        def body(idx, x_smem, w_smem, sx_ref, acc):
-            sw = sw_gmem[group, nb, idx[0]]  # issued before the wgmma so its latency overlaps
-            step = functools.partial(_k_step, cfg=cfg, fused=False, wdt=wdt)
-            return step(x_smem, w_smem, sx_ref, acc, sw, None)
+        lo = 0
+        for s, hi in enumerate(itertools.accumulate(stack_tiles)):
+            w_gmem, sw_gmem = w_refs[2 * s], w_refs[2 * s + 1]
+            n_loc = n_idx - lo
+            nb = (n_loc * bn + (wg * tm if swap else 0)) // GROUP
+            _, gmem_in = operands(w_gmem.at[group], m_slice, pl.ds(n_loc * bn, bn))
 
-        @pl.when(live != 0)  # dead tiles: every warpgroup skips the pipeline alike
-        def _run():
-            get_pipeline(body, compute_context)(*gmem_in, allocations=pipeline_allocs)
+            def body(idx, x_smem, w_smem, sx_ref, acc, sw_gmem=sw_gmem, nb=nb):
+                sw = sw_gmem[group, nb, idx[0]]  # issued before the wgmma: its latency overlaps
+                step = functools.partial(_k_step, cfg=cfg, fused=False, wdt=wdt)
+                return step(x_smem, w_smem, sx_ref, acc, sw, None)
+
+            # Dead tiles and other stacks' N tiles: every warpgroup skips the pipeline alike.
+            @pl.when((live != 0) & (n_idx >= lo) & (n_idx < hi))
+            def _run(body=body, gmem_in=gmem_in):
+                get_pipeline(body, compute_context)(*gmem_in, allocations=pipeline_allocs)
+
+            lo = hi
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
-def _call(meta, x, sx_t, w_q: QArray, t: int, *, out_dtype, cfg: MgpuConfig, interpret: bool):
+def _call(meta, x, sx_t, ws: tuple[QArray, ...], t: int, *, out_dtype, cfg: MgpuConfig,
+          interpret: bool):  # fmt: skip
     """Runs the kernel; returns the tile outputs [T·tm, N], or [N, T·tm] when swapped."""
-    n = w_q.shape[1]
+    n = sum(w.shape[1] for w in ws)
     rows = t * cfg.block_m
     a_rows, b_rows = (n, rows) if cfg.swap_ab else (rows, n)
     a_blk, b_blk = (cfg.block_n, cfg.block_m) if cfg.swap_ab else (cfg.block_m, cfg.block_n)
+    stack_tiles = tuple(w.shape[1] // cfg.block_n for w in ws)
     kern = plgpu.kernel(
-        functools.partial(_kernel, cfg=cfg, wdt=w_q.values.dtype),
+        functools.partial(_kernel, cfg=cfg, wdt=ws[0].values.dtype, stack_tiles=stack_tiles),
         out_type=jax.ShapeDtypeStruct((a_rows, b_rows), out_dtype),
         grid=(a_rows // a_blk, b_rows // b_blk),
         grid_names=("a", "b"),
@@ -165,40 +196,42 @@ def _call(meta, x, sx_t, w_q: QArray, t: int, *, out_dtype, cfg: MgpuConfig, int
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         **({"interpret": plgpu.InterpretGPUParams()} if interpret else {}),
     )
-    return kern(meta, x, sx_t, w_q.values, w_q.scales)
+    return kern(meta, x, sx_t, *(a for w in ws for a in (w.values, w.scales)))
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "interpret", "config"))
 def grouped_fp8_matmul_mgpu(
-    x_q: QArray, w_q: QArray, group_sizes_E: jax.Array, *, out_dtype=jnp.bfloat16,
+    x_q: QArray, w_q, group_sizes_E: jax.Array, *, out_dtype=jnp.bfloat16,
     interpret: bool = False, config: MgpuConfig | None = None,
 ) -> jax.Array:  # fmt: skip
     """``y_m = Σ_kb s_x[m, kb] s_w[e(m), nb, kb] (x̂_m,kb · ŵ_e(m),kbᵀ)`` on Hopper (module doc).
 
     ``x_q``: QArray [M, K] with (128,) groups, rows sorted by group; ``w_q``: QArray [E, N, K]
-    with (128, 128) blocks; ``group_sizes_E``: int [E]. Needs K % 128 == 0, N % block_n == 0.
+    with (128, 128) blocks, or a tuple of them (one launch over their concatenation along N);
+    ``group_sizes_E``: int [E]. Needs K % 128 == 0 and every N % block_n == 0.
     """
-    if tuple(w_q.block_shape) != (GROUP, GROUP) or tuple(x_q.block_shape) != (GROUP,):
+    ws = stacks(w_q)
+    if tuple(ws[0].block_shape) != (GROUP, GROUP) or tuple(x_q.block_shape) != (GROUP,):
         raise ValueError(
             f"grouped_fp8_matmul_mgpu: needs ({GROUP},) activation groups and ({GROUP}, {GROUP}) "
-            f"weight blocks, got {x_q.block_shape} and {w_q.block_shape}"
+            f"weight blocks, got {x_q.block_shape} and {ws[0].block_shape}"
         )
-    if x_q.values.dtype != w_q.values.dtype:
+    if x_q.values.dtype != ws[0].values.dtype:
         raise ValueError(
             f"grouped_fp8_matmul_mgpu: x and w FP8 formats differ ({x_q.values.dtype} vs "
-            f"{w_q.values.dtype}); quantize x to the weight's format"
+            f"{ws[0].values.dtype}); quantize x to the weight's format"
         )
-    (m, k), (e, n, _) = x_q.shape, w_q.shape
+    (m, k), e, ns = x_q.shape, ws[0].shape[0], tuple(w.shape[1] for w in ws)
     out_itemsize = jnp.dtype(out_dtype).itemsize
-    cfg = config or default_config(m, n, k, e, out_itemsize=out_itemsize)
-    if (reason := supports(m, k, n, e, cfg, out_itemsize=out_itemsize)) is not None:
+    cfg = config or default_config(m, ns, k, e, out_itemsize=out_itemsize)
+    if (reason := supports(m, k, ns, e, cfg, out_itemsize=out_itemsize)) is not None:
         raise ValueError(f"grouped_fp8_matmul_mgpu: {reason}")
     tiles = make_tile_map(group_sizes_E, m, cfg.block_m)
     t = num_tiles(m, e, cfg.block_m)
     m_pad = pl.cdiv(m, cfg.block_m) * cfg.block_m
     pad = ((0, m_pad - m), (0, 0))
     x, sx_t = jnp.pad(x_q.values, pad), jnp.pad(x_q.scales, pad).T  # padded rows: zeros
-    out = _call(tiles.meta_3T, x, sx_t, w_q, t, out_dtype=jnp.dtype(out_dtype), cfg=cfg,
+    out = _call(tiles.meta_3T, x, sx_t, ws, t, out_dtype=jnp.dtype(out_dtype), cfg=cfg,
                 interpret=interpret)  # fmt: skip
     gather = gather_cols if cfg.swap_ab else gather_rows
     return gather(out, tiles, out_dtype)

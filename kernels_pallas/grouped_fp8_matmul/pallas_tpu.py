@@ -10,15 +10,19 @@ VMEM to BF16 (lossless), one MXU product per 128-wide K group promoted into an f
 
 Dead tiles (past the live ones) skip the math and clamp their block indices to the last grid
 step of the last live tile, so no DMA is issued for them (Pallas fetches a block only when its
-index changes between consecutive steps). Layouts as in the dense kernel: ``s_x`` as
-``[K/block_k, M_pad, block_k/128]`` in VMEM, ``s_w`` as ``[E, N/128, 1, K/128]`` in SMEM (the
-tile's row of block scales, read as scalars).
+index changes between consecutive steps). Several weight stacks (gate and up) run in one call:
+the N tiles run over their concatenation, each stack is its own operand, and outside its N
+tiles a stack's block index stays put (no DMA) while the kernel accumulates from the active one.
+
+Layouts as in the dense kernel: ``s_x`` as ``[K/block_k, M_pad, block_k/128]`` in VMEM, ``s_w``
+as ``[E, N/128, 1, K/128]`` in SMEM (the tile's row of block scales, read as scalars).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +30,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_pallas.fp8_matmul.pallas_tpu import GROUP, VMEM_BYTES, vmem_bytes
+from kernels_pallas.grouped_fp8_matmul.reference import stacks
 from kernels_pallas.grouped_fp8_matmul.tiles import gather_rows, make_tile_map, num_tiles
 from kernels_pallas.qarray import QArray
 
@@ -47,8 +52,9 @@ def tile_m(m: int, num_groups: int, cfg: TpuConfig) -> int:
     return min(max(1 << (mean - 1).bit_length(), 32), 512)
 
 
-def tiles(m: int, k: int, n: int, num_groups: int, cfg: TpuConfig) -> tuple[int, int] | str:
-    """(block_m, block_k) for this problem, or why the kernel cannot take it."""
+def tiles(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig):
+    """(block_m, block_k) for this problem (``ns``: N of each weight stack), or why the kernel
+    cannot take it."""
     bm = tile_m(m, num_groups, cfg)
     if cfg.block_n != GROUP:
         return f"block_n must be {GROUP} (one weight scale per tile), got {cfg.block_n}"
@@ -60,8 +66,8 @@ def tiles(m: int, k: int, n: int, num_groups: int, cfg: TpuConfig) -> tuple[int,
         return f"compute_dtype must be bfloat16 or float32, got {cfg.compute_dtype!r}"
     if k % GROUP or k == 0:
         return f"K={k} must be a positive multiple of {GROUP}"
-    if n % cfg.block_n:
-        return f"N={n} must be a multiple of {cfg.block_n}"
+    if any(n % cfg.block_n for n in ns):
+        return f"N={'+'.join(map(str, ns))} must be multiples of {cfg.block_n}"
     if m < 1:
         return "M must be >= 1"
     block_k = max(b for b in range(GROUP, cfg.block_k + 1, GROUP) if k % b == 0)
@@ -70,15 +76,15 @@ def tiles(m: int, k: int, n: int, num_groups: int, cfg: TpuConfig) -> tuple[int,
     return bm, block_k
 
 
-def _kernel(meta_ref, x_ref, sx_ref, w_ref, sw_ref, out_ref, acc_ref, *, n_groups, compute_dtype):
-    t, k = pl.program_id(0), pl.program_id(2)
+def _kernel(meta_ref, x_ref, sx_ref, *refs, n_groups, compute_dtype, stack_tiles):
+    *w_refs, out_ref, acc_ref = refs
+    t, j, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
     @pl.when(k == 0)
     def _init():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    @pl.when(meta_ref[2, t] != 0)
-    def _accumulate():
+    def accumulate(w_ref, sw_ref):
         acc = acc_ref[...]
         for g in range(n_groups):  # static unroll over the 128-wide scale groups of this K tile
             cols = slice(g * GROUP, (g + 1) * GROUP)
@@ -90,55 +96,78 @@ def _kernel(meta_ref, x_ref, sx_ref, w_ref, sw_ref, out_ref, acc_ref, *, n_group
             acc = acc + part * (sx_ref[:, g : g + 1] * sw_ref[0, k * n_groups + g])
         acc_ref[...] = acc
 
+    lo = 0
+    for s, hi in enumerate(itertools.accumulate(stack_tiles)):  # the stack of this N tile
+        cond = (meta_ref[2, t] != 0) & (j >= lo) & (j < hi)
+        pl.when(cond)(functools.partial(accumulate, w_refs[2 * s], w_refs[2 * s + 1]))
+        lo = hi
+
     @pl.when(k == pl.num_programs(2) - 1)
     def _store():
         out_ref[...] = acc_ref[...].astype(out_ref.dtype)
 
 
-def _index_maps(nj: int, nk: int):
-    """Block index maps over (tile, n, k, meta): dead tiles stay on the last live step's blocks."""
+def _index_maps(stack_tiles: tuple[int, ...], nk: int):
+    """Block index maps over (tile, n, k, meta). Outside its N tiles a stack's weight stays on
+    the block it needs next (its first before them, its last after them); dead tiles stay on the
+    last live step's blocks. Either way the index does not change, so nothing is fetched."""
 
-    def eff(t, j, kk, meta):
+    def k_eff(t, kk, meta):
         live = meta[2, t]
-        return j * live + (nj - 1) * (1 - live), kk * live + (nk - 1) * (1 - live)
+        return kk * live + (nk - 1) * (1 - live)
 
     def x_map(t, j, kk, meta):
-        return meta[1, t], eff(t, j, kk, meta)[1]
+        return meta[1, t], k_eff(t, kk, meta)
 
     def sx_map(t, j, kk, meta):
-        return eff(t, j, kk, meta)[1], meta[1, t], 0
+        return k_eff(t, kk, meta), meta[1, t], 0
 
-    def w_map(t, j, kk, meta):
-        j2, k2 = eff(t, j, kk, meta)
-        return meta[0, t], j2, k2
+    def stack_maps(lo: int, n_s: int):
+        def local(t, j, kk, meta):
+            live = meta[2, t]
+            after = jnp.where(j >= lo + n_s, 1, 0) * live + (1 - live)  # past it, or dead
+            active = jnp.where((j >= lo) & (j < lo + n_s), 1, 0) * live
+            j_loc = (j - lo) * active + (n_s - 1) * after
+            return j_loc, kk * active + (nk - 1) * after
 
-    def sw_map(t, j, kk, meta):
-        return meta[0, t], eff(t, j, kk, meta)[0], 0, 0
+        def w_map(t, j, kk, meta):
+            return (meta[0, t], *local(t, j, kk, meta))
 
-    return x_map, sx_map, w_map, sw_map
+        def sw_map(t, j, kk, meta):
+            return meta[0, t], local(t, j, kk, meta)[0], 0, 0
+
+        return w_map, sw_map
+
+    los = [0, *itertools.accumulate(stack_tiles)][:-1]
+    return x_map, sx_map, [stack_maps(lo, n_s) for lo, n_s in zip(los, stack_tiles, strict=True)]
 
 
-def _call(meta, x, sx, w_q: QArray, t: int, bm: int, block_k: int, cfg: TpuConfig, out_dtype,
-          interpret):  # fmt: skip
-    (e, n, k), bn = w_q.shape, cfg.block_n
-    n_groups = block_k // GROUP
-    sw = w_q.scales.reshape(e, n // GROUP, 1, k // GROUP)
-    x_map, sx_map, w_map, sw_map = _index_maps(n // bn, k // block_k)
+def _call(meta, x, sx, ws: tuple[QArray, ...], t: int, bm: int, block_k: int, cfg: TpuConfig,
+          out_dtype, interpret):  # fmt: skip
+    (e, _, k), bn = ws[0].shape, cfg.block_n
+    n_groups, n = block_k // GROUP, sum(w.shape[1] for w in ws)
+    stack_tiles = tuple(w.shape[1] // bn for w in ws)
+    x_map, sx_map, maps = _index_maps(stack_tiles, k // block_k)
+    w_specs, w_args = [], []
+    for w, (w_map, sw_map) in zip(ws, maps, strict=True):
+        w_specs += [
+            pl.BlockSpec((None, bn, block_k), w_map),
+            pl.BlockSpec((None, None, 1, k // GROUP), sw_map, memory_space=pltpu.SMEM),
+        ]
+        w_args += [w.values, w.scales.reshape(e, w.shape[1] // GROUP, 1, k // GROUP)]
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1,
         grid=(t, n // bn, k // block_k),
         in_specs=[
             pl.BlockSpec((bm, block_k), x_map),
             pl.BlockSpec((None, bm, n_groups), sx_map),
-            pl.BlockSpec((None, bn, block_k), w_map),
-            pl.BlockSpec((None, None, 1, k // GROUP), sw_map, memory_space=pltpu.SMEM),
-        ],
+            *w_specs,
+        ],  # fmt: skip
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk, meta: (i, j)),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
     )
-    kernel = functools.partial(
-        _kernel, n_groups=n_groups, compute_dtype=jnp.dtype(cfg.compute_dtype)
-    )
+    kernel = functools.partial(_kernel, n_groups=n_groups, stack_tiles=stack_tiles,
+                               compute_dtype=jnp.dtype(cfg.compute_dtype))  # fmt: skip
     return pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
@@ -147,27 +176,29 @@ def _call(meta, x, sx, w_q: QArray, t: int, bm: int, block_k: int, cfg: TpuConfi
             dimension_semantics=("parallel", "parallel", "arbitrary")
         ),
         interpret=interpret,
-    )(meta, x, sx, w_q.values, sw)
+    )(meta, x, sx, *w_args)
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "interpret", "config"))
 def grouped_fp8_matmul_tpu(
-    x_q: QArray, w_q: QArray, group_sizes_E: jax.Array, *, out_dtype=jnp.bfloat16,
+    x_q: QArray, w_q, group_sizes_E: jax.Array, *, out_dtype=jnp.bfloat16,
     interpret: bool | pltpu.InterpretParams = False, config: TpuConfig | None = None,
 ) -> jax.Array:  # fmt: skip
     """``y_m = Σ_g s_x[m, g] s_w[e(m), :, g] (x̂_m,g · ŵ_e(m),gᵀ)`` with an f32 VMEM accumulator.
 
     ``x_q``: QArray [M, K] with (128,) groups, rows sorted by group; ``w_q``: QArray [E, N, K]
-    with (128, 128) blocks; ``group_sizes_E``: int [E]. Needs K % 128 == 0 and N % 128 == 0.
+    with (128, 128) blocks, or a tuple of them (one call over their concatenation along N);
+    ``group_sizes_E``: int [E]. Needs K % 128 == 0 and every N % 128 == 0.
     """
     cfg = config or TpuConfig()
-    if tuple(w_q.block_shape) != (GROUP, GROUP) or tuple(x_q.block_shape) != (GROUP,):
+    ws = stacks(w_q)
+    if tuple(ws[0].block_shape) != (GROUP, GROUP) or tuple(x_q.block_shape) != (GROUP,):
         raise ValueError(
             f"grouped_fp8_matmul_tpu: needs ({GROUP},) activation groups and ({GROUP}, {GROUP}) "
-            f"weight blocks, got {x_q.block_shape} and {w_q.block_shape}"
+            f"weight blocks, got {x_q.block_shape} and {ws[0].block_shape}"
         )
-    (m, k), (e, n, _) = x_q.shape, w_q.shape
-    tl = tiles(m, k, n, e, cfg)
+    (m, k), e = x_q.shape, ws[0].shape[0]
+    tl = tiles(m, k, tuple(w.shape[1] for w in ws), e, cfg)
     if isinstance(tl, str):
         raise ValueError(f"grouped_fp8_matmul_tpu: {tl}")
     bm, block_k = tl
@@ -178,5 +209,5 @@ def grouped_fp8_matmul_tpu(
     # [M, K/128] -> [K/block_k, M_pad, G]: one (block_m, G) scale tile per grid step.
     sx = jnp.pad(x_q.scales, ((0, m_pad - m), (0, 0)))
     sx = sx.reshape(m_pad, k // block_k, block_k // GROUP).transpose(1, 0, 2)
-    out = _call(tmap.meta_3T, x, sx, w_q, t, bm, block_k, cfg, jnp.dtype(out_dtype), interpret)
+    out = _call(tmap.meta_3T, x, sx, ws, t, bm, block_k, cfg, jnp.dtype(out_dtype), interpret)
     return gather_rows(out, tmap, out_dtype)

@@ -27,7 +27,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.grouped_fp8_matmul.reference import grouped_fp8_matmul_reference
+from kernels_pallas.grouped_fp8_matmul.reference import grouped_fp8_matmul_reference, stacks
 from kernels_pallas.grouped_fp8_matmul.tiles import gather_rows, make_tile_map, num_tiles
 from kernels_pallas.qarray import QArray, expand_scales
 
@@ -102,14 +102,28 @@ def _tile_product(x_q: QArray, w_q: QArray, method: str) -> jax.Array:
 
 
 def _step_tiles(t: int, n: int, k: int, method: str, cfg: XlaConfig) -> int:
+    """Tiles per batched dot: ``tiles_per_step``, or as many as ~512 MiB of gathered weights."""
     if cfg.tiles_per_step is not None:
         return max(min(cfg.tiles_per_step, t), 1)
     per_tile = n * k * {"f32": 4, "dequant_bf16": 2}.get(method, 1)
     return max(min(_STEP_BYTES // per_tile, t), 1)
 
 
-def _tiled(x_q: QArray, w_q: QArray, group_sizes_E, *, method: str, cfg: XlaConfig, out_dtype):
-    (m, k), (e, n, _) = x_q.shape, w_q.shape
+def _gathered_weights(ws: tuple[QArray, ...], g: jax.Array) -> tuple[QArray, ...]:
+    """Each tile's expert weight ``[C, N, K]``; stacks whose N blocks are whole join into one."""
+    parts = [QArray(w.values[g], w.scales[g], w.block_shape, w.dtype) for w in ws]
+    if len(parts) == 1 or any(w.shape[1] % w.block_shape[0] for w in ws[:-1]):
+        return tuple(parts)
+    cat = lambda leaves: jnp.concatenate(leaves, axis=1)
+    w0 = parts[0]
+    joined = QArray(cat([p.values for p in parts]), cat([p.scales for p in parts]),
+                    w0.block_shape, w0.dtype)  # fmt: skip
+    return (joined,)
+
+
+def _tiled(x_q: QArray, w_q, group_sizes_E, *, method: str, cfg: XlaConfig, out_dtype):
+    ws = stacks(w_q)
+    (m, k), e, n = x_q.shape, ws[0].shape[0], sum(w.shape[1] for w in ws)
     tm = cfg.tile_m or default_tile_m(m, e)
     tiles = make_tile_map(group_sizes_E, m, tm)
     t = num_tiles(m, e, tm)
@@ -125,8 +139,8 @@ def _tiled(x_q: QArray, w_q: QArray, group_sizes_E, *, method: str, cfg: XlaConf
     def step(gb):
         g, b = gb
         xt = QArray(xv[b], xs[b], x_q.block_shape, x_q.dtype)
-        wt = QArray(w_q.values[g], w_q.scales[g], w_q.block_shape, w_q.dtype)
-        return _tile_product(xt, wt, method).astype(out_dtype)
+        outs = [_tile_product(xt, wt, method) for wt in _gathered_weights(ws, g)]
+        return jnp.concatenate(outs, axis=-1).astype(out_dtype)
 
     # One step: no loop in the program. Several: [steps, C, tm, N], one batched dot each.
     one = steps == 1
@@ -136,12 +150,13 @@ def _tiled(x_q: QArray, w_q: QArray, group_sizes_E, *, method: str, cfg: XlaConf
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "config", "platform"))
 def grouped_fp8_matmul_xla(
-    x_q: QArray, w_q: QArray, group_sizes_E, *, out_dtype=jnp.bfloat16, config=None,
+    x_q: QArray, w_q, group_sizes_E, *, out_dtype=jnp.bfloat16, config=None,
     platform: str = "cpu",
 ) -> jax.Array:  # fmt: skip
-    """``grouped_fp8_matmul`` in plain XLA ops: x [M, K], w [E, N, K] (see the module doc)."""
+    """``grouped_fp8_matmul`` in plain XLA ops: x [M, K], w [E, N, K] or a tuple of stacks
+    (see the module doc)."""
     cfg = config or XlaConfig()
-    tm = cfg.tile_m or default_tile_m(x_q.shape[0], w_q.shape[0])
+    tm = cfg.tile_m or default_tile_m(x_q.shape[0], stacks(w_q)[0].shape[0])
     method = choose_method(tm, cfg, platform)
     if method == "reference":
         return grouped_fp8_matmul_reference(x_q, w_q, group_sizes_E, out_dtype=out_dtype)
