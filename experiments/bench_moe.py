@@ -37,10 +37,8 @@ import argparse
 import dataclasses
 import functools
 import json
-import math
 import os
 import pathlib
-import re
 import subprocess
 import sys
 import time
@@ -276,60 +274,11 @@ def bench_case(s, layer, k, ns, tokens, impls, n_runs, flush, platform) -> list[
     return out
 
 
-def _trip_count(instr) -> int:
-    m = re.search(r'known_trip_count":\{"n":"(\d+)"', instr.attrs)
-    return int(m.group(1)) if m else 1
-
-
-def dot_flops(hlo_text: str) -> int:
-    """FLOPs of every ``dot`` in an optimized HLO module, loops counted by their trip count."""
-    from experiments import hlo_bytes
-
-    comps = hlo_bytes.parse_hlo(hlo_text)
-
-    def comp_flops(name: str) -> int:
-        comp = comps[name]
-        shapes = {i.name: i.shape for i in comp.instrs}
-        total = 0
-        for i in comp.instrs:
-            if i.opcode == "dot":
-                lhs = [
-                    int(d) for d in re.search(r"\[([\d,]*)\]", shapes[i.operands[0]])[1].split(",")
-                ]
-                contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", i.attrs)[1]
-                out = re.search(r"\[([\d,]*)\]", i.shape)[1]
-                k = math.prod(lhs[int(c)] for c in contracting.split(",") if c)
-                total += 2 * k * math.prod(int(d) for d in out.split(",") if d)
-            elif i.opcode == "while":
-                total += _trip_count(i) * comp_flops(hlo_bytes._attr(i, "body")[0])
-            for key in ("calls", "to_apply"):
-                if i.opcode != "while":
-                    total += sum(comp_flops(c) for c in hlo_bytes._attr(i, key) if c in comps)
-        return total
-
-    entry = next(c for c in comps.values() if c.is_entry)
-    return comp_flops(entry.name)
-
-
-def hbm_bytes(hlo_text: str) -> int:
-    """HBM bytes of the entry computation (``hlo_bytes`` rules), loops times their trip count."""
-    from experiments import hlo_bytes
-
-    comps = hlo_bytes.parse_hlo(hlo_text)
-    entry = next(c for c in comps.values() if c.is_entry)
-    acc = hlo_bytes.LoopBytes(0, [], 0)
-    total = hlo_bytes.computation_bytes(comps, entry.name, acc)  # while bodies counted once
-    for i in entry.instrs:
-        if i.opcode == "while" and _trip_count(i) > 1:
-            body = hlo_bytes._attr(i, "body")[0]
-            total += (_trip_count(i) - 1) * hlo_bytes.computation_bytes(comps, body, acc)
-    return total
-
-
 def aot_h100_case(s, layer, k, ns, tokens) -> list[dict]:
     """Every arm compiled for H100 without a device: dot FLOPs and HBM bytes of its HLO."""
     import jax
 
+    from experiments import hlo_flops
     from kernels_pallas import aot
 
     ops = jax.eval_shape(lambda: make_operands(tokens, k, ns, s))
@@ -341,10 +290,10 @@ def aot_h100_case(s, layer, k, ns, tokens) -> list[dict]:
         args = (*_args(kind_x, kind_w, ops)[:2], gs)
         res = aot.compile_for("h100", fn, *args)
         text = res.compiled.as_text()
-        fl = dot_flops(text)
+        fl, hbm = hlo_flops.dot_flops(text), hlo_flops.hbm_bytes(text)
         out.append(dict(
             model=s.name, layer=layer, k=k, n=n, tokens=tokens, rows=rows, arm=name,
-            hlo_dot_flops=fl, flops_over_useful=fl / useful, hlo_hbm_bytes=hbm_bytes(text),
+            hlo_dot_flops=fl, flops_over_useful=fl / useful, hlo_hbm_bytes=hbm,
             pallas_kernels=res.num_pallas_kernels,
         ))  # fmt: skip
     return out

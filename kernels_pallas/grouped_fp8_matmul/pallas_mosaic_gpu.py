@@ -59,13 +59,14 @@ __all__ = ["GROUP", "SMEM_BYTES", "MgpuConfig", "default_config", "grouped_fp8_m
 
 
 def default_config(m: int, ns: tuple[int, ...], k: int, num_groups: int, *, out_itemsize: int = 2):
-    """Untuned defaults by the mean group size ``M / E``: swap-AB tiles of 16..64 rows (a power
-    of two near it) below 64 rows per group, else 128x128 CTAs with two compute warpgroups
-    (64-wide N tiles unless every stack's N % 128 == 0). The ring is as deep as fits the SMEM
-    budget (<= 4 stages). ``ns``: N of each weight stack."""
+    """Untuned defaults by the mean group size ``M / E``. Below 64 rows per group (decode):
+    swap-AB tiles of a power of two >= twice the mean, in [16, 64], so that most groups fit one
+    or two tiles (a group spread over more tiles streams its weights once per tile); above:
+    128x128 CTAs with two compute warpgroups (64-wide N tiles unless every stack's N % 128 == 0).
+    The ring is as deep as fits the SMEM budget (<= 4 stages). ``ns``: N of each weight stack."""
     mean = m / max(num_groups, 1)
     if mean < 64:
-        bm = min(max(16, 1 << max(int(mean) - 1, 1).bit_length()), 64)
+        bm = min(max(16, 1 << max(int(2 * mean) - 1, 1).bit_length()), 64)
         cfg = MgpuConfig(block_m=bm, block_n=64, swap_ab=True)
     else:
         cfg = MgpuConfig(block_m=128, block_n=64 if any(n % 128 for n in ns) else 128)
@@ -108,6 +109,29 @@ def supports(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: MgpuConf
     return None
 
 
+def _pipeline(in_specs, cfg: MgpuConfig, k_steps: int):
+    """``(body, compute_context) -> pipeline``: the dense kernel's warp-specialized K loop."""
+    return functools.partial(
+        plgpu.emit_pipeline_warp_specialized,
+        grid=(k_steps,),
+        memory_registers=40,
+        in_specs=in_specs,
+        wg_axis="wg",
+        num_compute_wgs=cfg.num_compute_wgs,
+        max_concurrent_steps=cfg.max_concurrent_steps,
+    )
+
+
+def _stack_body(sw_gmem, group, nb, *, cfg: MgpuConfig, wdt):
+    """The pipeline body of one weight stack: a 128-K step promoted with its block scale."""
+
+    def body(idx, x_smem, w_smem, sx_ref, acc):
+        sw = sw_gmem[group, nb, idx[0]]  # issued before the wgmma: its latency overlaps
+        return _k_step(x_smem, w_smem, sx_ref, acc, sw, None, cfg=cfg, fused=False, wdt=wdt)
+
+    return body
+
+
 def _kernel(meta_gmem, x_gmem, sx_gmem, *refs, cfg: MgpuConfig, wdt, stack_tiles):
     """One CTA: tile t of the tile map times one N tile of its expert, over all K steps. The N
     tiles run over the weight stacks in order (``stack_tiles`` N tiles each); a CTA runs the
@@ -122,22 +146,10 @@ def _kernel(meta_gmem, x_gmem, sx_gmem, *refs, cfg: MgpuConfig, wdt, stack_tiles
     m_slice = pl.ds(block * bm, bm)
     operands = functools.partial(_pipeline_operands, x_gmem, sx_gmem, cfg=cfg, fused=False, wdt=wdt)
     in_specs, gmem0 = operands(w_refs[0].at[group], m_slice, pl.ds(0, bn))  # same for every stack
-
-    def get_pipeline(body, compute_context):
-        return plgpu.emit_pipeline_warp_specialized(
-            body,
-            grid=(x_gmem.shape[1] // GROUP,),
-            memory_registers=40,
-            in_specs=in_specs,
-            wg_axis="wg",
-            num_compute_wgs=cfg.num_compute_wgs,
-            max_concurrent_steps=cfg.max_concurrent_steps,
-            compute_context=compute_context,
-        )
-
+    pipeline = _pipeline(in_specs, cfg, x_gmem.shape[1] // GROUP)
     ignore = lambda *_, **__: None
     scratch = dict(
-        pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(*gmem0),
+        pipeline_allocs=pipeline(ignore, compute_context=ignore).get_allocations(*gmem0),
         out_smem=plgpu.SMEM(
             (cfg.num_compute_wgs, tm, b_blk), out_dtype,
             transforms=_smem_transforms(out_dtype, b_blk),
@@ -158,21 +170,14 @@ def _kernel(meta_gmem, x_gmem, sx_gmem, *refs, cfg: MgpuConfig, wdt, stack_tiles
 
         lo = 0
         for s, hi in enumerate(itertools.accumulate(stack_tiles)):
-            w_gmem, sw_gmem = w_refs[2 * s], w_refs[2 * s + 1]
             n_loc = n_idx - lo
             nb = (n_loc * bn + (wg * tm if swap else 0)) // GROUP
-            _, gmem_in = operands(w_gmem.at[group], m_slice, pl.ds(n_loc * bn, bn))
-
-            def body(idx, x_smem, w_smem, sx_ref, acc, sw_gmem=sw_gmem, nb=nb):
-                sw = sw_gmem[group, nb, idx[0]]  # issued before the wgmma: its latency overlaps
-                step = functools.partial(_k_step, cfg=cfg, fused=False, wdt=wdt)
-                return step(x_smem, w_smem, sx_ref, acc, sw, None)
-
+            _, gmem_in = operands(w_refs[2 * s].at[group], m_slice, pl.ds(n_loc * bn, bn))
+            body = _stack_body(w_refs[2 * s + 1], group, nb, cfg=cfg, wdt=wdt)
+            run = pipeline(body, compute_context=compute_context)
             # Dead tiles and other stacks' N tiles: every warpgroup skips the pipeline alike.
-            @pl.when((live != 0) & (n_idx >= lo) & (n_idx < hi))
-            def _run(body=body, gmem_in=gmem_in):
-                get_pipeline(body, compute_context)(*gmem_in, allocations=pipeline_allocs)
-
+            cond = (live != 0) & (n_idx >= lo) & (n_idx < hi)
+            pl.when(cond)(functools.partial(run, *gmem_in, allocations=pipeline_allocs))
             lo = hi
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
