@@ -132,8 +132,8 @@ class KernelImpls:
     the model forward and the rollout, so changing it recompiles instead of reusing a program."""
 
     matmul: Impl = "auto"  # fp8_matmul: the W8A8 linear layers of a quantized policy
-    grouped_matmul: Impl = "auto"  # grouped_fp8_matmul: the FP8 MoE experts of a quantized policy
     decode_attention: Impl | None = None  # one-token decode steps; None: the model's jnp attention
+    grouped_matmul: Impl = "auto"  # grouped_fp8_matmul: the FP8 MoE experts of a quantized policy
 
     def __post_init__(self):
         for name in ("matmul", "grouped_matmul"):
