@@ -14,6 +14,7 @@ from fp8rl_jax.fields import batched, check_choices
 from fp8rl_jax.generation import KVScales, RolloutConfig
 from fp8rl_jax.models import ModelConfig
 from fp8rl_jax.rl.correction import RolloutCorrectionConfig
+from fp8rl_jax.rl.dapo import DAPOConfig
 from fp8rl_jax.rl.losses import LossConfig
 from fp8rl_jax.rl.value import init_value_head
 
@@ -36,6 +37,7 @@ class RLConfig:
     lam: float = 1.0  # GAE λ (1: Monte-Carlo returns minus the value baseline)
     whiten_advantages: bool = True  # GAE: whiten advantages over the batch's response tokens
     kl_in_reward: float = 0.0  # β of the per-token reward penalty −β·KL(π_old‖π_ref); 0: off
+    dapo: DAPOConfig = DAPOConfig()  # DAPO dynamic sampling, overlong shaping and filtering
 
     def __post_init__(self):
         check_choices(self)
