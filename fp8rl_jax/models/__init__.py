@@ -2,6 +2,7 @@
 
 from fp8rl_jax.models.attention import attention
 from fp8rl_jax.models.config import ModelConfig, RopeConfig
+from fp8rl_jax.models.hf_fp8 import load_fp8_checkpoint, save_fp8_checkpoint
 from fp8rl_jax.models.hf_io import CheckpointError, load_hf_checkpoint, save_hf_checkpoint
 from fp8rl_jax.models.kv_cache import KVCache, extend_cache, init_cache, reset_rows
 from fp8rl_jax.models.moe import moe_mlp, moe_mlp_dense_reference
@@ -22,6 +23,7 @@ __all__ = [
     "forward",
     "init_cache",
     "init_weights",
+    "load_fp8_checkpoint",
     "load_hf_checkpoint",
     "load_tokenizer",
     "logical_axes",
@@ -29,6 +31,7 @@ __all__ = [
     "moe_mlp_dense_reference",
     "param_specs",
     "reset_rows",
+    "save_fp8_checkpoint",
     "save_hf_checkpoint",
     "weight_shapes",
 ]
