@@ -44,7 +44,7 @@ from fp8rl_jax.train.experiment import Experiment
 from fp8rl_jax.train.logging import METRICS_FILE, LoggerGroup, MetricsLogger, make_metrics_logger
 from fp8rl_jax.train.optim import make_optimizer
 from fp8rl_jax.train.placement import SingleDevice, make_placement
-from fp8rl_jax.train.setup import build_model, build_task
+from fp8rl_jax.train.setup import build_model, build_task, resolve_stop_tokens
 from fp8rl_jax.train.sft import sft_warm_start
 
 log = logging.getLogger(__name__)
@@ -178,6 +178,7 @@ def train(
     tc = exp.trainer
     os.makedirs(tc.run_dir, exist_ok=True)
     task, tokenizer = build_task(exp.task, exp.model.hf_checkpoint)
+    exp = resolve_stop_tokens(exp, tokenizer)  # the checkpoint's, unless the config names them
     model_cfg, params = build_model(exp.model, tokenizer, jax.random.key(tc.seed))
     prompt_len = prompt_length(task, tokenizer)
     run = _Run(exp, task, tokenizer, model_cfg, prompt_len, reward_fn=reward_fn)
