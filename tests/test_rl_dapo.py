@@ -100,6 +100,12 @@ def test_select_rows_gathers_rows_and_masks_unfilled_slots():
     np.testing.assert_array_equal(np.asarray(out.keep_BT).max(1), [1, 1, 1, 0])
     np.testing.assert_array_equal(out.qkv_amax["q"], [3.0, 4.0])  # elementwise max
     assert float(out.metrics["kl"]) == 0.0  # the buffer's
+    # no buffer: every slot from ``new``, which may have more rows than the output
+    big = _batch([5, 6, 7, 8, 9, 10], [0] * 6)
+    out = jax.jit(select_rows)(None, big, jnp.array([5, 0, 2, 1], jnp.int32), valid)
+    np.testing.assert_array_equal(np.asarray(out.response_mask_BT).sum(1), [10, 5, 7, 6])
+    np.testing.assert_array_equal(np.asarray(out.keep_BT).max(1), [1, 1, 1, 0])
+    np.testing.assert_array_equal(out.qkv_amax["q"], [1.0, 4.0])
 
 
 def test_config_validation():

@@ -17,7 +17,7 @@ from fp8rl_jax.train import trainer
 from fp8rl_jax.train.experiment import experiment_from_config
 
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"  # one per jit cache miss (a compile)
-Q, G, M = 2, 2, 3  # prompts per step, group size, max_num_gen_batches
+Q, G, Q_GEN, M = 2, 2, 3, 3  # prompts per step, group size, per generation batch, max batches
 SMALL = {
     "model.hidden_size": 32,
     "model.num_heads": 2,
@@ -28,6 +28,7 @@ SMALL = {
     "rl.num_minibatches": 1,
     "rl.dapo.dynamic_sampling": True,
     "rl.dapo.max_num_gen_batches": M,
+    "rl.dapo.gen_prompts": Q_GEN,  # oversampling, as the paper's recipe (3x)
     "rl.dapo.overlong_buffer": 2,
     "rl.dapo.mask_truncated": True,
     "trainer.prompts_per_step": Q,
@@ -38,11 +39,12 @@ SMALL = {
     "trainer.plots": False,
     "trainer.loggers": ("jsonl",),
 }
-# Rewards of each generation batch (Q groups of G), in call order:
-#   step 0: [1,0 | 1,1] keeps group 0 and filters group 1; [0,1 | 0,1] keeps one more: full.
+# Rewards of each generation batch (Q_GEN groups of G), in call order:
+#   step 0: [1,0 | 1,1 | 0,0] keeps group 0 (2 filtered); [0,0 | 0,1 | 1,0] keeps group 1 and
+#           fills the batch (1 more filtered; group 2 is not needed). 5 of 12 responses correct.
 #   step 1: the same.
 #   step 2: three batches of all-equal groups: the cap is reached with both slots empty.
-SCRIPT = [[1, 0, 1, 1], [0, 1, 0, 1]] * 2 + [[0, 0, 1, 1]] * 3
+SCRIPT = [[1, 0, 1, 1, 0, 0], [0, 0, 0, 1, 1, 0]] * 2 + [[0, 0, 1, 1, 0, 0]] * 3
 
 
 def test_dynamic_sampling_fills_the_batch_and_compiles_once(tmp_path):
@@ -73,16 +75,14 @@ def test_dynamic_sampling_fills_the_batch_and_compiles_once(tmp_path):
     by_step = {r["step"]: r for r in rows if "dapo_gen_batches" in r}
     for step in (1, 2):
         r = by_step[step]
-        assert (r["dapo_gen_batches"], r["dapo_groups_filtered"], r["dapo_groups_kept"]) == (
-            2,
-            1,
-            2,
-        )
+        got = (r["dapo_gen_batches"], r["dapo_groups_filtered"], r["dapo_groups_kept"])
+        assert got == (2, 3, 2)
         assert r["dapo_unfilled_frac"] == 0.0
+        assert r["reward_mean"] == 0.5  # the kept groups [1, 0] and [0, 1]
         assert 0.0 <= r["truncated_frac"] <= 1.0 and r["overlong_penalty_mean"] <= 0.0
-        assert r["train_accuracy"] == pytest.approx(5 / 8)  # over all 8 responses generated
+        assert r["train_accuracy"] == pytest.approx(5 / 12)  # over all responses generated
     r = by_step[3]
-    assert (r["dapo_gen_batches"], r["dapo_groups_filtered"], r["dapo_groups_kept"]) == (3, 6, 0)
+    assert (r["dapo_gen_batches"], r["dapo_groups_filtered"], r["dapo_groups_kept"]) == (3, 9, 0)
     assert r["dapo_unfilled_frac"] == 1.0
     # every slot masked: the policy loss has no tokens, so the update is zero but finite
     assert r["nonfinite_skips"] == 0 and np.isfinite(r["loss"])

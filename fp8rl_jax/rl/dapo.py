@@ -28,6 +28,7 @@ class DAPOConfig:
 
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal, sample more
     max_num_gen_batches: int = 10  # cap on generation batches per step (then: mask the rest)
+    gen_prompts: int = 0  # prompts per generation batch (veRL gen_batch_size); 0 = train batch's
     overlong_buffer: int = 0  # L_cache (tokens): length-penalty window before the budget; 0 = off
     overlong_penalty_factor: float = 1.0  # scale of the eq. 13 penalty (veRL's penalty_factor)
     mask_truncated: bool = False  # overlong filtering: responses cut at the budget leave the loss
@@ -37,6 +38,8 @@ class DAPOConfig:
             raise ValueError(
                 f"DAPOConfig.max_num_gen_batches must be >= 1, got {self.max_num_gen_batches}"
             )
+        if self.gen_prompts < 0:
+            raise ValueError(f"DAPOConfig.gen_prompts must be >= 0, got {self.gen_prompts}")
         if self.overlong_buffer < 0:
             raise ValueError(f"DAPOConfig.overlong_buffer must be >= 0, got {self.overlong_buffer}")
         if self.overlong_penalty_factor < 0.0:
@@ -107,31 +110,33 @@ def informative_groups(rewards_B: np.ndarray, group_size: int, atol: float = 1e-
 
 
 def select_rows(buffer, new, take_B, valid_B):
-    """The batch ``buffer`` with row b replaced by ``new``'s row ``take_B[b]`` where it is >= 0.
+    """A [B]-row batch: slot b holds ``new``'s row ``take_B[b]`` if it is >= 0, else ``buffer``'s.
 
-    ``buffer``/``new``: ``RolloutBatch`` es of the same shapes; ``take_B`` int32 [B];
-    ``valid_B`` float32 [B]: 0 on slots left unfilled (their ``keep_BT`` is zeroed, so they leave
-    the loss). Per-row (``batched()``) fields are gathered; ``qkv_amax`` is the elementwise max of
-    both (the KV scales must cover every rollout of the step); ``metrics`` are ``buffer``'s.
-    Jitted by the caller; all shapes are static.
+    ``buffer``: a ``RolloutBatch`` of B rows, or None (then every ``take_B`` must be >= 0);
+    ``new``: a ``RolloutBatch`` of any number of rows (a generation batch may be larger than the
+    train batch); ``take_B`` int32 [B]; ``valid_B`` float32 [B]: 0 on slots left unfilled (their
+    ``keep_BT`` is zeroed, so they leave the loss). Per-row (``batched()``) fields are gathered;
+    ``qkv_amax`` is the elementwise max of both (the next KV scales cover every rollout of the
+    step); ``metrics`` are ``buffer``'s (``new``'s without one). Jitted by the caller; all shapes
+    are static.
     """
     use_B = take_B >= 0
     src_B = jnp.maximum(take_B, 0)
+    base = new if buffer is None else buffer
 
     def pick(b, n):
-        mask = use_B.reshape((-1,) + (1,) * (b.ndim - 1))
-        return jnp.where(mask, n[src_B], b)
+        if buffer is None:
+            return n[src_B]
+        return jnp.where(use_B.reshape((-1,) + (1,) * (b.ndim - 1)), n[src_B], b)
 
     fields = {}
-    for f in dataclasses.fields(buffer):
-        b, n = getattr(buffer, f.name), getattr(new, f.name)
-        if b is None:
-            fields[f.name] = None
-        elif is_batched(buffer, f.name):
+    for f in dataclasses.fields(base):
+        b, n = getattr(base, f.name), getattr(new, f.name)
+        if b is None or not (is_batched(base, f.name) or f.name == "qkv_amax"):
+            continue
+        if is_batched(base, f.name):
             fields[f.name] = pick(b, n)
-        elif f.name == "qkv_amax":
+        elif buffer is not None:
             fields[f.name] = jax.tree.map(jnp.maximum, b, n)
-        else:
-            fields[f.name] = b
     keep_BT = fields["keep_BT"] * valid_B.astype(fields["keep_BT"].dtype)[:, None]
-    return dataclasses.replace(buffer, **{**fields, "keep_BT": keep_BT})
+    return dataclasses.replace(base, **{**fields, "keep_BT": keep_BT})

@@ -245,9 +245,7 @@ def _make_sampler(run: _Run, rollout_step):
     """
     place = run.placement
     if run.exp.rl.dapo.dynamic_sampling:
-        return make_dynamic_sampler(
-            run, rollout_step, lambda i: _step_prompts(run, i), lambda b, t: _score(run, b, t)
-        )
+        return make_dynamic_sampler(run, rollout_step, lambda b, t: _score(run, b, t))
 
     def sample(state, step: int, on_dispatch) -> Sampled:
         batch, prompts = _step_prompts(run, step)
