@@ -178,7 +178,10 @@ def train(
     tc = exp.trainer
     os.makedirs(tc.run_dir, exist_ok=True)
     task, tokenizer = build_task(exp.task, exp.model.hf_checkpoint)
-    exp = resolve_stop_tokens(exp, tokenizer)  # the checkpoint's, unless the config names them
+    if not exp.rollout.stop_token_ids:  # the checkpoint's, unless the config names them
+        exp = resolve_stop_tokens(exp, tokenizer)
+        if exp.rollout.stop_token_ids:
+            print(f"stop tokens from the checkpoint: {exp.rollout.stop_token_ids}")
     model_cfg, params = build_model(exp.model, tokenizer, jax.random.key(tc.seed))
     prompt_len = prompt_length(task, tokenizer)
     run = _Run(exp, task, tokenizer, model_cfg, prompt_len, reward_fn=reward_fn)
