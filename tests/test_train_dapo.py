@@ -2,10 +2,14 @@
 
 In-process ``train()`` on the tiny addition task (D=32, 2 prompts x 2 responses, 6-token
 budget), with a reward hook that scripts which groups are informative, so the counts of kept
-and filtered groups and of generation batches are known by hand.
+and filtered groups and of generation batches are known by hand. Then (slow) the same selection
+on a 4-device mesh as on one device (tests/trainer_sharded_worker.py).
 """
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +20,7 @@ from experiments.configs.defaults import set_path
 from fp8rl_jax.train import trainer
 from fp8rl_jax.train.experiment import experiment_from_config
 
+REPO = Path(__file__).resolve().parents[1]
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"  # one per jit cache miss (a compile)
 Q, G, Q_GEN, M = 2, 2, 3, 3  # prompts per step, group size, per generation batch, max batches
 SMALL = {
@@ -86,3 +91,37 @@ def test_dynamic_sampling_fills_the_batch_and_compiles_once(tmp_path):
     assert r["dapo_unfilled_frac"] == 1.0
     # every slot masked: the policy loss has no tokens, so the update is zero but finite
     assert r["nonfinite_skips"] == 0 and np.isfinite(r["loss"])
+
+
+MESH_SETS = {
+    "model.hidden_size": 32, "model.num_heads": 2, "model.num_kv_heads": 1,
+    "model.intermediate_size": 64, "sft.steps": 30, "sft.batch_size": 16, "rl.group_size": 4,
+    "trainer.prompts_per_step": 4, "trainer.steps": 3, "trainer.eval_size": 8,
+    "trainer.eval_every": 0, "trainer.checkpoint_every": 0, "trainer.plots": False,
+    "rl.dapo.dynamic_sampling": True, "rl.dapo.gen_prompts": 6, "rl.dapo.max_num_gen_batches": 3,
+    "rl.dapo.overlong_buffer": 2,
+}  # fmt: skip
+COMPARED = ("dapo_gen_batches", "dapo_groups_filtered", "dapo_groups_kept", "reward_mean",
+            "truncated_frac", "overlong_penalty_mean", "train_accuracy")  # fmt: skip
+
+
+def _worker_rows(run_dir, *args):
+    sets = []
+    for k, v in {**MESH_SETS, "trainer.run_dir": str(run_dir)}.items():
+        sets += ["--set", f"{k}={v if isinstance(v, str) else json.dumps(v)}"]
+    argv = [sys.executable, "-m", "tests.trainer_sharded_worker", *args, *sets]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_on_a_mesh_selects_what_one_device_selects(tmp_path):
+    # real rewards (the addition verifier after a short SFT): most groups are all-zero
+    one = _worker_rows(tmp_path / "one", "--devices", "1")
+    mesh = _worker_rows(tmp_path / "mesh", "--devices", "4", "--mesh", "data=2,fsdp=2")
+    assert len(one) == len(mesh) == 4
+    for a, b in zip(one[1:], mesh[1:], strict=True):
+        assert {k: a[k] for k in COMPARED} == pytest.approx({k: b[k] for k in COMPARED}, abs=1e-6)
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-4)
+    assert sum(r["dapo_groups_filtered"] for r in one[1:]) > 0  # the filter had work to do

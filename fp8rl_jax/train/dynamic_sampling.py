@@ -14,6 +14,11 @@ Data: generation batch ``k`` of step ``t`` reads problems ``(t·M + k)·Q_gen ..
 ``M = max_num_gen_batches``, so a step's data depends only on ``t`` (a resumed run reproduces an
 uninterrupted one); batches a step does not need are skipped. Sampling keys: batch ``k > 0``
 folds ``k`` into the state's key, so its responses are drawn independently of batch 0's.
+
+On a mesh (``train.placement.OnMesh``, one or several processes) each process generates and
+scores its own rows, the rewards are gathered, and every process makes the same selection; the
+generation batch has its own rollout program (its row count) and the selection writes the train
+program's batch layout, so the same numbers come out as on one device (tested).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ class Sampled(NamedTuple):
     """A step's rollout batch as the train program takes it, and what the host measured."""
 
     batch: object  # rl.RolloutBatch, [Q·G] rows
-    rewards_B: np.ndarray  # float32 host rewards of its rows
+    rewards_B: np.ndarray  # float32 host rewards of this process's rows of it
     accuracy: float  # exact accuracy over every response generated this step
     rollout_time_s: float  # the host's wait for the rollouts' tokens
     metrics: dict  # host metrics to log beside the rollout's device metrics
@@ -65,42 +70,42 @@ def make_dynamic_sampler(run, rollout_step: Callable, score: Callable):
 
     ``score(batch, tokens_BT) -> (rewards_B, accuracy)`` rewards the host tokens of a prompt
     batch; ``on_dispatch()`` runs once, after the step's first rollout is dispatched and the
-    previous update has finished (the trainer reads the previous step's metrics there).
+    previous update has finished (the trainer reads the previous step's metrics there). On a
+    mesh every process scores its own rows; the group filter runs on the gathered rewards, so
+    every process selects the same rows.
     """
-    from fp8rl_jax.train.placement import SingleDevice
-
-    if type(run.placement) is not SingleDevice:
-        raise NotImplementedError(
-            "rl.dapo.dynamic_sampling runs on one device for now (the row selection is not "
-            "sharded); use a one-device run or set rl.dapo.dynamic_sampling=False"
-        )
+    place = run.placement
     dapo, Q, G = run.exp.rl.dapo, run.exp.trainer.prompts_per_step, run.exp.rl.group_size
     Q_gen, M = dapo.gen_prompts or Q, dapo.max_num_gen_batches
     if Q_gen < Q:
         raise ValueError(f"rl.dapo.gen_prompts ({Q_gen}) must be >= prompts_per_step ({Q})")
-    merge = jax.jit(select_rows)
+    gen_rollout = place.gen_rollout(run.model_cfg, run.exp, Q_gen * G, rollout_step)
+    merge = place.jit_select(select_rows, run.model_cfg, run.exp)
+    train_rows = place.rows(Q * G, G)
 
     def prompts_of(i: int):
-        problems = range(i * Q_gen, (i + 1) * Q_gen)
+        rows = place.rows(Q_gen * G, G)  # this process's groups only
+        problems = range(i * Q_gen + rows.start // G, i * Q_gen + rows.stop // G)
         batch = make_prompt_batch(run.task, run.tokenizer, problems, G, run.prompt_len)
-        return batch, run.placement.prompts(batch.tokens_BP, batch.lens_B, Q_gen * G)
+        return batch, place.prompts(batch.tokens_BP, batch.lens_B, Q_gen * G)
 
     def sample(state, step: int, on_dispatch: Callable[[], None]) -> Sampled:
         slots = _Slots(np.full(Q * G, -1, np.int32), np.zeros(Q * G, np.float32),
                        np.zeros(Q * G, np.float32))  # fmt: skip
-        merged, wait, correct, n_rows, filtered = None, 0.0, 0.0, 0, 0
+        merged, wait, correct, filtered = None, 0.0, 0.0, 0
         for k in range(M):
             batch, prompts = prompts_of(step * M + k)
-            key = state.rng if k == 0 else jax.random.fold_in(state.rng, k)
-            ro = rollout_step(dataclasses.replace(state, rng=key), prompts)
+            key = state.rng if k == 0 else place.fold_key(state.rng, k)
+            ro = gen_rollout(dataclasses.replace(state, rng=key), prompts)
             if k == 0:
                 jax.block_until_ready(state.step)
                 on_dispatch()
             t0 = time.perf_counter()
-            tokens = run.placement.local_tokens(ro.tokens_BT)
+            tokens = place.local_tokens(ro.tokens_BT)
             wait += time.perf_counter() - t0
-            rewards, acc = score(batch, tokens)
-            correct, n_rows = correct + acc * len(rewards), n_rows + len(rewards)
+            local_rewards, acc = score(batch, tokens)
+            correct += place.mean_over_rows(float(acc), len(local_rewards)) * Q_gen * G
+            rewards = place.all_rows(local_rewards, Q_gen * G, G)
             keep_Q = informative_groups(rewards, G)
             filtered += int(np.sum(~keep_Q))
             slots.take_B[:] = -1
@@ -116,6 +121,7 @@ def make_dynamic_sampler(run, rollout_step: Callable, score: Callable):
             "dapo_groups_kept": float(slots.filled),
             "dapo_unfilled_frac": 1.0 - slots.filled / Q,
         }
-        return Sampled(merged, slots.rewards_B.copy(), correct / n_rows, wait, metrics)
+        accuracy = correct / ((k + 1) * Q_gen * G)
+        return Sampled(merged, slots.rewards_B[train_rows].copy(), accuracy, wait, metrics)
 
     return sample
