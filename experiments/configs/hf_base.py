@@ -11,8 +11,9 @@ DAPO recipe (arXiv 2601.18150; veRL's FP8 recipes, reference/fp8rl_paper_and_ver
 W8A8 rollout with 128x128 blocks, FP8 E4M3 KV cache with per-step recalibrated static scales,
 token TIS C=2, GRPO, clip 0.2/0.28 and dual clip 10, lr 1e-6, weight decay 0.1, grad clip 1.0,
 no KL, token-mean, one update per rollout, 32 prompts x 16 responses, temperature 1.0, BF16
-compute; DAPO dynamic sampling (generation batches of 96 prompts, at most 10 per step) and
-overlong shaping over the last 512 tokens (penalty factor 1.0, no overlong filtering).
+compute; DAPO dynamic sampling (veRL: generation batches of 96 prompts, at most 10 per step;
+here 32 prompts, at most 30: the same budget in a third of the rollout memory) and overlong
+shaping over the last 512 tokens (penalty factor 1.0, no overlong filtering).
 """
 
 from ml_collections import config_dict
@@ -38,8 +39,11 @@ def get_config():
     c.rollout.stop_token_ids = ()  # () = the checkpoint's generation_config.json + tokenizer EOS
 
     c.rl.dapo.dynamic_sampling = True  # veRL algorithm.filter_groups (metric: acc)
-    c.rl.dapo.gen_prompts = 96  # veRL gen_batch_size: 3x the train batch's 32 prompts
-    c.rl.dapo.max_num_gen_batches = 10
+    # veRL's recipe: generation batches of 96 prompts (3x the train batch), at most 10 per step.
+    # Here 32 x at most 30: the same prompt budget, at a third of the rollout memory (the static
+    # engine holds a dense KV cache for every row of a generation batch).
+    c.rl.dapo.gen_prompts = 32
+    c.rl.dapo.max_num_gen_batches = 30
     c.rl.dapo.overlong_buffer = 512  # veRL overlong_buffer.len
     c.rl.dapo.overlong_penalty_factor = 1.0
     c.rl.loss.dual_clip = 10.0  # veRL clip_ratio_c of the FP8 recipes
