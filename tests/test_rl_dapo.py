@@ -113,3 +113,14 @@ def test_config_validation():
         DAPOConfig(max_num_gen_batches=0)
     with pytest.raises(ValueError, match="overlong_buffer"):
         DAPOConfig(overlong_buffer=-1)
+
+
+def test_experiment_rejects_a_penalty_window_beyond_the_budget():
+    from fp8rl_jax.generation import RolloutConfig
+    from fp8rl_jax.rl import RLConfig
+    from fp8rl_jax.train.experiment import Experiment
+
+    with pytest.raises(ValueError, match=r"overlong_buffer \(8\) must not exceed"):
+        Experiment(
+            rollout=RolloutConfig(max_new_tokens=6), rl=RLConfig(dapo=DAPOConfig(overlong_buffer=8))
+        )
