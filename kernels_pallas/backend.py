@@ -133,11 +133,15 @@ class KernelImpls:
 
     matmul: Impl = "auto"  # fp8_matmul: the W8A8 linear layers of a quantized policy
     decode_attention: Impl | None = None  # one-token decode steps; None: the model's jnp attention
+    grouped_matmul: Impl = "auto"  # grouped_fp8_matmul: the FP8 MoE experts of a quantized policy
     interpret: bool = False  # decode_attention's Pallas kernels in interpret mode (CPU tests)
 
     def __post_init__(self):
-        if self.matmul not in IMPLS:
-            raise ValueError(f"KernelImpls.matmul must be one of {IMPLS}, got {self.matmul!r}")
+        for name in ("matmul", "grouped_matmul"):
+            if getattr(self, name) not in IMPLS:
+                raise ValueError(
+                    f"KernelImpls.{name} must be one of {IMPLS}, got {getattr(self, name)!r}"
+                )
         if self.decode_attention is not None and self.decode_attention not in IMPLS:
             raise ValueError(
                 f"KernelImpls.decode_attention must be None or one of {IMPLS}, "

@@ -156,3 +156,103 @@ def test_ragged_gradients_equal_dense_reference_gradients():
     g_dense = jax.grad(lambda p: jnp.sum(jnp.sin(moe_mlp_dense_reference(p, x, CFG))))(p)
     for k in ("w_gate", "w_up", "w_down", "router"):
         np.testing.assert_allclose(g_ragged[k], g_dense[k], atol=1e-5, rtol=1e-4, err_msg=k)
+
+
+# ---------------------------------------------------------------- FP8 rollout experts
+
+# D and F multiples of 128, so the Mosaic kernels' support checks accept the expert GEMMs.
+CFG_128 = ModelConfig(**{**CFG.__dict__, "hidden_size": 128, "moe_intermediate_size": 128})
+QWEN3_30B_A3B = ModelConfig(
+    vocab_size=151936, hidden_size=2048, num_layers=48, num_heads=32, num_kv_heads=4,
+    head_dim=128, intermediate_size=6144, qk_norm=True, num_experts=128, num_experts_per_tok=8,
+    moe_intermediate_size=768, architecture="Qwen3MoeForCausalLM",
+)  # fmt: skip
+
+
+def _blocked_dims(q: QArray) -> tuple[int, ...]:
+    return q.shape[q.ndim - len(q.block_shape) :]
+
+
+@pytest.mark.parametrize("cfg", [CFG, QWEN3_30B_A3B], ids=["tiny", "qwen3-30b-a3b"])
+def test_router_is_never_quantized(cfg):
+    """By name (every ``router`` leaf stays an f32/bf16 array) and by shape (no QArray has the
+    expert count among its blocked [N, K] dims, as a renamed router [D, E] -> [E, D] would):
+    the rollout copy of the tiny model and, abstractly, of Qwen3-30B-A3B."""
+    w = jax.eval_shape(lambda: init_weights(cfg, jax.random.key(0), jnp.bfloat16))
+    wq = jax.eval_shape(lambda w: quantize_params(w, QuantRecipe()), w)
+    flat = jax.tree_util.tree_flatten_with_path(wq, is_leaf=lambda x: isinstance(x, QArray))[0]
+    routers = [(p, x) for p, x in flat if "router" in jax.tree_util.keystr(p)]
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    assert len(routers) == moe_layers > 0
+    for _, r in routers:
+        assert not isinstance(r, QArray)
+        assert r.dtype == jnp.bfloat16 and r.shape == (cfg.hidden_size, cfg.num_experts)
+    quantized = [x for _, x in flat if isinstance(x, QArray)]
+    assert quantized and all(cfg.num_experts not in _blocked_dims(q) for q in quantized)
+
+
+def test_quantized_router_is_an_error():
+    """A recipe that does not exclude the router would quantize it: the MoE layer refuses."""
+    wq = quantize_params(weights(), QuantRecipe(exclude=("embed", "lm_head", "norm")))
+    assert isinstance(wq["layers"][0]["mlp"]["router"], QArray)
+    with pytest.raises(TypeError, match="router stays high precision"):
+        fwd(wq, jnp.ones((1, 3), jnp.int32), CFG)
+
+
+def test_fp8_experts_run_the_grouped_kernel(monkeypatch):
+    """Under an (abstract) H100 with forced interpret mode, ``auto`` runs gate+up (one call over
+    both stacks) and down through the Mosaic GPU grouped kernel, and the layer equals the dense
+    W8A8 reference."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jax.sharding import AbstractDevice, AbstractMesh
+
+    from kernels_pallas.grouped_fp8_matmul import IMPLEMENTATIONS
+
+    chosen = []
+    select = IMPLEMENTATIONS.select
+    monkeypatch.setattr(
+        IMPLEMENTATIONS, "select", lambda *a, **k: chosen.append(select(*a, **k)) or chosen[-1]
+    )
+    w = init_weights(CFG_128, jax.random.key(4), jnp.float32)
+    p = quantize_params(w, QuantRecipe())["layers"][0]["mlp"]
+    x = jax.random.normal(jax.random.key(5), (1, 2, 128))
+    h100 = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132)
+    mesh = AbstractMesh((), (), abstract_device=h100)
+    with (
+        jax.sharding.use_abstract_mesh(mesh),
+        plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()),
+    ):
+        y, _ = moe_mlp(p, x, jnp.ones((1, 2), bool), CFG_128)
+    assert [c.name for c in chosen] == ["pallas_mosaic_gpu"] * 2
+    ref = moe_mlp_dense_reference(p, x, CFG_128)
+    np.testing.assert_allclose(y, ref, atol=1e-5 * float(jnp.abs(ref).max()), rtol=1e-4)
+
+
+def test_fp8_experts_decode_rows_equal_prefill_rows():
+    """FP8 experts on a prefill chunk and on one-token decode steps: W8A8 quantizes per token and
+    the grouped GEMM is per row, so a token's output does not depend on the rows beside it."""
+    p = quantize_params(weights(), QuantRecipe())["layers"][0]["mlp"]
+    x = x_BTD()
+    run = jax.jit(lambda x: moe_mlp(p, x, jnp.ones(x.shape[:2], bool), CFG)[0])
+    full = run(x)
+    steps = [run(x[:, :3])] + [run(x[:, i : i + 1]) for i in (3, 4)]
+    np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-6, rtol=1e-6)
+
+
+def test_routing_replay_uses_the_given_experts():
+    """``expert_ids_NK``: the own top-k reproduces routing exactly; other ids get the router's
+    probabilities of those experts, renormalized over them (Qwen3-MoE top-k normalization)."""
+    p = weights()["layers"][0]["mlp"]
+    x = x_BTD().reshape(-1, CFG.hidden_size)
+    top_w, top_i, probs = route(x, p["router"], CFG)
+    w2, i2, _ = route(x, p["router"], CFG, expert_ids_NK=top_i)
+    np.testing.assert_array_equal(i2, top_i)
+    np.testing.assert_array_equal(w2, top_w)
+    ids = jnp.broadcast_to(jnp.array([3, 0]), top_i.shape)
+    w3, i3, _ = route(x, p["router"], CFG, expert_ids_NK=ids)
+    pk = np.asarray(probs)[:, [3, 0]]
+    np.testing.assert_array_equal(i3, ids)
+    np.testing.assert_allclose(w3, pk / pk.sum(-1, keepdims=True), rtol=1e-6)
+    y, _ = moe_mlp(p, x.reshape(2, 5, -1), jnp.ones((2, 5), bool), CFG, expert_ids_NK=top_i)
+    y_own, _ = moe_mlp(p, x.reshape(2, 5, -1), jnp.ones((2, 5), bool), CFG)
+    np.testing.assert_array_equal(y, y_own)

@@ -42,11 +42,14 @@ class RolloutShape:
 
 # Kernel choice per target (the decode kernel and the W8A8 matmul).
 IMPLS = {
-    "h100": KernelImpls(matmul="pallas_mosaic_gpu", decode_attention="pallas_mosaic_gpu"),
-    "v5e": KernelImpls(matmul="pallas_tpu", decode_attention="pallas_tpu"),
-    "v6e": KernelImpls(matmul="pallas_tpu", decode_attention="pallas_tpu"),
+    target: KernelImpls(matmul=impl, decode_attention=impl, grouped_matmul=impl)
+    for target, impl in (
+        ("h100", "pallas_mosaic_gpu"),
+        ("v5e", "pallas_tpu"),
+        ("v6e", "pallas_tpu"),
+    )
 }
-XLA_IMPLS = KernelImpls(matmul="xla", decode_attention="xla")
+XLA_IMPLS = KernelImpls(matmul="xla", decode_attention="xla", grouped_matmul="xla")
 
 
 def rollout_fn(cfg, shape: RolloutShape, recipe, kv_cache_dtype: str, kernels: KernelImpls):

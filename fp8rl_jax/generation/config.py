@@ -35,6 +35,7 @@ class RolloutConfig:
     kv_calib_margin: float = 1.05  # headroom multiplier on the amax
     matmul_impl: Impl = "auto"  # W8A8 linear layers: auto | xla | pallas_mosaic_gpu | pallas_tpu
     decode_attention_impl: Impl | None = None  # None: the model's jnp attention; else the kernel op
+    grouped_matmul_impl: Impl = "auto"  # FP8 MoE experts (grouped_fp8_matmul): same choices
     engine: Engine = "static"  # static = prefill + while_loop decode over a dense cache
 
     def __post_init__(self):
@@ -47,7 +48,11 @@ class RolloutConfig:
     @property
     def kernels(self) -> KernelImpls:
         """The kernel choices of the rollout program (static)."""
-        return KernelImpls(matmul=self.matmul_impl, decode_attention=self.decode_attention_impl)
+        return KernelImpls(
+            matmul=self.matmul_impl,
+            decode_attention=self.decode_attention_impl,
+            grouped_matmul=self.grouped_matmul_impl,
+        )
 
     @property
     def fp8_kv(self) -> bool:

@@ -1,12 +1,30 @@
 """Mixture of experts (Qwen3-MoE): top-k softmax routing, dropless grouped SwiGLU experts.
 
-Tokens are sorted by expert and the experts run as ``jax.lax.ragged_dot`` over the groups (no
-token dropping, no capacity factor). FP8 experts (QArray ``[E, out, in]``, K-major like every
-QArray weight, one 128x128 block grid per expert) run an emulated W8A8 grouped matmul: activations
-are quantized per token in 1x128 groups of the weight's K block, both operands are dequantized in
-f32 and ragged_dot accumulates in f32. That equals the per-K-group two-scale sum of DESIGN.md §4.3
-up to f32 rounding (it is the numerics of ``fp8_matmul_reference``); a real FP8 grouped GEMM kernel
-can replace it later.
+The layer is four pure steps, each replaceable on its own:
+
+  * ``route``: router logits in f32 from a high-precision router (a QArray router is an error:
+    DESIGN.md §4.4), top-k and Qwen3-MoE's renormalization. Given ``expert_ids_NK`` it routes
+    with those ids instead of its own top-k, the gate weights still coming from its own router
+    probabilities renormalized over the given experts: rollout routing replay (R3, arXiv
+    2510.11370) needs only that the caller pass the rollout's ids for each MoE layer.
+  * ``dispatch``: the (token, expert) assignments sorted by expert: the row order, the token of
+    each sorted row and the group sizes. With expert parallelism this is where the sorted rows
+    go to their expert's shard (an all-to-all by expert-shard counts); the grouped GEMMs
+    accept fewer live rows than rows (``Σ group_sizes <= M``), as a fixed-size receive buffer
+    needs.
+  * ``experts``: gate/up/down over the sorted rows, no token dropping, no capacity factor.
+    Training weights (BF16/F32 ``[E, D, F]``) run ``jax.lax.ragged_dot`` (differentiable). FP8
+    rollout weights (QArrays ``[E, F, D]``, K-major, one 128x128 block grid per expert) run the
+    grouped blockwise W8A8 GEMM ``kernels_pallas.grouped_fp8_matmul`` (Mosaic GPU on Hopper,
+    Mosaic TPU on TPU, the XLA row-tile path elsewhere: ``KernelImpls.grouped_matmul``). Gate
+    and up run as one GEMM over both stacks (``[E, 2F, D]`` as far as the kernel's N tiles
+    go; the weights stay two leaves, so the rollout copy keeps the training tree's structure
+    and sharding): one launch instead of two, twice the CTAs for decode-sized groups. The
+    activations are quantized per token in 1x128 groups once, before the rows are gathered
+    (quantization is per row, so gathering commutes with it), and the down projection's input
+    per sorted row.
+  * ``combine``: rows weighted by their gate weight and summed back per token (the reverse
+    all-to-all under expert parallelism).
 """
 
 from __future__ import annotations
@@ -17,6 +35,8 @@ import jax
 import jax.numpy as jnp
 
 from fp8rl_jax.models.config import ModelConfig
+from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
+from kernels_pallas.grouped_fp8_matmul import grouped_fp8_matmul
 from kernels_pallas.qarray import QArray, dequantize, dequantize_weight
 from kernels_pallas.quantize import quantize_activations
 
@@ -31,19 +51,39 @@ class RouterStats:
     rows: jax.Array  # number of valid tokens
 
 
-def route(x_ND: jax.Array, router_DE: jax.Array, cfg: ModelConfig):
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Dispatch:
+    """The N·k (token, expert) assignments sorted by expert (R = N·k sorted rows)."""
+
+    order_R: jax.Array  # flat assignment index (token · k + slot) of each sorted row
+    token_R: jax.Array  # token of each sorted row
+    group_sizes_E: jax.Array  # int32 rows per expert, in expert order
+
+
+def route(x_ND: jax.Array, router_DE: jax.Array, cfg: ModelConfig, expert_ids_NK=None):
     """(top-k weights [N, k] f32, expert ids [N, k], probs [N, E] f32); router math in f32.
 
-    ``p = softmax(x W_r)``; the top-k probabilities are renormalized to sum to 1 when
+    ``p = softmax(x W_r)``; ``w_{n,j} = p_{n,i_j}`` over the top-k experts ``i_j`` (or over the
+    given ``expert_ids_NK``: routing replay), renormalized ``w / Σ_j w`` when
     ``cfg.norm_topk_prob`` (Qwen3-MoE).
     """
+    if isinstance(router_DE, QArray):
+        raise TypeError(
+            "moe.route: the router is a QArray; the MoE router stays high precision "
+            "(DESIGN.md §4.4: keep 'router' in QuantRecipe.exclude)"
+        )
     logits = jnp.dot(
         x_ND.astype(jnp.float32),
         router_DE.astype(jnp.float32),
         precision=jax.lax.Precision.HIGHEST,
     )
     probs = jax.nn.softmax(logits, axis=-1)
-    top_w, top_i = jax.lax.top_k(probs, cfg.num_experts_per_tok)
+    if expert_ids_NK is None:
+        top_w, top_i = jax.lax.top_k(probs, cfg.num_experts_per_tok)
+    else:
+        top_i = expert_ids_NK.astype(jnp.int32)
+        top_w = jnp.take_along_axis(probs, top_i, axis=-1)
     if cfg.norm_topk_prob:
         top_w = top_w / jnp.sum(top_w, axis=-1, keepdims=True)
     return top_w, top_i, probs
@@ -71,47 +111,73 @@ def load_balancing_loss(stats: list[RouterStats], num_experts: int) -> jax.Array
     return num_experts * jnp.sum(f * p)
 
 
-def _grouped_matmul(x_MD: jax.Array, w_EDF, group_sizes_E: jax.Array) -> jax.Array:
-    """Rows of ``x`` sorted by expert times their expert's weight (``[E, D, F]``, or a QArray
-    ``[E, F, D]``: emulated W8A8)."""
-    if isinstance(w_EDF, QArray):
-        x_q = quantize_activations(x_MD, w_EDF.block_shape[1], w_EDF.values.dtype)
-        y = jax.lax.ragged_dot(
-            dequantize(x_q, jnp.float32),
-            dequantize_weight(w_EDF, jnp.float32),
-            group_sizes_E,
-            precision=jax.lax.Precision.HIGHEST,
-            preferred_element_type=jnp.float32,
-        )
-        return y.astype(x_MD.dtype)
+def dispatch(top_i_NK: jax.Array, num_experts: int) -> Dispatch:
+    """Sorts the assignments by expert (stable: tokens keep their order within an expert)."""
+    flat_e = top_i_NK.reshape(-1)
+    order = jnp.argsort(flat_e, stable=True)
+    group_sizes = jnp.bincount(flat_e, length=num_experts).astype(jnp.int32)
+    return Dispatch(order, order // top_i_NK.shape[-1], group_sizes)
+
+
+def combine(ys_RD: jax.Array, top_w_NK: jax.Array, d: Dispatch) -> jax.Array:
+    """``y_n = Σ_j w_{n,j} · expert_{i_j}(x_n)`` from the sorted rows' outputs."""
+    # Routing weights are cast to the compute dtype before the combine, as HF does.
+    w_R = top_w_NK.reshape(-1)[d.order_R].astype(ys_RD.dtype)
+    n = top_w_NK.shape[0]
+    return jnp.zeros((n, ys_RD.shape[-1]), ys_RD.dtype).at[d.token_R].add(ys_RD * w_R[:, None])
+
+
+def _ragged(x_RD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array) -> jax.Array:
+    """Sorted rows times their expert's training weight ``[E, D, F]`` (f32 accumulation)."""
     prec = jax.lax.Precision.HIGHEST if w_EDF.dtype == jnp.float32 else None
     y = jax.lax.ragged_dot(
-        x_MD.astype(w_EDF.dtype),
+        x_RD.astype(w_EDF.dtype),
         w_EDF,
         group_sizes_E,
         precision=prec,
         preferred_element_type=jnp.float32,
     )
-    return y.astype(x_MD.dtype)
+    return y.astype(x_RD.dtype)
 
 
-def moe_mlp(p: dict, x_BTD: jax.Array, valid_BT: jax.Array, cfg: ModelConfig):
-    """Dropless top-k MoE SwiGLU block: (y [B, T, D], RouterStats)."""
+def experts(p: dict, x_ND: jax.Array, d: Dispatch, kernels: KernelImpls = DEFAULT_KERNELS):
+    """SwiGLU of each sorted row with its expert: ``W_down (silu(x W_gate) ⊙ x W_up)`` [R, D]."""
+    gs = d.group_sizes_E
+    if not isinstance(p["w_gate"], QArray):
+        xs = x_ND[d.token_R]
+        h = jax.nn.silu(_ragged(xs, p["w_gate"], gs)) * _ragged(xs, p["w_up"], gs)
+        return _ragged(h, p["w_down"], gs)
+    w_g, w_u, w_d = p["w_gate"], p["w_up"], p["w_down"]
+    x_q = quantize_activations(x_ND, w_g.block_shape[1], w_g.values.dtype)
+    xs_q = QArray(x_q.values[d.token_R], x_q.scales[d.token_R], x_q.block_shape, x_q.dtype)
+
+    def gemm(x, w):
+        impl = kernels.grouped_matmul
+        return grouped_fp8_matmul(x, w, gs, out_dtype=x_ND.dtype, impl=impl)
+
+    gate_up = gemm(xs_q, (w_g, w_u))  # one launch over both stacks: [R, 2F]
+    f = w_g.shape[1]
+    h = jax.nn.silu(gate_up[:, :f]) * gate_up[:, f:]
+    return gemm(h, w_d)
+
+
+def moe_mlp(
+    p: dict,
+    x_BTD: jax.Array,
+    valid_BT: jax.Array,
+    cfg: ModelConfig,
+    kernels: KernelImpls = DEFAULT_KERNELS,
+    expert_ids_NK: jax.Array | None = None,
+):
+    """Dropless top-k MoE SwiGLU block: (y [B, T, D], RouterStats).
+
+    ``expert_ids_NK`` ([B·T, k], optional): route with these experts (routing replay, ``route``).
+    """
     B, T, D = x_BTD.shape
-    E, k = cfg.num_experts, cfg.num_experts_per_tok
     x = x_BTD.reshape(B * T, D)
-    top_w, top_i, probs = route(x, p["router"], cfg)
-    flat_e = top_i.reshape(-1)
-    order = jnp.argsort(flat_e, stable=True)
-    token = order // k
-    group_sizes = jnp.bincount(flat_e, length=E).astype(jnp.int32)
-    xs = x[token]
-    h = jax.nn.silu(_grouped_matmul(xs, p["w_gate"], group_sizes))
-    h = h * _grouped_matmul(xs, p["w_up"], group_sizes)
-    ys = _grouped_matmul(h, p["w_down"], group_sizes)
-    # Routing weights are cast to the compute dtype before the combine, as HF does.
-    ys = ys * top_w.reshape(-1)[order].astype(x.dtype)[:, None]
-    y = jnp.zeros_like(x).at[token].add(ys)
+    top_w, top_i, probs = route(x, p["router"], cfg, expert_ids_NK)
+    d = dispatch(top_i, cfg.num_experts)
+    y = combine(experts(p, x, d, kernels), top_w, d)
     return y.reshape(B, T, D), router_stats(top_i, probs, valid_BT.reshape(-1))
 
 

@@ -152,7 +152,7 @@ def forward(
         writes.append(w)
         h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
         if cfg.is_moe_layer(i):
-            y, stats = moe_mlp(p["mlp"], h, ctx["valid_BT"], cfg)
+            y, stats = moe_mlp(p["mlp"], h, ctx["valid_BT"], cfg, kernels)
             router.append(stats)
         else:
             y = swiglu_mlp(p["mlp"], h, impl=kernels.matmul)

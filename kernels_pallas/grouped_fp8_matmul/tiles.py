@@ -1,0 +1,91 @@
+"""Row tiles of a grouped matmul: which expert and which row block each tile multiplies.
+
+Rows are sorted by group. A tile is ``tile_m`` consecutive rows of one aligned row block
+``[b·tm, (b+1)·tm)`` multiplied by one group's weight; a row block that holds the boundary
+between two groups is multiplied once per group it holds (megablox ``make_group_metadata``,
+jax ``ragged_dot_mgpu.GroupInfo``). Only non-empty groups get tiles, so at most
+``cdiv(M, tm) + min(E, M) - 1`` tiles exist (``num_tiles``: every group boundary adds at most
+one tile to the ``cdiv(M, tm)`` row blocks). Tiles past the live ones ("dead") repeat the last
+live tile's group and block (a TPU grid step whose block indices are unchanged fetches nothing)
+and are skipped by the kernels.
+
+Every implementation computes all ``tm`` rows of a tile with the tile's expert into its own
+output tile ``out[t·tm : (t+1)·tm]`` (rows of the block that belong to another group are
+computed and ignored), and ``gather_rows`` picks row m from the tile of its own group. That
+costs one gather of the output (fused by XLA into its consumer) instead of masked, ragged
+stores in the kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+def num_tiles(m: int, num_groups: int, tile_m: int) -> int:
+    """Static upper bound on the live tiles: ``cdiv(M, tm) + min(E, M) - 1``."""
+    return max(-(-m // tile_m) + min(num_groups, m) - 1, 1)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TileMap:
+    """Per tile: its group and row block; per row: where its output lives (all int32)."""
+
+    group_T: jax.Array  # the expert whose weight the tile multiplies
+    block_T: jax.Array  # the aligned row block [b·tm, (b+1)·tm) of x the tile reads
+    live_T: jax.Array  # 1 for live tiles, 0 for the dead tail
+    out_row_M: jax.Array  # row m's output row in the tile outputs [T·tm, N]; -1 past Σ sizes
+    tile_m: int = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def meta_3T(self) -> jax.Array:
+        """(group, block, live) stacked [3, T]: the kernels' scalar operand."""
+        return jnp.stack([self.group_T, self.block_T, self.live_T])
+
+
+def make_tile_map(group_sizes_E: jax.Array, m: int, tile_m: int) -> TileMap:
+    """The tiles of ``m`` rows sorted into groups of ``group_sizes_E`` (see the module doc).
+
+    Sizes are clipped so that the groups cover at most the ``m`` rows.
+    """
+    e = group_sizes_E.shape[0]
+    t = num_tiles(m, e, tile_m)
+    ends = jnp.minimum(jnp.cumsum(group_sizes_E.astype(jnp.int32)), m)
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+    first = starts // tile_m
+    last = (ends - 1) // tile_m
+    n_tiles = jnp.where(ends > starts, last - first + 1, 0)
+    tile_end = jnp.cumsum(n_tiles)  # inclusive prefix sum: tiles of groups <= e
+    tile_start = tile_end - n_tiles
+    live = tile_end[-1]
+    idx = jnp.arange(t, dtype=jnp.int32)
+    last_live = jnp.maximum(live - 1, 0)
+    t_eff = jnp.minimum(idx, last_live)  # dead tiles repeat the last live one
+    group = jnp.minimum(jnp.searchsorted(tile_end, t_eff, side="right"), e - 1).astype(jnp.int32)
+    block = first[group] + t_eff - tile_start[group]
+    rows = jnp.arange(m, dtype=jnp.int32)
+    row_group = jnp.minimum(jnp.searchsorted(ends, rows, side="right"), e - 1)
+    row_tile = tile_start[row_group] + rows // tile_m - first[row_group]
+    out_row = jnp.where(rows < ends[-1], row_tile * tile_m + rows % tile_m, -1)
+    return TileMap(
+        group.astype(jnp.int32),
+        block.astype(jnp.int32),
+        (idx < live).astype(jnp.int32),
+        out_row.astype(jnp.int32),
+        tile_m,
+    )
+
+
+def gather_rows(out_tiles: jax.Array, tiles: TileMap, out_dtype) -> jax.Array:
+    """``y[m] = out_tiles[out_row[m]]`` ([T·tm, N] -> [M, N]); rows past Σ sizes are zero."""
+    rows = jnp.take(out_tiles, jnp.maximum(tiles.out_row_M, 0), axis=0)
+    return jnp.where(tiles.out_row_M[:, None] >= 0, rows, 0).astype(out_dtype)
+
+
+def gather_cols(out_tiles_t: jax.Array, tiles: TileMap, out_dtype) -> jax.Array:
+    """As ``gather_rows`` for transposed tile outputs ``[N, T·tm]`` (swap-AB kernels)."""
+    cols = jnp.take(out_tiles_t, jnp.maximum(tiles.out_row_M, 0), axis=1).T
+    return jnp.where(tiles.out_row_M[:, None] >= 0, cols, 0).astype(out_dtype)
