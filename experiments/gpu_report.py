@@ -63,10 +63,10 @@ def env_record() -> dict:
 
 
 def _row(what, case, measured, goal, on_gpu, unit="x"):
-    if measured is None:
-        status = "MISSING"
-    elif not on_gpu:
+    if not on_gpu:
         status = "n/a (not a GPU)"
+    elif measured is None:
+        status = "MISSING"
     else:
         status = "PASS" if measured >= goal else "FAIL"
     return dict(target=what, case=case, measured=measured, goal=goal, unit=unit, status=status)

@@ -142,9 +142,11 @@ else
   run_stage rollout 200 "$PY" experiments/bench_rollout.py "${QUICK[@]}" \
     --out "$STAGES/bench_rollout.json"
   # ---- HOOK: benchmarks being built in parallel (grouped MoE GEMM, paged engine) ----
+  hook_budget=45 # on a GPU; the CPU --quick modes of these benchmarks take ~2 minutes
+  ((${#QUICK[@]})) && hook_budget=150
   for hook in moe engine; do
     if [ -f "experiments/bench_$hook.py" ]; then
-      run_stage "$hook" 45 "$PY" "experiments/bench_$hook.py" "${QUICK[@]}" \
+      run_stage "$hook" "$hook_budget" "$PY" "experiments/bench_$hook.py" "${QUICK[@]}" \
         --out "$STAGES/bench_$hook.json"
     else
       record "$hook" skipped 0 0 "experiments/bench_$hook.py not in this tree"
