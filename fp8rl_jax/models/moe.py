@@ -141,14 +141,19 @@ def _ragged(x_RD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array) -> jax.
 
 
 def experts(p: dict, x_ND: jax.Array, d: Dispatch, kernels: KernelImpls = DEFAULT_KERNELS):
-    """SwiGLU of each sorted row with its expert: ``W_down (silu(x W_gate) ⊙ x W_up)`` [R, D]."""
+    """SwiGLU of each sorted row with its expert: ``W_down (silu(x W_gate) ⊙ x W_up)`` [R, D].
+
+    With FP8 weights ``x_ND`` may be a QArray already quantized per token in 1x128 groups.
+    """
     gs = d.group_sizes_E
     if not isinstance(p["w_gate"], QArray):
         xs = x_ND[d.token_R]
         h = jax.nn.silu(_ragged(xs, p["w_gate"], gs)) * _ragged(xs, p["w_up"], gs)
         return _ragged(h, p["w_down"], gs)
     w_g, w_u, w_d = p["w_gate"], p["w_up"], p["w_down"]
-    x_q = quantize_activations(x_ND, w_g.block_shape[1], w_g.values.dtype)
+    x_q = x_ND
+    if not isinstance(x_q, QArray):  # else quantized already (expert parallelism gathers FP8)
+        x_q = quantize_activations(x_ND, w_g.block_shape[1], w_g.values.dtype)
     xs_q = QArray(x_q.values[d.token_R], x_q.scales[d.token_R], x_q.block_shape, x_q.dtype)
 
     def gemm(x, w):
@@ -172,12 +177,18 @@ def moe_mlp(
     """Dropless top-k MoE SwiGLU block: (y [B, T, D], RouterStats).
 
     ``expert_ids_NK`` ([B·T, k], optional): route with these experts (routing replay, ``route``).
+    Under a mesh with ``expert`` > 1 the experts run sharded (``moe_parallel``).
     """
     B, T, D = x_BTD.shape
     x = x_BTD.reshape(B * T, D)
     top_w, top_i, probs = route(x, p["router"], cfg, expert_ids_NK)
-    d = dispatch(top_i, cfg.num_experts)
-    y = combine(experts(p, x, d, kernels), top_w, d)
+    from fp8rl_jax.models import moe_parallel  # it builds on this module's steps
+
+    if (mesh := moe_parallel.expert_mesh(cfg.num_experts)) is not None:
+        y = moe_parallel.expert_parallel_mlp(p, x, top_w, top_i, mesh, kernels)
+    else:
+        d = dispatch(top_i, cfg.num_experts)
+        y = combine(experts(p, x, d, kernels), top_w, d)
     return y.reshape(B, T, D), router_stats(top_i, probs, valid_BT.reshape(-1))
 
 
