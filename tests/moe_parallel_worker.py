@@ -93,6 +93,10 @@ def run(mesh_text: str) -> dict:
         x_d, r_d = jax.device_put(x, tok), jax.device_put(r, tok)
         y, g, yq = fwd(p_d, x_d), grads(p_d, x_d, r_d), fwd(pq_d, x_d)
         hlo_ep = fwd.lower(pq_d, x_d).compile().as_text()
+        # 6 tokens: split over data only (not 8-divisible), so each expert shard sees the same
+        # tokens and the outputs are psum'ed instead of reduce-scattered.
+        x6 = x[:2]
+        y6 = fwd(p_d, jax.device_put(x6, sh.batch_shardings(x6, mesh)))
 
         def gspmd_only(p, x):  # the layer's steps without moe_parallel: GSPMD partitions them
             x_ND = x.reshape(-1, x.shape[-1])
@@ -108,6 +112,7 @@ def run(mesh_text: str) -> dict:
         "max_y_diff": _diff(ref_y, y),
         "max_grad_diff": _diff(ref_g, g),
         "max_fp8_y_diff": _diff(ref_yq, yq),
+        "max_y_diff_unsplit": _diff(fwd(p, x6), y6),
         "fp8_y_scale": float(np.max(np.abs(np.asarray(ref_yq)))),
         "out_sharding": str(y.sharding.spec),
         "expert_shards": n,

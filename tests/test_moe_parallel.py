@@ -4,7 +4,8 @@ The worker (``tests/moe_parallel_worker.py``, a subprocess: the fake device coun
 jax is imported) runs one MoE layer on mesh data=2, expert=4 (E = 8: two experts per shard, 24
 tokens: 3 per device) and on one device: F32 training weights forward and gradients (w.r.t.
 every expert weight, the router and the input), FP8 rollout weights forward (the grouped FP8
-GEMM's XLA path). Everything is f32 apart from the FP8 operands, so the results differ only by
+GEMM's XLA path), and a forward of 6 tokens (split over data only: the psum variant).
+Everything is f32 apart from the FP8 operands, so the results differ only by
 summation order (a token's k expert rows are summed per shard, then across shards): we allow
 1e-5 relative to the largest value (observed: ~5e-7).
 """
@@ -38,6 +39,7 @@ def test_expert_parallel_forward_and_grads_match_single_device(report):
     assert r["max_y_diff"] <= TOL * (1 + r["y_scale"])
     assert r["max_grad_diff"] <= TOL * (1 + r["g_scale"])
     assert r["max_fp8_y_diff"] <= TOL * (1 + r["fp8_y_scale"])
+    assert r["max_y_diff_unsplit"] <= TOL * (1 + r["y_scale"])  # tokens not split over expert
     assert "expert" in r["out_sharding"]  # tokens come back split as they went in
 
 

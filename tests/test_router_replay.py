@@ -58,6 +58,7 @@ def test_route_replays_given_experts_with_renormalized_own_weights():
     np.testing.assert_allclose(w[2], own_w[2], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_rollout_records_the_experts_each_token_went_to():
     """F32 rollout vs a F32 forward over the sequences: same experts at every recorded token,
     and exactly the real prompt tokens and the response tokens but each row's last are recorded."""
@@ -99,6 +100,7 @@ def replay_run():
     return batches, metrics, states
 
 
+@pytest.mark.slow
 def test_replay_bf16_scoring_uses_the_fp8_rollouts_experts(replay_run):
     """The scoring pass (BF16, as rollout_step runs it) with replay routes every recorded token
     to exactly the experts the FP8 rollout chose; without replay it would not (here: counted)."""
@@ -122,6 +124,7 @@ def test_replay_bf16_scoring_uses_the_fp8_rollouts_experts(replay_run):
     print(f"token-layers routed differently without replay: {differ.mean():.3f}")
 
 
+@pytest.mark.slow
 def test_rl_step_trains_with_replay(replay_run):
     batches, metrics, states = replay_run
     for m in metrics:
@@ -132,6 +135,7 @@ def test_rl_step_trains_with_replay(replay_run):
     assert max(jax.tree.leaves(moved)) > 0
 
 
+@pytest.mark.slow
 def test_replay_is_a_noop_for_dense_models():
     rollout = dataclasses.replace(ROLLOUT, max_new_tokens=3)
     out = {}
