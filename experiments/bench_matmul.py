@@ -1,203 +1,186 @@
 """Benchmark blockwise FP8 ``fp8_matmul`` against BF16 ``jnp.dot`` in the same run.
 
-Method (docs/../shared/reference/performance_anchors.md §3): warm up until compiled, then time
->= 20 calls one by one (wall clock of the jitted call, ``block_until_ready``), report the median
-and p20/p80, TFLOP/s = 2MNK / t and the speedup vs BF16. On GPU the L2 is flushed (256 MB write)
-before each timed call. Data: x ~ N(0, 1) in BF16, w ~ N(0, 1) / sqrt(K) in BF16, quantized with
-real amax scales (1x128 activation groups, 128x128 weight blocks, E4M3).
+Rows per shape (M, N, K):
+  * ``bf16``: ``jnp.dot`` of BF16 x [M, K] and w [K, N], f32 accumulation, BF16 out (cuBLAS on
+    GPU): the baseline;
+  * ``fp8:<impl>``: the GEMM alone (x already a per-token FP8 QArray), for ``xla`` (the fallback
+    ``auto`` uses: FP8 GEMMs batched over K blocks for M <= 32, BF16 dequantize + BF16 GEMM
+    above; the exact reference on CPU) and the target's kernel (``pallas_mosaic_gpu`` on Hopper);
+  * ``fp8:<kernel>+quant``: from BF16 x, as the model calls it (activation quantization timed:
+    in-kernel for M > 64 on Hopper, by XLA before the swap-AB kernel below).
+Reported per row: median / p20 / p80 time per GEMM (CUPTI kernel time on GPU, else the wall
+clock; see ``bench_common``), TFLOP/s = 2MNK / t, GB/s over the operand bytes (x, w, y at their
+stored widths, scales included), the speedup over ``bf16``, and the relative Frobenius error of
+the output against the BF16 product (a sanity check: ~0.03-0.05 for E4M3; a broken kernel shows).
 
-Rows per shape: ``bf16`` (jnp.dot, f32 accumulation, BF16 out), ``<impl>`` (pre-quantized x: GEMM
-only) and ``<impl>+quant`` (raw BF16 x: includes activation quantization, the vLLM op definition;
-fused in-kernel for ``pallas_mosaic_gpu``), and on GPU ``te_fp8_tensor`` (Transformer Engine
-per-tensor current-scaling FP8 GEMM) when ``transformer_engine.jax`` imports. On CPU the FP8 path
-is the jnp reference (``xla``), an emulation that dequantizes: its "speedup" is not an FP8 result.
-On GPU ``xla`` is the XLA fast path (FP8 GEMMs batched over K blocks for M <= 32, BF16 dequantize
-+ BF16 GEMM above: ``kernels_pallas/fp8_matmul/xla.py``), the fallback ``auto`` uses.
+Data: x ~ N(0, 1) BF16; w ~ N(0, 1) / sqrt(K) BF16, quantized with real amax scales (1x128
+activation groups, 128x128 weight blocks, E4M3). Shapes on GPU: DeepSeek-V3 and Qwen3-8B linear
+layers at M in {4096, 16, 64, 8192} (issue 11's targets: >= 1.5x BF16 at M = 4096, >= 1.6x at
+M <= 64). On CPU (``--quick``: tiny shapes) FP8 is emulated (dequantize, f32 dot): the speedup
+says nothing about FP8; the run checks the code paths. ``--interpret`` adds the Hopper kernel in
+interpret mode (CPU, slow: correctness of the path only).
 
-Usage: ``python experiments/bench_matmul.py --quick`` (CPU, ~30 s); on a GPU without flags.
+Usage: ``python experiments/bench_matmul.py --quick`` (CPU, ~10 s); on a GPU without flags
+(~1.5 min on an H200: 64 compiled programs); ``--out PATH.json`` (a ``.md`` table beside it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
-import json
 import pathlib
-import subprocess
-import time
+import sys
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from kernels_pallas.fp8_matmul import default_impl, fp8_matmul
-from kernels_pallas.quantize import quantize_activations, quantize_weight
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
-DECODE_M = (1, 16, 64, 128)
-LARGE_M = 4096
-NK_GPU = ((7168, 16384), (24576, 7168), (2112, 7168), (4096, 7168))  # DeepSeek-V3 layers (N, K)
+from experiments import bench_common as bc  # noqa: E402
+from kernels_pallas.fp8_matmul import default_impl, fp8_matmul  # noqa: E402
+from kernels_pallas.quantize import quantize_activations, quantize_weight  # noqa: E402
+
+GPU_M = (4096, 16, 64, 8192)  # the targets' M first, so a cut run still has them
+GPU_LAYERS = (  # (model, layer, N, K)
+    ("DeepSeek-V3", "q_a+kv_a_proj", 2112, 7168),
+    ("DeepSeek-V3", "o_proj", 7168, 16384),
+    ("Qwen3-8B", "gate|up_proj", 12288, 4096),
+    ("Qwen3-8B", "down_proj", 4096, 12288),
+)
+CPU_M = (16, 128)
+CPU_LAYERS = (("tiny", "square", 256, 256), ("tiny", "wide", 512, 256))
 DISTRIBUTION = "x ~ N(0,1) bf16; w ~ N(0,1)/sqrt(K) bf16; E4M3, 1x128 / 128x128 amax scales"
+_H100 = jax.sharding.AbstractDevice(
+    device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132
+)
 
 
-def _shapes(platform: str, quick: bool) -> list[tuple[int, int, int]]:
-    if platform == "cpu":
-        ms, nks = (1, 16, 128), ((512, 512), (1024, 1024))
-        if not quick:
-            ms, nks = (1, 16, 64, 128, 512), nks + ((2048, 2048),)
-        return [(m, n, k) for n, k in nks for m in ms]
-    decode = [(m, n, k) for n, k in NK_GPU for m in DECODE_M]
-    return decode + [(LARGE_M, n, k) for n, k in NK_GPU]
-
-
-def _impls() -> list[str]:
-    impls = ["xla"]
-    if default_impl() != "xla":
-        impls.append(default_impl())
-    return impls
-
-
-def _time(fn, args, n_runs: int, flush) -> np.ndarray:
-    jax.block_until_ready(fn(*args))  # compile
-    jax.block_until_ready(fn(*args))  # warm
-    times = []
-    for _ in range(n_runs):
-        if flush is not None:
-            flush()
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return np.asarray(times)
-
-
-def _make_flush(platform: str):
-    if platform != "gpu":
-        return None
-    buf = jnp.zeros((64 * 2**20,), jnp.float32)  # 256 MB >= 2x the H100/H200 L2 (50 MB)
-    step = jax.jit(lambda b: b + 1.0, donate_argnums=0)
-
-    def flush():
-        nonlocal buf
-        buf = step(buf)
-        buf.block_until_ready()
-
-    return flush
-
-
-def _te_fn(n: int):
-    """Transformer Engine per-tensor FP8 (current scaling) dense, or None when unavailable."""
-    try:
-        import transformer_engine.jax as te
-        from transformer_engine.common.recipe import Float8CurrentScaling
-        from transformer_engine.jax.flax import DenseGeneral
-    except Exception as e:  # noqa: BLE001 - any import failure means "not available here"
-        return None, f"transformer_engine.jax unavailable: {type(e).__name__}: {e}"
-    autocast = getattr(te, "autocast", None) or te.fp8_autocast
-    layer = DenseGeneral(features=n, use_bias=False, dtype=jnp.bfloat16)
-
-    def run(params, x):
-        with autocast(enabled=True, recipe=Float8CurrentScaling()):
-            return layer.apply(params, x)
-
-    def init(x):
-        with autocast(enabled=True, recipe=Float8CurrentScaling()):
-            return layer.init(jax.random.key(0), x)
-
-    return (init, jax.jit(run)), None
-
-
-def bench_shape(m, n, k, impls, n_runs, flush, platform, te_ok):
-    kx, kw = jax.random.split(jax.random.key(m * 131 + n * 7 + k))
+@functools.partial(jax.jit, static_argnames=("m", "n", "k"))
+def _operands(key, *, m, n, k):
+    kx, kw = jax.random.split(key)
     x = jax.random.normal(kx, (m, k), jnp.bfloat16)
     w = (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
-    xq, wq = quantize_activations(x), quantize_weight(w)  # w [K, N] -> QArray [N, K]
-    bf16 = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype))
-    rows = [("bf16", _time(bf16, (x, w), n_runs, flush))]
+    return dict(x=x, w=w, xq=quantize_activations(x), wq=quantize_weight(w))  # wq: [N, K]
+
+
+def _bf16(s):
+    return jnp.dot(s["x"], s["w"], preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+
+
+def _fp8(s, *, impl, raw, interpret):
+    x = s["x"] if raw else s["xq"]
+    return fp8_matmul(x, s["wq"], out_dtype=jnp.bfloat16, impl=impl, interpret=interpret)
+
+
+def _nbytes(tree) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def _arms(impls: list[str], interpret: bool):
+    """(label, op over one operand set, the set's operands it reads)."""
+    arms = [("bf16", _bf16, ("x", "w"))]
     for impl in impls:
-        f = jax.jit(functools.partial(fp8_matmul, out_dtype=jnp.bfloat16, impl=impl))
-        label = f"{impl} (emulated)" if platform == "cpu" else impl
-        rows.append((label, _time(f, (xq, wq), n_runs, flush)))
-        rows.append((f"{label}+quant", _time(f, (x, wq), n_runs, flush)))
-    if te_ok is not None:
-        init, run = te_ok
-        params = init(x)
-        rows.append(("te_fp8_tensor", _time(run, (params, x), n_runs, flush)))
-    t_bf16 = np.median(rows[0][1])
-    out = []
-    for name, t in rows:
-        med = float(np.median(t))
-        out.append(
-            dict(
-                impl=name, m=m, n=n, k=k,
-                median_us=med * 1e6,
-                p20_us=float(np.percentile(t, 20)) * 1e6,
-                p80_us=float(np.percentile(t, 80)) * 1e6,
-                tflops=2 * m * n * k / med / 1e12,
-                speedup_vs_bf16=float(t_bf16 / med),
+        op = functools.partial(_fp8, impl=impl, raw=False, interpret=interpret)
+        arms.append((f"fp8:{impl}", op, ("xq", "wq")))
+    quant = functools.partial(_fp8, impl=impls[-1], raw=True, interpret=interpret)
+    arms.append((f"fp8:{impls[-1]}+quant", quant, ("x", "wq")))
+    return arms
+
+
+def _rel_err(y, ref) -> float:
+    y, ref = (jnp.asarray(a, jnp.float32) for a in (y, ref))
+    return float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+
+
+def bench_shape(model, layer, m, n, k, impls, runs, interpret) -> list[dict]:
+    """Every arm at one shape, timed over the same rotating operand sets."""
+    platform = jax.devices()[0].platform
+    set_bytes = 2 * (m * k + k * n)  # the BF16 operands of one set
+    reps = bc.rotations(set_bytes, platform)
+    sets = [_operands(jax.random.key(1000 * i + m + n + k), m=m, n=n, k=k) for i in range(reps)]
+    rows, ref = [], None
+    for label, op, reads in _arms(impls, interpret):
+        row = dict(model=model, layer=layer, m=m, n=n, k=k, impl=label)
+        try:
+            args = [{r: s[r] for r in reads} for s in sets]
+            fn = lambda ss, op=op: [op(s) for s in ss]
+            compiled, compile_s = bc.compile_fn(fn, args)
+            t = bc.time_compiled(compiled, (args,), runs=runs, reps=reps, compile_s=compile_s)
+            y = compiled(args)[0]
+            ref = y if label == "bf16" else ref
+            sec = float(np.median(t.best))
+            row |= t.summary() | dict(
+                tflops=2 * m * n * k / sec / 1e12,
+                gbps=(_nbytes(args[0]) + m * n * 2) / sec / 1e9,
+                rel_err_vs_bf16=None if ref is None else _rel_err(y, ref),
             )
-        )  # fmt: skip
-    return out
+        except Exception as e:  # noqa: BLE001 - one failed arm must not end the run
+            row["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+        rows.append(row)
+    base = rows[0].get("median_us")
+    for r in rows:
+        if base and r.get("median_us"):
+            r["speedup_vs_bf16"] = base / r["median_us"]
+    return rows
 
 
-def _jaxlib_version() -> str:
-    import jaxlib
+def markdown(meta: dict, rows: list[dict]) -> str:
+    head = ["M", "N", "K", "layer", "impl", "median us", "p20", "p80", "TFLOP/s", "GB/s",
+            "x bf16", "rel err", "timer"]  # fmt: skip
+    body = [
+        [r["m"], r["n"], r["k"], f"{r['model']} {r['layer']}", r["impl"], r.get("median_us"),
+         r.get("p20_us"), r.get("p80_us"), r.get("tflops"), r.get("gbps"),
+         r.get("speedup_vs_bf16"), r.get("rel_err_vs_bf16"), r.get("timer", r.get("error"))]
+        for r in rows
+    ]  # fmt: skip
+    title = f"## fp8_matmul vs BF16 jnp.dot ({meta['device_kind']}, jax {meta['jax']})\n\n"
+    return title + bc.md_table(head, body)
 
-    return getattr(jaxlib, "__version__", "unknown")
 
-
-def _git_sha() -> str:
-    try:
-        root = pathlib.Path(__file__).resolve().parents[1]
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=root, text=True).strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
-def main() -> None:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small shapes, fewer runs (CPU ~30 s)")
-    ap.add_argument("--runs", type=int, default=20, help="timed runs per row (>= 20)")
+    ap.add_argument("--quick", action="store_true", help="CPU: tiny shapes, 5 runs")
+    ap.add_argument("--runs", type=int, default=None, help="timed calls per arm (GPU 20, CPU 5)")
+    ap.add_argument("--ms", type=int, nargs="*", default=None, help="override the M values")
+    ap.add_argument("--impls", nargs="*", default=None, help="FP8 impls (default: xla + target)")
+    ap.add_argument("--interpret", action="store_true", help="add the Hopper kernel, interpreted")
     ap.add_argument("--out", default=None, help="JSON path (default results/bench_matmul_<dev>)")
-    args = ap.parse_args()
-    dev = jax.devices()[0]
-    platform = dev.platform
-    impls = _impls()
-    te_note = "not attempted off GPU"
-    flush = _make_flush(platform)
-    results = []
-    print(f"device={dev.device_kind} jax={jax.__version__} impls={impls}")
-    print(f"{'M':>5} {'N':>6} {'K':>6} {'impl':<28} {'median us':>10} {'p20':>9} {'p80':>9} "
-          f"{'TFLOP/s':>8} {'x bf16':>7}")  # fmt: skip
-    for m, n, k in _shapes(platform, args.quick):
-        te_pair = None
-        if platform == "gpu":
-            te_pair, te_note = _te_fn(n)
-        for r in bench_shape(m, n, k, impls, max(args.runs, 20), flush, platform, te_pair):
-            results.append(r)
-            print(f"{m:>5} {n:>6} {k:>6} {r['impl']:<28} {r['median_us']:>10.1f} "
-                  f"{r['p20_us']:>9.1f} {r['p80_us']:>9.1f} {r['tflops']:>8.3f} "
-                  f"{r['speedup_vs_bf16']:>7.2f}")  # fmt: skip
-    name = dev.device_kind.replace(" ", "_").lower() if platform != "cpu" else "cpu"
-    path = pathlib.Path(
-        args.out or pathlib.Path(__file__).parent / f"results/bench_matmul_{name}.json"
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(
-        git_sha=_git_sha(),
-        jax_version=jax.__version__,
-        jaxlib_version=_jaxlib_version(),
-        device_kind=dev.device_kind,
-        platform=platform,
-        n_devices=jax.device_count(),
-        distribution=DISTRIBUTION,
-        timing="wall clock of the jitted call; median, p20, p80 over runs after 2 warm-up calls",
-        l2_flush=flush is not None,
-        runs=max(args.runs, 20),
-        quick=args.quick,
-        transformer_engine=te_note,
-        shapes=[list(s) for s in _shapes(platform, args.quick)],
-    )
-    path.write_text(json.dumps(dict(meta=meta, results=results), indent=1))
-    print(f"wrote {path}")
+    args = ap.parse_args(argv)
+    on_gpu = jax.devices()[0].platform == "gpu"
+    layers, ms = (GPU_LAYERS, GPU_M) if on_gpu and not args.quick else (CPU_LAYERS, CPU_M)
+    if args.quick:
+        layers = layers[:1]
+    ms = tuple(args.ms) if args.ms else ms
+    impls = args.impls or list(dict.fromkeys(["xla", default_impl()]))
+    if args.interpret and "pallas_mosaic_gpu" not in impls:
+        impls.append("pallas_mosaic_gpu")
+    runs = args.runs or (20 if on_gpu else 5)
+    meta = bc.env_meta() | dict(
+        bench="matmul", quick=args.quick, runs=runs, impls=impls, interpret=args.interpret,
+        distribution=DISTRIBUTION, peaks=vars(bc.peaks(jax.devices()[0].device_kind)),
+        timing=bc.__doc__.split("\n\n")[1].replace("\n", " "),
+    )  # fmt: skip
+    out = args.out or bc.default_out("bench_matmul")
+    ctx = jax.sharding.use_abstract_mesh(
+        jax.sharding.AbstractMesh((), (), abstract_device=_H100)
+    ) if args.interpret else contextlib.nullcontext()  # fmt: skip
+    rows = []
+    print(f"device={meta['device_kind']} jax={meta['jax']} impls={impls} runs={runs}")
+    for m in ms:
+        for model, layer, n, k in layers:
+            with ctx:
+                new = bench_shape(model, layer, m, n, k, impls, runs, args.interpret)
+            rows += new
+            for r in new:
+                nan = float("nan")
+                us, tf, x = (r.get(f, nan) for f in ("median_us", "tflops", "speedup_vs_bf16"))
+                print(f"{m:>5} {n:>6} {k:>6} {r['impl']:<32} {us:>10.1f} us {tf:>8.2f} TF/s "
+                      f"x{x:.2f} {r.get('error', '')}")  # fmt: skip
+            bc.write_results(out, meta, rows, markdown(meta, rows))
+    print(f"wrote {out}")
+    return dict(meta=meta, rows=rows)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,8 @@ def _reason(case, result, status: str) -> str:
         )
     if status == "smem":
         return f"SMEM {result.max_smem_bytes} B > {aot.H100_SMEM_BYTES} B"
+    if status == "no-report":
+        return "Mosaic GPU kernels compiled but no ptxas report was dumped (registers unverified)"
     return ""
 
 

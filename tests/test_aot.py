@@ -7,6 +7,7 @@ yields well-formed cases. The compiles themselves run in ``scripts/aot_check.py`
 
 import importlib.util
 import os
+import types
 
 import jax
 import pytest
@@ -66,6 +67,36 @@ def test_read_dumps_pairs_ptxas_with_resources(tmp_path):
     assert aot.parse_resources("no such field") == 0
 
 
+def test_read_dumps_pairs_by_order_and_reuses_reports_of_cached_kernels(tmp_path):
+    # Mosaic GPU numbers MLIR dumps and PTX dumps with separate counters, and a kernel compiled
+    # before in the process yields MLIR dumps but no ptxas: compile 1 lowers kernels A and B
+    # (both new), compile 2 lowers A again (cached) and C (new; its ptxas is numbered 2).
+    first, second = PTXAS.split("ptxas info    : Compiling entry function 'decode")
+    second = "ptxas info    : Compiling entry function 'decode" + second
+    res = RESOURCES.replace("131072", "@")
+
+    def lowered(d, i, body, smem):
+        (d / f"k_{i}.before_layout_inference.txt").write_text(f"module @k_{i} {{ {body} }}")
+        (d / f"k_{i}.resources.txt").write_text(res.replace("@", str(smem)))
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    lowered(one, 0, "kernel A", 1024)
+    lowered(one, 1, "kernel B", 2048)
+    (one / "k_0.ptxas").write_text(first)
+    (one / "k_1.ptxas").write_text(second)
+    a, b = aot.read_dumps(str(one))
+    assert (a.registers, a.dynamic_smem_bytes, b.registers, b.dynamic_smem_bytes) == (
+        135, 1024, 255, 2048,
+    )  # fmt: skip
+    lowered(two, 2, "kernel A", 1024)
+    lowered(two, 3, "kernel C", 4096)
+    (two / "k_2.ptxas").write_text(second)  # C's ptxas carries the PTX counter, 2
+    a2, c = aot.read_dumps(str(two))
+    assert a2 == a  # the cached kernel: its first compile's report
+    assert (c.registers, c.dynamic_smem_bytes) == (255, 4096)
+
+
 def test_count_kernels_in_hlo_and_stablehlo():
     hlo = (
         '%a = f32[8]{0} custom-call(%x), custom_call_target="mosaic_gpu_v2", api_version=4\n'
@@ -99,6 +130,10 @@ def test_one_line_and_status_rules():
     assert aot.status_of(case, aot.CompileResult("h100", None, [spill], 1), None) == "spill"
     assert aot.status_of(case, aot.CompileResult("h100", None, [], 0), None) == "no-kernel"
     assert aot.status_of(xla_case, aot.CompileResult("h100", None, [], 0), None) == "ok"
+    compiled = types.SimpleNamespace(as_text=lambda: "")  # a compile, not the quick export
+    unseen = aot.CompileResult("h100", compiled, [], 1)
+    assert aot.status_of(case, unseen, None) == "no-report"  # registers nobody has seen
+    assert aot.status_of(case, aot.CompileResult("h100", None, [], 1), None) == "ok"  # export
 
 
 def test_every_aot_cases_module_yields_well_formed_cases():

@@ -34,7 +34,10 @@ class RolloutConfig:
     kv_calib_percentile: float = 99.9  # percentile over micro-batch amax (NeMo-RL)
     kv_calib_margin: float = 1.05  # headroom multiplier on the amax
     matmul_impl: Impl = "auto"  # W8A8 linear layers: auto | xla | pallas_mosaic_gpu | pallas_tpu
-    decode_attention_impl: Impl | None = None  # None: the model's jnp attention; else the kernel op
+    # decode steps: the length-aware kernel op (auto: Mosaic GPU / TPU kernel where its support
+    # check passes, else its XLA path, which reads only the live slots too); None: the model's
+    # jnp attention over the whole cache (with a mask)
+    decode_attention_impl: Impl | None = "auto"
     grouped_matmul_impl: Impl = "auto"  # FP8 MoE experts (grouped_fp8_matmul): same choices
     engine: Engine = "static"  # static = prefill + while_loop decode over a dense cache
 

@@ -33,6 +33,7 @@ from fp8rl_jax.fields import batched
 from fp8rl_jax.generation.kv_scales import KVScales
 from fp8rl_jax.generation.sampling import SamplingConfig, sample
 from fp8rl_jax.models import ModelConfig, QKVAmax, extend_cache, forward, init_cache
+from fp8rl_jax.models.moe import REPLAY_NONE
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -60,6 +61,10 @@ class Rollout:
     prompt_lens_B: jax.Array = batched()  # int32
     qkv_amax: QKVAmax  # per-layer Q/K/V amax over the prompts (prefill), for step-0 calibration
     prompt_len: int = dataclasses.field(metadata=dict(static=True))  # P (padded)
+    # MoE routing replay (record_expert_ids): int16 [B, T, L_moe, k], the experts each token of
+    # tokens_BT went to in each MoE layer when the rollout ran it: the real prompt tokens
+    # (prefill) and every response token but the last (never fed back); REPLAY_NONE elsewhere.
+    expert_ids_BTLK: jax.Array | None = batched(default=None)
 
 
 @jax.tree_util.register_dataclass
@@ -75,6 +80,7 @@ class DecodeState:
     out_BA: jax.Array  # int32 response tokens, one per response slot
     logp_BA: jax.Array  # f32 their log-probs
     cache: object  # models.KVCache
+    ids_BALK: jax.Array | None = None  # int16 experts of each response slot's token (recording)
 
 
 def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
@@ -119,7 +125,7 @@ def _cache_len(n: int, kernels: KernelImpls) -> int:
     return n if kernels.decode_attention is None else -(-n // CACHE_ALIGN) * CACHE_ALIGN
 
 
-def _prefill(weights, prompts: Prompts, cfg, cache, kernels: KernelImpls):
+def _prefill(weights, prompts: Prompts, cfg, cache, kernels: KernelImpls, record: bool):
     b, p = prompts.tokens_BP.shape
     pad_B = p - prompts.lens_B
     t = jnp.arange(p, dtype=jnp.int32)[None]
@@ -135,8 +141,43 @@ def _prefill(weights, prompts: Prompts, cfg, cache, kernels: KernelImpls):
         return_qkv_amax=True,
         last_logits_only=True,  # prompts are left-padded: the last position predicts token 0
         kernels=kernels,
+        return_expert_ids=record,
     )
-    return out.logits_BTV[:, -1], out.cache, out.qkv_amax
+    ids = out.expert_ids_BTLK
+    if ids is not None:  # the left pads were routed too, but are no tokens of the sequence
+        ids = jnp.where(real_BP[:, :, None, None], ids, jnp.int16(REPLAY_NONE))
+    return out.logits_BTV[:, -1], out.cache, out.qkv_amax, ids
+
+
+def _record_expert_ids(state: DecodeState, ids_BLK, max_new) -> DecodeState:
+    """Stores the experts of the token a decode step just ran (response slot ``n_B - 1``)."""
+    if state.ids_BALK is None:
+        return state
+    rows = jnp.arange(ids_BLK.shape[0])
+    idx = jnp.where(state.done_B, max_new, state.n_B - 1)  # done rows: dropped
+    return dataclasses.replace(
+        state, ids_BALK=state.ids_BALK.at[rows, idx].set(ids_BLK, mode="drop")
+    )
+
+
+def _initial_state(prompts: Prompts, cache, max_new: int, prompt_ids_BPLK) -> DecodeState:
+    """The decode carry after the prefill (nothing sampled yet)."""
+    b = prompts.tokens_BP.shape[0]
+    ids_BALK = None
+    if prompt_ids_BPLK is not None:
+        shape = (b, max_new, *prompt_ids_BPLK.shape[2:])
+        ids_BALK = jnp.full(shape, REPLAY_NONE, jnp.int16)
+    return DecodeState(
+        step=jnp.zeros((), jnp.int32),
+        last_B=jnp.zeros((b,), jnp.int32),
+        pos_B=prompts.lens_B - 1,
+        n_B=jnp.zeros((b,), jnp.int32),
+        done_B=jnp.zeros((b,), bool),
+        out_BA=jnp.zeros((b, max_new), jnp.int32),
+        logp_BA=jnp.zeros((b, max_new), jnp.float32),
+        cache=cache,
+        ids_BALK=ids_BALK,
+    )
 
 
 def _record(state: DecodeState, tok_B, logp_B, stop_ids, max_new) -> DecodeState:
@@ -158,29 +199,23 @@ def _record(state: DecodeState, tok_B, logp_B, stop_ids, max_new) -> DecodeState
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "cfg", "sampling", "cache_dtype", "mode", "max_new_tokens", "stop_ids", "kernels"
+        "cfg", "sampling", "cache_dtype", "mode", "max_new_tokens", "stop_ids", "kernels",
+        "record_expert_ids",
     ),
 )  # fmt: skip
 def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_dtype, mode,
-              max_new_tokens, stop_ids, kernels):  # fmt: skip
+              max_new_tokens, stop_ids, kernels, record_expert_ids):  # fmt: skip
     b, p = prompts.tokens_BP.shape
     # The prefill fills a prompt-sized cache (its attention spans P slots, not P + N); the
     # decode loop then gets the response slots.
     cache = init_cache(
         cfg, b, p, dtype=cache_dtype, mode=mode, k_scale=k_scale, v_scale=v_scale
     )  # fmt: skip
-    logits_BV, cache, amax = _prefill(weights, prompts, cfg, cache, kernels)
-    cache = extend_cache(cache, _cache_len(p + max_new_tokens, kernels))
-    state = DecodeState(
-        step=jnp.zeros((), jnp.int32),
-        last_B=jnp.zeros((b,), jnp.int32),
-        pos_B=prompts.lens_B - 1,
-        n_B=jnp.zeros((b,), jnp.int32),
-        done_B=jnp.zeros((b,), bool),
-        out_BA=jnp.zeros((b, max_new_tokens), jnp.int32),
-        logp_BA=jnp.zeros((b, max_new_tokens), jnp.float32),
-        cache=cache,
+    logits_BV, cache, amax, prompt_ids = _prefill(
+        weights, prompts, cfg, cache, kernels, record_expert_ids
     )
+    cache = extend_cache(cache, _cache_len(p + max_new_tokens, kernels))
+    state = _initial_state(prompts, cache, max_new_tokens, prompt_ids)
     tok, logp = sample(jax.random.fold_in(rng, 0), logits_BV, sampling)
     state = _record(state, tok, logp, stop_ids, max_new_tokens)
 
@@ -197,7 +232,10 @@ def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_d
             segment_ids_BT=(~s.done_B)[:, None].astype(jnp.int32),
             cache=s.cache,
             kernels=kernels,
+            return_expert_ids=s.ids_BALK is not None,
         )
+        if out.expert_ids_BTLK is not None:
+            s = _record_expert_ids(s, out.expert_ids_BTLK[:, 0], max_new_tokens)
         step = s.step + 1
         tok, logp = sample(jax.random.fold_in(rng, step), out.logits_BTV[:, 0], sampling)
         s = dataclasses.replace(s, step=step, pos_B=pos_B, cache=out.cache)
@@ -205,6 +243,7 @@ def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_d
 
     state = jax.lax.while_loop(cond, body, state)
     resp_BA = jnp.arange(max_new_tokens)[None] < state.n_B[:, None]
+    ids_BALK = state.ids_BALK
     return Rollout(
         tokens_BT=jnp.concatenate([prompts.tokens_BP, jnp.where(resp_BA, state.out_BA, 0)], 1),
         response_mask_BT=jnp.concatenate([jnp.zeros((b, p), bool), resp_BA], 1),
@@ -213,6 +252,7 @@ def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_d
         prompt_lens_B=prompts.lens_B,
         qkv_amax=amax,
         prompt_len=p,
+        expert_ids_BTLK=None if prompt_ids is None else jnp.concatenate([prompt_ids, ids_BALK], 1),
     )
 
 
@@ -229,6 +269,7 @@ def generate(
     max_new_tokens: int,
     stop_token_ids: Sequence[int] = (),
     kernels: KernelImpls = DEFAULT_KERNELS,
+    record_expert_ids: bool = False,
 ) -> Rollout:
     """Samples up to ``max_new_tokens`` per prompt; one compiled program per padded shape.
 
@@ -240,7 +281,9 @@ def generate(
     ``stop_token_ids`` (kept in the response) or at the budget; the loop exits when all rows stop.
     ``kernels``: the implementation of each kernel op (the W8A8 matmul; decode attention, where
     None runs the model's jnp attention and "auto" | "xla" | "pallas_*" route the one-token steps
-    through ``kernels_pallas.decode_attention``).
+    through ``kernels_pallas.decode_attention``). ``record_expert_ids``: return the experts each
+    token went to in each MoE layer (``Rollout.expert_ids_BTLK``, for routing replay; None for a
+    dense model).
     """
     if not isinstance(prompts, Prompts):
         prompts = Prompts(*(jnp.asarray(x, jnp.int32) for x in prompts))
@@ -256,4 +299,5 @@ def generate(
     return _generate(
         weights, prompts, rng, k_scale, v_scale, cfg=cfg, sampling=sampling, cache_dtype=dtype,
         mode=mode, max_new_tokens=int(max_new_tokens), stop_ids=stop_ids, kernels=kernels,
+        record_expert_ids=bool(record_expert_ids),
     )  # fmt: skip

@@ -6,8 +6,9 @@ optionally pinned to a rollout layout, then handed to the engine ``cfg.engine`` 
 calls it with greedy sampling, so its precision cannot drift from the rollout's.
 
 An engine is ``engine(weights, prompts, model_cfg, cfg, sampling, rng, kv_scales) -> (Rollout,
-metrics)``; ``ENGINE_FNS`` maps ``RolloutConfig.engine`` to it, so adding an engine (issue 14's
-paged engine) is one entry here and one name in ``config.ENGINES``.
+metrics)``, also taking ``record_expert_ids=True`` if it supports MoE routing replay (it is
+passed only when asked for); ``ENGINE_FNS`` maps ``RolloutConfig.engine`` to it, so adding an
+engine (issue 14's paged engine) is one entry here and one name in ``config.ENGINES``.
 
 KV-scale calibration (§4.5) lives here too: step 0 from a high-precision pass over the prompts
 (``calibrate_initial_kv_scales``), every later step from the scoring pass's Q/K/V amax
@@ -54,7 +55,7 @@ def rollout_weights(
     return (weights if pin is None else pin(weights)), stats
 
 
-def _static_engine(weights, prompts, model_cfg, cfg: RolloutConfig, sampling, rng, kv_scales):
+def _static_engine(weights, prompts, model_cfg, cfg: RolloutConfig, sampling, rng, kv_scales, **kw):
     """Prefill + ``while_loop`` decode over a dense per-row KV cache (``generate``)."""
     ro = generate(
         weights,
@@ -68,6 +69,7 @@ def _static_engine(weights, prompts, model_cfg, cfg: RolloutConfig, sampling, rn
         max_new_tokens=cfg.max_new_tokens,
         stop_token_ids=cfg.stop_token_ids,
         kernels=cfg.kernels,
+        **kw,
     )
     return ro, {}
 
@@ -85,6 +87,7 @@ def rollout(
     *,
     sampling: SamplingConfig | None = None,
     pin: PinParams | None = None,
+    record_expert_ids: bool = False,
 ) -> tuple[Rollout, dict]:
     """Generates with the rollout policy of ``params``; returns the rollout and its metrics.
 
@@ -92,9 +95,11 @@ def rollout(
     FP8 KV scales (used only when ``cfg.static_kv_scales``). ``sampling`` overrides
     ``cfg.sampling`` (evaluation: greedy). Metrics (device scalars): ``response_len_mean``,
     ``quant_nonfinite`` (NaN/Inf weights met by the quantizer), and the engine's own.
+    ``record_expert_ids``: the rollout records each token's MoE experts (routing replay).
     """
     weights, qstats = rollout_weights(params, cfg, pin)
     engine = ENGINE_FNS[cfg.engine]
+    kw = {"record_expert_ids": True} if record_expert_ids else {}
     ro, engine_metrics = engine(
         weights,
         prompts,
@@ -103,6 +108,7 @@ def rollout(
         cfg.sampling if sampling is None else sampling,
         rng,
         kv_scales,
+        **kw,
     )
     metrics = {
         "response_len_mean": jnp.mean(ro.response_lens_B.astype(jnp.float32)),

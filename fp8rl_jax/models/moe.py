@@ -40,15 +40,19 @@ from kernels_pallas.grouped_fp8_matmul import grouped_fp8_matmul
 from kernels_pallas.qarray import QArray, dequantize, dequantize_weight
 from kernels_pallas.quantize import quantize_activations
 
+REPLAY_NONE = -1  # a recorded expert id meaning "not recorded: route this token yourself"
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RouterStats:
-    """Per-layer sums for the load-balancing loss (HF ``load_balancing_loss_func``)."""
+    """What one layer's router did: the sums of the load-balancing loss (HF
+    ``load_balancing_loss_func``) and the experts each token went to (routing replay)."""
 
     counts_E: jax.Array  # Σ over valid tokens of top-k assignments to each expert
     probs_E: jax.Array  # Σ over valid tokens of the router probability of each expert
     rows: jax.Array  # number of valid tokens
+    expert_ids_NK: jax.Array | None = None  # int32 experts of each token (all tokens, pads too)
 
 
 @jax.tree_util.register_dataclass
@@ -66,7 +70,8 @@ def route(x_ND: jax.Array, router_DE: jax.Array, cfg: ModelConfig, expert_ids_NK
 
     ``p = softmax(x W_r)``; ``w_{n,j} = p_{n,i_j}`` over the top-k experts ``i_j`` (or over the
     given ``expert_ids_NK``: routing replay), renormalized ``w / Σ_j w`` when
-    ``cfg.norm_topk_prob`` (Qwen3-MoE).
+    ``cfg.norm_topk_prob`` (Qwen3-MoE). A token whose given ids are negative (``REPLAY_NONE``:
+    padding, or a token the rollout never ran through the model) takes its own top-k.
     """
     if isinstance(router_DE, QArray):
         raise TypeError(
@@ -79,10 +84,10 @@ def route(x_ND: jax.Array, router_DE: jax.Array, cfg: ModelConfig, expert_ids_NK
         precision=jax.lax.Precision.HIGHEST,
     )
     probs = jax.nn.softmax(logits, axis=-1)
-    if expert_ids_NK is None:
-        top_w, top_i = jax.lax.top_k(probs, cfg.num_experts_per_tok)
-    else:
-        top_i = expert_ids_NK.astype(jnp.int32)
+    top_w, top_i = jax.lax.top_k(probs, cfg.num_experts_per_tok)
+    if expert_ids_NK is not None:
+        replay_N1 = expert_ids_NK[:, :1] >= 0
+        top_i = jnp.where(replay_N1, expert_ids_NK.astype(jnp.int32), top_i)
         top_w = jnp.take_along_axis(probs, top_i, axis=-1)
     if cfg.norm_topk_prob:
         top_w = top_w / jnp.sum(top_w, axis=-1, keepdims=True)
@@ -93,7 +98,7 @@ def router_stats(top_i_NK, probs_NE, valid_N) -> RouterStats:
     E = probs_NE.shape[-1]
     w = valid_N.astype(jnp.float32)
     counts = jnp.sum(jax.nn.one_hot(top_i_NK, E, dtype=jnp.float32) * w[:, None, None], axis=(0, 1))
-    return RouterStats(counts, jnp.sum(probs_NE * w[:, None], axis=0), jnp.sum(w))
+    return RouterStats(counts, jnp.sum(probs_NE * w[:, None], axis=0), jnp.sum(w), top_i_NK)
 
 
 def load_balancing_loss(stats: list[RouterStats], num_experts: int) -> jax.Array:
@@ -141,14 +146,19 @@ def _ragged(x_RD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array) -> jax.
 
 
 def experts(p: dict, x_ND: jax.Array, d: Dispatch, kernels: KernelImpls = DEFAULT_KERNELS):
-    """SwiGLU of each sorted row with its expert: ``W_down (silu(x W_gate) ⊙ x W_up)`` [R, D]."""
+    """SwiGLU of each sorted row with its expert: ``W_down (silu(x W_gate) ⊙ x W_up)`` [R, D].
+
+    With FP8 weights ``x_ND`` may be a QArray already quantized per token in 1x128 groups.
+    """
     gs = d.group_sizes_E
     if not isinstance(p["w_gate"], QArray):
         xs = x_ND[d.token_R]
         h = jax.nn.silu(_ragged(xs, p["w_gate"], gs)) * _ragged(xs, p["w_up"], gs)
         return _ragged(h, p["w_down"], gs)
     w_g, w_u, w_d = p["w_gate"], p["w_up"], p["w_down"]
-    x_q = quantize_activations(x_ND, w_g.block_shape[1], w_g.values.dtype)
+    x_q = x_ND
+    if not isinstance(x_q, QArray):  # else quantized already (expert parallelism gathers FP8)
+        x_q = quantize_activations(x_ND, w_g.block_shape[1], w_g.values.dtype)
     xs_q = QArray(x_q.values[d.token_R], x_q.scales[d.token_R], x_q.block_shape, x_q.dtype)
 
     def gemm(x, w):
@@ -172,12 +182,18 @@ def moe_mlp(
     """Dropless top-k MoE SwiGLU block: (y [B, T, D], RouterStats).
 
     ``expert_ids_NK`` ([B·T, k], optional): route with these experts (routing replay, ``route``).
+    Under a mesh with ``expert`` > 1 the experts run sharded (``moe_parallel``).
     """
     B, T, D = x_BTD.shape
     x = x_BTD.reshape(B * T, D)
     top_w, top_i, probs = route(x, p["router"], cfg, expert_ids_NK)
-    d = dispatch(top_i, cfg.num_experts)
-    y = combine(experts(p, x, d, kernels), top_w, d)
+    from fp8rl_jax.models import moe_parallel  # it builds on this module's steps
+
+    if (mesh := moe_parallel.expert_mesh(cfg.num_experts)) is not None:
+        y = moe_parallel.expert_parallel_mlp(p, x, top_w, top_i, mesh, kernels)
+    else:
+        d = dispatch(top_i, cfg.num_experts)
+        y = combine(experts(p, x, d, kernels), top_w, d)
     return y.reshape(B, T, D), router_stats(top_i, probs, valid_BT.reshape(-1))
 
 

@@ -44,6 +44,8 @@ class ForwardOut:
     qkv_amax: QKVAmax | None = None  # when return_qkv_amax=True
     aux_loss: jax.Array | None = None  # MoE load-balancing loss (unscaled), 0 for dense models
     hidden_BTD: jax.Array | None = None  # final-norm hidden states, when return_hidden=True
+    # int16 [B, T, L_moe, k]: each token's experts per MoE layer, when return_expert_ids=True
+    expert_ids_BTLK: jax.Array | None = None
 
 
 def _lm_head(weights: dict, h_BTD: jax.Array, cfg: ModelConfig) -> jax.Array:
@@ -87,6 +89,14 @@ def _attention_layer(p, h_BTD, layer, ctx):
     return o, amax, writes
 
 
+def _stack_expert_ids(router: list, shape_BT) -> jax.Array | None:
+    """The MoE layers' experts per token, int16 [B, T, L_moe, k] (None without MoE layers)."""
+    if not router:
+        return None
+    ids = jnp.stack([r.expert_ids_NK for r in router], axis=1)  # [B·T, L_moe, k]
+    return ids.reshape(*shape_BT, *ids.shape[1:]).astype(jnp.int16)
+
+
 def _context(weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, want_amax, kernels):
     B, T = tokens_BT.shape
     seg = jnp.ones((B, T), jnp.int32) if segment_ids_BT is None else segment_ids_BT
@@ -125,6 +135,8 @@ def forward(
     return_hidden: bool = False,
     last_logits_only: bool = False,
     kernels: KernelImpls = DEFAULT_KERNELS,
+    expert_ids_BTLK: jax.Array | None = None,
+    return_expert_ids: bool = False,
 ) -> ForwardOut:
     """Causal LM forward; returns a ``ForwardOut`` (logits f32, cache, Q/K/V amax, aux loss).
 
@@ -138,6 +150,10 @@ def forward(
     (None: the jnp ``attention``) for one-token steps over a cache, through
     ``kernels_pallas.decode_attention``. ``last_logits_only``: logits of the last position only
     ([B, 1, V]; a prefill needs no more, and [B, T, V] f32 logits of a long prompt batch are GBs).
+    MoE routing replay: ``expert_ids_BTLK`` ([B, T, L_moe, k], the MoE layers in order) routes
+    each token with the given experts (``moe.route``; ``moe.REPLAY_NONE`` entries route as
+    usual); ``return_expert_ids`` returns the experts every MoE layer used (int16, same layout;
+    None for a dense model). Both are ignored by dense models.
     """
     ctx = _context(
         weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, return_qkv_amax, kernels
@@ -152,7 +168,10 @@ def forward(
         writes.append(w)
         h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
         if cfg.is_moe_layer(i):
-            y, stats = moe_mlp(p["mlp"], h, ctx["valid_BT"], cfg, kernels)
+            ids = None
+            if expert_ids_BTLK is not None:
+                ids = expert_ids_BTLK[:, :, len(router)].reshape(-1, cfg.num_experts_per_tok)
+            y, stats = moe_mlp(p["mlp"], h, ctx["valid_BT"], cfg, kernels, expert_ids_NK=ids)
             router.append(stats)
         else:
             y = swiglu_mlp(p["mlp"], h, impl=kernels.matmul)
@@ -167,10 +186,12 @@ def forward(
     stats = None
     if return_qkv_amax:
         stats = QKVAmax(*(jnp.stack(a) for a in zip(*amaxes, strict=True)))
+    ids_BTLK = _stack_expert_ids(router, tokens_BT.shape) if return_expert_ids else None
     return ForwardOut(
         logits_BTV=_lm_head(weights, h[:, -1:] if last_logits_only else h, cfg),
         cache=new_cache,
         qkv_amax=stats,
         aux_loss=load_balancing_loss(router, cfg.num_experts),
         hidden_BTD=h if return_hidden else None,
+        expert_ids_BTLK=ids_BTLK,
     )

@@ -20,6 +20,7 @@ from fp8rl_jax.rl.value import init_value_head
 
 Advantage = Literal["grpo", "drgrpo", "rloo", "gae"]
 ADVANTAGES = typing.get_args(Advantage)
+RouterReplay = Literal["none", "replay"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,9 @@ class RLConfig:
     lam: float = 1.0  # GAE λ (1: Monte-Carlo returns minus the value baseline)
     whiten_advantages: bool = True  # GAE: whiten advantages over the batch's response tokens
     kl_in_reward: float = 0.0  # β of the per-token reward penalty −β·KL(π_old‖π_ref); 0: off
+    # MoE rollout routing replay (R3, arXiv 2510.11370): "replay" records the rollout's experts
+    # per token and layer; the scoring pass and the loss forward route with them. No-op if dense.
+    router_replay: RouterReplay = "none"
     dapo: DAPOConfig = DAPOConfig()  # DAPO dynamic sampling, overlong shaping and filtering
 
     def __post_init__(self):
@@ -111,6 +115,8 @@ class RolloutBatch:
     metrics: dict  # rollout-correction and generation metrics (device scalars)
     logp_ref_BT: jax.Array | None = batched(default=None)  # reference log-probs (uses_ref)
     values_BT: jax.Array | None = batched(default=None)  # old values V_t (advantage="gae")
+    # int16 [B, T, L_moe, k] the rollout's experts (router_replay="replay", MoE models)
+    expert_ids_BTLK: jax.Array | None = batched(default=None)
 
 
 @jax.tree_util.register_dataclass

@@ -53,7 +53,11 @@ def rollout_step(
     params = cast_floats(state.params, cfg.compute_dtype)
     # Stream 0 of step t samples the rollout; stream 1 shuffles the minibatches.
     rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 0)
-    ro, ro_metrics = rollout(params, prompts, cfg.model, cfg.rollout, rng, state.kv_scales, pin=pin)
+    replay = cfg.rl.router_replay == "replay" and cfg.model.num_experts > 0
+    ro, ro_metrics = rollout(
+        params, prompts, cfg.model, cfg.rollout, rng, state.kv_scales, pin=pin,
+        record_expert_ids=replay,
+    )  # fmt: skip
     segment_ids_BT = rollout_segment_ids(ro)
     positions_BT = jnp.maximum(jnp.cumsum(segment_ids_BT, axis=1) - 1, 0)
     mask_BT = ro.response_mask_BT.astype(jnp.float32)
@@ -66,7 +70,12 @@ def rollout_step(
 
     # The scoring pass runs in bypass mode too: it gives the Q/K/V amax and lets the metrics
     # still measure the mismatch; bypass only changes which log-probs act as pi_old.
-    logp_hp_BT, out = score(params, with_amax=True, with_hidden=cfg.rl.uses_value)
+    logp_hp_BT, out = score(
+        params,
+        with_amax=True,
+        with_hidden=cfg.rl.uses_value,
+        expert_ids_BTLK=ro.expert_ids_BTLK,  # None unless replaying
+    )
     logp_old_BT = ro.logp_BT if cfg.rl.correction.bypass else logp_hp_BT
     logp_ref_BT = values_BT = None
     if cfg.rl.uses_ref:  # the one extra forward: the frozen reference policy
@@ -88,6 +97,7 @@ def rollout_step(
         metrics=metrics,
         logp_ref_BT=logp_ref_BT,
         values_BT=values_BT,
+        expert_ids_BTLK=ro.expert_ids_BTLK,
     )
 
 

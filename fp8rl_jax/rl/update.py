@@ -46,6 +46,7 @@ class MiniBatch(NamedTuple):
     logp_ref_BT: jax.Array | None = None  # KL loss term
     old_values_BT: jax.Array | None = None  # value clipping (GAE)
     returns_BT: jax.Array | None = None  # value targets (GAE)
+    expert_ids_BTLK: jax.Array | None = None  # the rollout's MoE experts (routing replay)
 
 
 class Targets(NamedTuple):
@@ -139,6 +140,7 @@ def loss_fn(trainable: Trainable, mb: MiniBatch, cfg: StepConfig) -> tuple[jax.A
         cfg.model,
         cfg.rollout.sampling,
         with_hidden=trainable.value_head is not None,
+        expert_ids_BTLK=mb.expert_ids_BTLK,
     )
     loss, metrics = policy_loss(
         logp_BT,
@@ -216,6 +218,7 @@ def minibatches(batch: RolloutBatch, targets: Targets, rl_cfg: RLConfig, rng) ->
         logp_ref_BT=batch.logp_ref_BT if rl_cfg.loss.kl_coef > 0.0 else None,
         old_values_BT=batch.values_BT,
         returns_BT=targets.returns_BT,
+        expert_ids_BTLK=batch.expert_ids_BTLK,
     )
     n, B = rl_cfg.num_minibatches, batch.tokens_BT.shape[0]
 

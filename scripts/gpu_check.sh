@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# One short check of the kernels and the rollout on a lent Hopper GPU (H100/H200), issue 11 item 5.
+#
+#   bash scripts/gpu_check.sh            # on the GPU machine (< 8 minutes on one H200)
+#   bash scripts/gpu_check.sh --quick    # anywhere: every stage in its tiny CPU mode
+#
+# Stages, in order, each under its own time budget (clipped to what is left of the global one;
+# a failed or timed-out stage is recorded and the next one runs):
+#   env      nvidia-smi, jax/jaxlib/plugin versions, device kind, git sha  -> env.json
+#   pytest   pytest -m gpu over the test files that hold gpu-marked tests: every kernel against its
+#            reference natively on the device, at real shapes (tests/test_kernels_gpu.py)
+#   matmul   experiments/bench_matmul.py: fp8_matmul (Pallas kernel and XLA fallback) vs BF16
+#            jnp.dot, DeepSeek-V3 / Qwen3-8B layers, M in {4096, 16, 64, 8192}
+#   decode   experiments/bench_decode.py: decode attention GB/s vs the HBM peak, FP8 and BF16 caches
+#   rollout  experiments/bench_rollout.py: tokens/s BF16 vs W8A8 vs W8A8 + FP8 KV, Qwen3-1.7B shape
+#            (random weights), 1K-token prompts, 4K-token responses, batch 32, no stop tokens
+#   moe, engine  HOOK: experiments/bench_moe.py and experiments/bench_engine.py, built in parallel
+#            (grouped MoE GEMM, paged engine): run if the file exists, as
+#            `python <script> [--quick] --out <stages>/bench_<name>.json` (a .md beside it is shown)
+#   report   experiments/gpu_report.py: summary.md (targets next to measured numbers) + summary.json
+#
+# Output: $OUT when set (the device tool copies back what is written there), else
+# $GPU_CHECK_OUT, else experiments/results/gpu/<UTC date-time>/: summary.md, summary.json and the
+# stages' files (stage logs, env.json, pytest.xml, bench_*.json/.md) in stages/; under $OUT they
+# are packed into stages.tgz (the device tool returns at most 8 files).
+#
+# Python: $PYTHON, else python3 -- the machine's own, with its preinstalled jax (0.11.2, CUDA 13 on
+# the lent H200). This script never installs jax. If a pure-python dependency is missing and wheels
+# were carried in .whl/, it makes a venv with --system-site-packages (the machine's jax stays) in
+# /tmp and installs those wheels with --no-index --no-deps, skipping any jax wheel.
+# Env: GPU_CHECK_BUDGET_S (global budget, default 465), GIT_SHA (a tree copied without .git),
+# JAX_COMPILATION_CACHE_DIR (default /tmp/fp8rl_jax_gpu_cache: a rerun on a warm machine reuses
+# compiled programs; compile times in the JSON are then cache loads).
+#
+# What has been run: only `--quick` on a CPU machine (2 cores, jax 0.12.0.1), which exercises every
+# stage, the budgets, the hooks and the report. The GPU path (native kernels, CUPTI timing, the
+# Qwen3-1.7B rollout, the per-stage budgets on an H200) has NOT been run: no GPU was lent to the
+# session that wrote it. The budgets below are estimates; the first GPU run's stage times
+# (summary.md) are the data to set them from.
+set -uo pipefail # no -e: a failed stage must not stop the others
+
+cd "$(dirname "$0")/.." || exit 2
+REPO=$PWD
+QUICK=()
+[ "${1:-}" = "--quick" ] && QUICK=(--quick)
+BUDGET=${GPU_CHECK_BUDGET_S:-465}
+RESERVE=20 # seconds kept for the report
+
+# The global timeout: the whole script re-runs under `timeout`, a net for anything the per-stage
+# budgets do not bound (each stage's own timeout already ends before the deadline).
+if [ -z "${GPU_CHECK_INNER:-}" ]; then
+  GPU_CHECK_INNER=1 exec timeout --kill-after=10 $((BUDGET + 30)) bash "$0" "$@"
+fi
+
+START=$(date +%s)
+DEADLINE=$((START + BUDGET))
+OUTDIR=${OUT:-${GPU_CHECK_OUT:-experiments/results/gpu/$(date -u +%Y%m%d-%H%M%S)}}
+STAGES=$OUTDIR/stages
+mkdir -p "$STAGES"
+: >"$STAGES/status.tsv"
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/fp8rl_jax_gpu_cache}
+FAILED=()
+
+log() { echo "[gpu_check $(($(date +%s) - START))s] $*"; }
+
+record() { # name rc seconds budget note
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${5:-}" >>"$STAGES/status.tsv"
+}
+
+# run_stage NAME BUDGET_S CMD...: runs CMD under `timeout` (the smaller of BUDGET_S and what is
+# left before the deadline, less the report's reserve), output to stages/NAME.log.
+run_stage() {
+  local name=$1 budget=$2 left t0 rc
+  shift 2
+  left=$((DEADLINE - $(date +%s) - RESERVE))
+  ((left < budget)) && budget=$left
+  if ((budget < 5)); then
+    log "$name: skipped, no time left"
+    record "$name" skipped 0 0 "no time left in the ${BUDGET}s budget"
+    FAILED+=("$name")
+    return
+  fi
+  log "$name: start (budget ${budget}s)"
+  t0=$(date +%s)
+  timeout --kill-after=10 "$budget" "$@" >"$STAGES/$name.log" 2>&1
+  rc=$?
+  record "$name" "$rc" "$(($(date +%s) - t0))" "$budget" "$*"
+  if ((rc == 0)); then
+    log "$name: ok ($(($(date +%s) - t0))s)"
+  else
+    FAILED+=("$name")
+    log "$name: FAILED rc=$rc ($( ((rc == 124 || rc == 137)) && echo timeout || echo error)); log tail:"
+    tail -n 15 "$STAGES/$name.log" | sed 's/^/    /'
+  fi
+}
+
+# ---------------------------------------------------------------------------- python
+PY=${PYTHON:-python3}
+missing=$("$PY" -c 'import importlib.util as u, sys
+print(" ".join(m for m in sys.argv[1:] if u.find_spec(m) is None))' \
+  jax numpy jinja2 safetensors tokenizers pytest 2>/dev/null) || missing="python"
+if [[ " $missing " == *" jax "* || $missing == python ]]; then
+  log "no jax in '$PY' ($missing missing): set PYTHON to the machine's python; jax is never installed"
+  exit 2
+fi
+if [ -n "$missing" ]; then
+  mapfile -t wheels < <(ls .whl/*.whl 2>/dev/null | grep -vi '^\.whl/jax')
+  if ((${#wheels[@]})); then
+    log "missing: $missing; installing the wheels in .whl/ into a venv over the machine's packages"
+    "$PY" -m venv --system-site-packages /tmp/fp8rl_gpu_venv &&
+      /tmp/fp8rl_gpu_venv/bin/python -m pip install -q --no-index --no-deps "${wheels[@]}" &&
+      PY=/tmp/fp8rl_gpu_venv/bin/python
+  else
+    log "missing python modules: $missing (carry their wheels in .whl/); stages that need them fail"
+  fi
+fi
+log "python: $PY; output: $OUTDIR"
+
+# ---------------------------------------------------------------------------- stages
+run_stage env 30 "$PY" experiments/gpu_report.py env --out "$STAGES/env.json"
+command -v nvidia-smi >/dev/null && nvidia-smi >"$STAGES/nvidia-smi.txt" 2>&1
+platform=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["platform"])' \
+  "$STAGES/env.json" 2>/dev/null || echo unknown)
+if [ "$platform" != gpu ] && [ ${#QUICK[@]} -eq 0 ]; then
+  log "jax sees no GPU (platform: $platform): the full benchmarks are for a GPU; use --quick here"
+  record benchmarks skipped 0 0 "no GPU (platform $platform); run with --quick"
+  FAILED+=(no-gpu)
+else
+  mapfile -t gpu_tests < <(grep -l 'mark\.gpu' tests/test_*.py)
+  xdist=()
+  if [ "$platform" = gpu ] && "$PY" -c 'import xdist' 2>/dev/null; then
+    xdist=(-n 4 --dist load) # compiles in parallel; the workers share the GPU
+  fi
+  XLA_PYTHON_CLIENT_PREALLOCATE=false run_stage pytest 110 "$PY" -m pytest -m gpu -q -rfE \
+    -p no:cacheprovider "${xdist[@]}" --junitxml="$STAGES/pytest.xml" "${gpu_tests[@]}"
+  run_stage matmul 90 "$PY" experiments/bench_matmul.py "${QUICK[@]}" \
+    --out "$STAGES/bench_matmul.json"
+  run_stage decode 50 "$PY" experiments/bench_decode.py "${QUICK[@]}" \
+    --out "$STAGES/bench_decode.json"
+  run_stage rollout 200 "$PY" experiments/bench_rollout.py "${QUICK[@]}" \
+    --out "$STAGES/bench_rollout.json"
+  # ---- HOOK: benchmarks being built in parallel (grouped MoE GEMM, paged engine) ----
+  hook_budget=45 # on a GPU; the CPU --quick modes of these benchmarks take ~2 minutes
+  ((${#QUICK[@]})) && hook_budget=150
+  for hook in moe engine; do
+    if [ -f "experiments/bench_$hook.py" ]; then
+      run_stage "$hook" "$hook_budget" "$PY" "experiments/bench_$hook.py" "${QUICK[@]}" \
+        --out "$STAGES/bench_$hook.json"
+    else
+      record "$hook" skipped 0 0 "experiments/bench_$hook.py not in this tree"
+    fi
+  done
+fi
+
+# ---------------------------------------------------------------------------- report
+report=$(mktemp)
+timeout 60 "$PY" experiments/gpu_report.py summarize "$STAGES" --out-dir "$OUTDIR" \
+  >"$report" 2>&1 || FAILED+=(report)
+if [ -n "${OUT:-}" ] && [ -d "$STAGES" ]; then
+  tar czf "$OUTDIR/stages.tgz" -C "$OUTDIR" stages && rm -rf "$STAGES"
+fi
+cat "$report" # the stage and target tables, last: what a short tail of the output shows
+rm -f "$report"
+log "done in $(($(date +%s) - START))s; output in $OUTDIR"
+if ((${#FAILED[@]})); then
+  log "FAILED stages: ${FAILED[*]}"
+  exit 1
+fi
+log "all stages ok"

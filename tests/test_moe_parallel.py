@@ -1,0 +1,58 @@
+"""Expert-parallel MoE (``models/moe_parallel.py``) on 8 fake devices vs one device.
+
+The worker (``tests/moe_parallel_worker.py``, a subprocess: the fake device count is fixed when
+jax is imported) runs one MoE layer on mesh data=2, expert=4 (E = 8: two experts per shard, 24
+tokens: 3 per device) and on one device: F32 training weights forward and gradients (w.r.t.
+every expert weight, the router and the input), FP8 rollout weights forward (the grouped FP8
+GEMM's XLA path), and a forward of 6 tokens (split over data only: the psum variant).
+Everything is f32 apart from the FP8 operands, so the results differ only by
+summation order (a token's k expert rows are summed per shard, then across shards): we allow
+1e-5 relative to the largest value (observed: ~5e-7).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("XLA_FLAGS", None)
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.moe_parallel_worker", "--mesh", "data=2,expert=4"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout[out.stdout.index("{") :])
+
+
+@pytest.mark.slow
+def test_expert_parallel_forward_and_grads_match_single_device(report):
+    r = report
+    assert r["max_y_diff"] <= TOL * (1 + r["y_scale"])
+    assert r["max_grad_diff"] <= TOL * (1 + r["g_scale"])
+    assert r["max_fp8_y_diff"] <= TOL * (1 + r["fp8_y_scale"])
+    assert r["max_y_diff_unsplit"] <= TOL * (1 + r["y_scale"])  # tokens not split over expert
+    assert "expert" in r["out_sharding"]  # tokens come back split as they went in
+
+
+@pytest.mark.slow
+def test_each_shard_runs_only_its_experts(report):
+    r = report
+    local = r["num_experts"] // r["expert_shards"]
+    # the FP8 expert stacks of the per-device program: E/n experts (gate/up [2, 128, 64] and
+    # down [2, 64, 128]), and no collective moves a weight: tokens go out (all-gather; XLA:CPU
+    # widens FP8 to f16 on the wire) and the outputs come back (reduce-scatter), nothing else.
+    assert r["ep_f8_params"] == [f"f8e4m3fn[{local},128,64]", f"f8e4m3fn[{local},64,128]"]
+    assert set(r["ep_collectives"]) == {"all-gather", "reduce-scatter"}
+    assert r["ep_collectives"]["reduce-scatter"] == ["f32[3,128]"]  # [N/devices, D]
+    # Without shard_map, GSPMD replicates the grouped GEMM: all 48 rows on every device and
+    # the experts' weights all-reduced per row tile (the problem moe_parallel solves).
+    assert any(s.startswith("(f16[13,64,128]") for s in r["gspmd_collectives"]["all-reduce"])
