@@ -1,7 +1,7 @@
 """Export a run's trained policy as an HF checkpoint: the same --config as the run, plus --out.
 
     .venv/bin/python experiments/export_hf.py --config=experiments/configs/tiny.py:fp8_tis \
-        --out=exports/tiny_fp8_tis
+        --out=exports/tiny_fp8_tis [--format=fp8]
 """
 
 import os
@@ -15,6 +15,13 @@ from ml_collections import config_flags  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The run's experiment config file.")
 _OUT = flags.DEFINE_string("out", None, "Output directory for config.json + *.safetensors.")
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Exported weight dtype.")
+_FORMAT = flags.DEFINE_enum(
+    "format",
+    "bf16",
+    ["bf16", "fp8"],
+    "bf16: the trained weights; fp8: the rollout policy in "
+    "block FP8 (weight + weight_scale_inv, quantization_config: vLLM/SGLang load it as is).",
+)
 
 
 def main(argv):
@@ -30,7 +37,7 @@ def main(argv):
     except ConfigError as e:
         raise app.UsageError(str(e)) from None
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every restore at INFO
-    step = export_hf(exp, _OUT.value, dtype=_DTYPE.value)
+    step = export_hf(exp, _OUT.value, dtype=_DTYPE.value, fmt=_FORMAT.value)
     print(f"exported step {step} of {exp.trainer.run_dir} to {os.path.abspath(_OUT.value)}")
 
 

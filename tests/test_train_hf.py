@@ -1,5 +1,7 @@
-"""The real-model path end to end on a tiny HF checkpoint: qwen3_8b.py's recipe (FP8 W8A8, FP8 KV
-cache with recalibrated static scales, token TIS), JSONL math data, HF tokenizer + chat template."""
+"""The real-model path end to end on a tiny HF checkpoint: qwen3_8b.py's DAPO recipe (FP8 W8A8,
+FP8 KV cache with recalibrated static scales, token TIS, dynamic sampling, overlong shaping) on the
+veRL-layout parquet fixture (chat prompts through the tokenizer's template), math-verify rewards,
+stop tokens from the checkpoint; then the FP8 export of the trained policy round-trips."""
 
 import json
 import math
@@ -8,25 +10,32 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures"
+FLAGS = {
+    "model.hf_checkpoint": FIX / "hf" / "qwen3",
+    "task.jsonl_path": FIX / "verl" / "dapo_math_tiny.parquet",
+    "task.eval_fraction": 0.25,  # held out of the 32 rows by hash
+    "task.tokenizer_path": FIX / "hf" / "tokenizer",
+    "rollout.max_new_tokens": 8,
+    "rl.dapo.overlong_buffer": 4,  # the penalty starts after 4 of the 8 tokens
+    "rl.dapo.gen_prompts": 3,  # oversampling: 3 prompts per generation batch for 2 kept
+    "rl.dapo.max_num_gen_batches": 2,
+    "trainer.steps": 2,
+    "trainer.prompts_per_step": 2,
+    "rl.group_size": 2,
+    "trainer.eval_size": 2,
+    "trainer.loggers": "('jsonl',)",  # W&B has its own test (test_train_logging_wandb.py)
+}
 
 
-def test_qwen3_config_trains_from_a_local_hf_checkpoint(tmp_path):
+def test_dapo_recipe_trains_on_verl_parquet_and_exports_fp8(tmp_path):
     run_dir = tmp_path / "run"
-    flags = {
-        "model.hf_checkpoint": FIX / "hf" / "qwen3",
-        "task.jsonl_path": FIX / "data" / "math_tiny.jsonl",
-        "task.eval_jsonl_path": FIX / "data" / "math_tiny_eval.jsonl",
-        "task.tokenizer_path": FIX / "hf" / "tokenizer",
-        "rollout.max_new_tokens": 8,
-        "rollout.stop_token_ids": "(2,)",  # the fixture tokenizer's <|im_end|>
-        "trainer.steps": 2,
-        "trainer.prompts_per_step": 2,
-        "rl.group_size": 2,
-        "trainer.eval_size": 2,
-        "trainer.run_dir": run_dir,
-    }
+    flags = {**FLAGS, "trainer.run_dir": run_dir}
     argv = [sys.executable, "experiments/train.py", "--config=experiments/configs/qwen3_8b.py"]
     argv += [f"--config.{k}={v}" for k, v in flags.items()]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -42,10 +51,47 @@ def test_qwen3_config_trains_from_a_local_hf_checkpoint(tmp_path):
         assert 0 < r["kv_scale_k_min"] <= r["kv_scale_k_max"] < math.inf
         assert 0 < r["kv_scale_v_min"] <= r["kv_scale_v_max"] < math.inf
         assert r["kv_scale_invalid"] == 0
+        # DAPO: generation batches and group counts add up; eq. 13 penalty in [-1, 0]
+        assert 1 <= r["dapo_gen_batches"] <= 2
+        seen = 3 * r["dapo_gen_batches"]
+        assert r["dapo_groups_kept"] + r["dapo_groups_filtered"] <= seen
+        assert r["dapo_unfilled_frac"] == 1 - r["dapo_groups_kept"] / 2
+        assert -1.0 <= r["overlong_penalty_mean"] <= 0.0 and 0 <= r["truncated_frac"] <= 1
     config = json.loads((run_dir / "config.json").read_text())
     assert config["rollout"]["kv_cache_dtype"] == "float8_e4m3fn"
     assert config["rl"]["correction"]["is_level"] == "token"
+    assert config["task"]["verifier"] == "math_verify"
+    assert config["rl"]["dapo"]["dynamic_sampling"] is True
+    assert "stop tokens from the checkpoint: (2,)" in proc.stdout  # <|im_end|>
     assert (run_dir / "summary.json").exists()
+    _check_fp8_export(flags, tmp_path)
+
+
+def _check_fp8_export(flags, tmp_path):
+    """The trained policy exported in block FP8 reloads to the rollout's logits exactly."""
+    from experiments.configs import qwen3_8b
+    from experiments.configs.defaults import set_path
+    from fp8rl_jax.generation import rollout_weights
+    from fp8rl_jax.models import forward, load_fp8_checkpoint, load_hf_checkpoint
+    from fp8rl_jax.train.experiment import experiment_from_config
+    from fp8rl_jax.train.export import export_hf
+
+    config = qwen3_8b.get_config()
+    for k, v in flags.items():
+        set_path(config, k, ("jsonl",) if k == "trainer.loggers" else
+                 str(v) if isinstance(v, Path) else v)  # fmt: skip
+    exp = experiment_from_config(config)
+    assert export_hf(exp, str(tmp_path / "bf16"), fmt="bf16") == 2
+    assert export_hf(exp, str(tmp_path / "fp8"), fmt="fp8") == 2
+    cfg, trained = load_hf_checkpoint(tmp_path / "bf16", dtype=jnp.float32)
+    in_memory, _ = rollout_weights(trained, exp.rollout)  # what the rollout runs
+    cfg8, loaded = load_fp8_checkpoint(tmp_path / "fp8")
+    assert cfg8 == cfg
+    tokens = jnp.array([[1, 5, 9, 17, 33, 60, 2, 7]], jnp.int32)
+    logits = jax.jit(lambda w, c=cfg: forward(w, tokens, c).logits_BTV)
+    np.testing.assert_array_equal(np.asarray(logits(loaded)), np.asarray(logits(in_memory)))
+    quant = json.loads((tmp_path / "fp8" / "config.json").read_text())["quantization_config"]
+    assert quant["weight_block_size"] == [128, 128] and quant["activation_scheme"] == "dynamic"
 
 
 def test_real_model_config_requires_a_checkpoint_path():

@@ -181,6 +181,10 @@ def load_hf_checkpoint(path, *, dtype=jnp.bfloat16) -> tuple[ModelConfig, dict]:
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    from fp8rl_jax.models import hf_fp8
+
+    if hf_fp8.is_fp8_checkpoint(path):  # a block-FP8 export: dequantized to training weights
+        return hf_fp8.load_fp8_checkpoint(path, dtype=dtype, dequantize=True)
     cfg = ModelConfig.from_hf_config(path)
     shards = _shard_files(path)
     files = _tensor_files(path, shards)

@@ -14,6 +14,7 @@ from fp8rl_jax.fields import batched, check_choices
 from fp8rl_jax.generation import KVScales, RolloutConfig
 from fp8rl_jax.models import ModelConfig
 from fp8rl_jax.rl.correction import RolloutCorrectionConfig
+from fp8rl_jax.rl.dapo import DAPOConfig
 from fp8rl_jax.rl.losses import LossConfig
 from fp8rl_jax.rl.value import init_value_head
 
@@ -40,6 +41,7 @@ class RLConfig:
     # MoE rollout routing replay (R3, arXiv 2510.11370): "replay" records the rollout's experts
     # per token and layer; the scoring pass and the loss forward route with them. No-op if dense.
     router_replay: RouterReplay = "none"
+    dapo: DAPOConfig = DAPOConfig()  # DAPO dynamic sampling, overlong shaping and filtering
 
     def __post_init__(self):
         check_choices(self)

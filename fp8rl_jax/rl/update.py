@@ -18,6 +18,7 @@ import optax
 
 from fp8rl_jax.generation import cast_floats, kv_scale_metrics, recalibrate_kv_scales
 from fp8rl_jax.rl.advantages import gae, grpo_advantages, masked_whiten, rloo_advantages
+from fp8rl_jax.rl.dapo import shape_rewards
 from fp8rl_jax.rl.losses import entropy_bonus, kl_loss, masked_mean, policy_loss, value_loss
 from fp8rl_jax.rl.scoring import policy_entropy, sequence_logprobs
 from fp8rl_jax.rl.state import (
@@ -250,7 +251,12 @@ def train_step(
 ) -> tuple[TrainState, dict]:
     """``(state', metrics)``: the update of one RL step (steps 5-7), no host syncs."""
     check_state(state, cfg.rl)
-    targets = compute_targets(batch, rewards_B, cfg.rl)
+    # DAPO (eq. 13): the length penalty joins the rewards; overlong filtering drops truncated rows.
+    shaped_B, keep_BT, dapo_metrics = shape_rewards(
+        batch, rewards_B, cfg.rl.dapo, cfg.rollout.max_new_tokens, cfg.rollout.stop_token_ids
+    )
+    batch = dataclasses.replace(batch, keep_BT=keep_BT)
+    targets = compute_targets(batch, shaped_B, cfg.rl)
     # Stream 1 of step t shuffles the minibatches (stream 0 samples the rollout).
     rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 1)
     carry = UpdateCarry(Trainable.of(state), state.opt_state, state.nonfinite_skips)
@@ -259,7 +265,7 @@ def train_step(
         carry,
         minibatches(batch, targets, cfg.rl, rng),
     )
-    metrics = _step_metrics(update_metrics, rewards_B, batch, targets, cfg)
+    metrics = {**_step_metrics(update_metrics, rewards_B, batch, targets, cfg), **dapo_metrics}
     kv_scales = state.kv_scales
     if cfg.rollout.static_kv_scales:  # DESIGN §4.5: the scales the next rollout uses, logged
         kv_scales = recalibrate_kv_scales(batch.qkv_amax, cfg.rollout, state.kv_scales)

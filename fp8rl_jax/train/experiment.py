@@ -146,6 +146,14 @@ class Experiment:
     mesh: MeshConfig = MeshConfig()  # device mesh (docs/SCALING.md); all 1 = one device
     distributed: DistributedConfig = DistributedConfig()  # jax.distributed (multi-host)
 
+    def __post_init__(self):
+        if self.rl.dapo.overlong_buffer > self.rollout.max_new_tokens:
+            raise ValueError(
+                f"rl.dapo.overlong_buffer ({self.rl.dapo.overlong_buffer}) must not exceed "
+                f"rollout.max_new_tokens ({self.rollout.max_new_tokens}): DAPO's length "
+                "penalty window lies inside the response budget"
+            )
+
 
 # Fields a config may leave as a None placeholder that the user must fill in.
 REQUIRED_IF_NONE = (

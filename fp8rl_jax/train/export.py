@@ -7,8 +7,8 @@ import os
 import jax
 import jax.numpy as jnp
 
-from fp8rl_jax.generation import cast_floats
-from fp8rl_jax.models import ModelConfig, init_weights, save_hf_checkpoint
+from fp8rl_jax.generation import cast_floats, rollout_weights
+from fp8rl_jax.models import ModelConfig, init_weights, save_fp8_checkpoint, save_hf_checkpoint
 from fp8rl_jax.rl import init_train_state
 from fp8rl_jax.train.checkpoint import CheckpointManager
 from fp8rl_jax.train.experiment import Experiment
@@ -23,12 +23,18 @@ def _model_config(exp: Experiment) -> ModelConfig:
     return exp.model.tiny_config(tokenizer.vocab_size)
 
 
-def export_hf(exp: Experiment, out_dir: str, *, dtype=jnp.bfloat16) -> int:
+def export_hf(exp: Experiment, out_dir: str, *, dtype=jnp.bfloat16, fmt: str = "bf16") -> int:
     """Writes the params of ``exp``'s newest readable checkpoint to ``out_dir`` in the HF layout.
 
     Only shapes are built to restore (no weights are loaded from the base checkpoint); the base
     checkpoint's tokenizer and generation files are copied along. Returns the exported step.
+    ``fmt="fp8"`` writes the rollout policy instead: the weights quantized by ``exp.rollout``'s
+    recipe, as the rollout runs them, in the block-FP8 layout vLLM serves (``models.hf_fp8``).
     """
+    if fmt not in ("bf16", "fp8"):
+        raise ValueError(f"export_hf: fmt must be 'bf16' or 'fp8', got {fmt!r}")
+    if fmt == "fp8" and exp.rollout.quant is None:
+        raise ValueError("export_hf: fmt='fp8' needs rollout.quant (the run's FP8 recipe)")
     cfg = _model_config(exp)
     rl, optimizer = exp.rl, make_optimizer(exp.optim)
 
@@ -48,6 +54,10 @@ def export_hf(exp: Experiment, out_dir: str, *, dtype=jnp.bfloat16) -> int:
     restored = CheckpointManager(ckpt_dir).restore_latest(jax.eval_shape(abstract_state))
     if restored is None:
         raise FileNotFoundError(f"export_hf: no checkpoint under {ckpt_dir}")
+    if fmt == "fp8":
+        weights, _ = rollout_weights(restored.state.params, exp.rollout)
+        save_fp8_checkpoint(out_dir, cfg, weights, extra_files_from=exp.model.hf_checkpoint or None)
+        return int(restored.step)
     save_hf_checkpoint(
         out_dir,
         cfg,

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8rl_jax.generation import Prompts
-from fp8rl_jax.rl import Steps, jit_steps
+from fp8rl_jax.rl import Steps, jit_steps, rollout_fn
 from fp8rl_jax.train import distributed as dist
 from fp8rl_jax.train import sharding as sh
 
@@ -69,6 +69,28 @@ class SingleDevice:
         """The mean over all rows of a per-row quantity, from this process's mean of its rows."""
         del n_local
         return local_mean
+
+    # DAPO dynamic sampling (train.dynamic_sampling): a rollout over generation batches of
+    # another size, the row selection into the train batch, global rewards, one key per batch.
+
+    def gen_rollout(self, model_cfg, exp, n_rows: int, rollout_step):
+        """The rollout program for batches of ``n_rows`` rows (here: the step's own)."""
+        del model_cfg, exp, n_rows
+        return rollout_step
+
+    def jit_select(self, fn, model_cfg, exp):
+        """``fn(buffer, new, take_B, valid_B) -> train batch`` jitted."""
+        del model_cfg, exp
+        return jax.jit(fn)
+
+    def all_rows(self, local_B: np.ndarray, n_rows: int, group_size: int) -> np.ndarray:
+        """A per-row host vector of every process's rows, from this process's ``local_B``."""
+        del n_rows, group_size
+        return np.asarray(local_B)
+
+    def fold_key(self, key, k: int):
+        """``fold_in(key, k)``, placed like the state's key."""
+        return _fold_in(key, np.uint32(k))
 
 
 class OnMesh(SingleDevice):
@@ -143,6 +165,46 @@ class OnMesh(SingleDevice):
         sums = multihost_utils.process_allgather(np.array([local_mean * n_local, n_local]))
         total, rows = np.asarray(sums).reshape(-1, 2).sum(0)
         return float(round(total)) / float(rows)
+
+    def gen_rollout(self, model_cfg, exp, n_rows: int, rollout_step):
+        if n_rows == self.batch_rows:
+            return rollout_step
+        prompts = sh.abstract_prompts(n_rows, self.prompt_len)
+        s = sh.step_shardings(
+            model_cfg, exp.rollout, exp.rl, self.mesh, self.abstract_state, prompts
+        )
+        ro = rollout_fn(model_cfg, exp.rollout, exp.rl, pin_rollout_params=s.pin_rollout_params)
+        return jax.jit(ro, in_shardings=(s.state, s.prompts), out_shardings=s.batch)
+
+    def jit_select(self, fn, model_cfg, exp):
+        prompts = sh.abstract_prompts(self.batch_rows, self.prompt_len)
+        s = sh.step_shardings(
+            model_cfg, exp.rollout, exp.rl, self.mesh, self.abstract_state, prompts
+        )
+        return jax.jit(fn, out_shardings=s.batch)  # the train program's batch layout
+
+    def all_rows(self, local_B, n_rows: int, group_size: int) -> np.ndarray:
+        if jax.process_count() == 1:
+            return np.asarray(local_B)
+        from jax.experimental import multihost_utils
+
+        rows = self.rows(n_rows, group_size)
+        local = np.zeros((2, n_rows), np.float64)  # (values, held here)
+        local[0, rows], local[1, rows] = np.asarray(local_B, np.float64), 1.0
+        total = np.asarray(multihost_utils.process_allgather(local)).reshape(-1, 2, n_rows).sum(0)
+        # a row held by several processes (replicas) has the same value on each
+        return (total[0] / np.maximum(total[1], 1.0)).astype(np.asarray(local_B).dtype)
+
+    def fold_key(self, key, k: int):
+        return _fold_in_on(self.state_sh.rng)(key, np.uint32(k))
+
+
+_fold_in = jax.jit(jax.random.fold_in)
+
+
+@functools.cache
+def _fold_in_on(sharding):
+    return jax.jit(jax.random.fold_in, out_shardings=sharding)
 
 
 def make_placement(exp, model_cfg, abstract_state, prompt_len: int):

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
-from fp8rl_jax.models import ModelConfig, init_weights, load_hf_checkpoint, load_tokenizer
+from fp8rl_jax.models import (
+    ModelConfig,
+    checkpoint_stop_token_ids,
+    init_weights,
+    load_hf_checkpoint,
+    load_tokenizer,
+)
 from fp8rl_jax.tasks import CharTokenizer, DataFields, MathDataset, get_task, make_chat_prompt_fn
-from fp8rl_jax.train.experiment import ModelSpec, TaskSpec
+from fp8rl_jax.train.experiment import Experiment, ModelSpec, TaskSpec
 
 
 def build_task(spec: TaskSpec, hf_checkpoint: str = ""):
@@ -69,4 +77,22 @@ def build_model(spec: ModelSpec, tokenizer, rng) -> tuple[ModelConfig, dict]:
     return cfg, weights
 
 
-__all__ = ["build_model", "build_task"]
+def resolve_stop_tokens(exp: Experiment, tokenizer) -> Experiment:
+    """``exp`` with ``rollout.stop_token_ids`` filled from the HF checkpoint when left empty.
+
+    Non-empty ``rollout.stop_token_ids`` is an override and wins. Empty, with an HF checkpoint:
+    its ``generation_config.json`` (or ``config.json``) EOS ids plus the tokenizer's EOS
+    (``models.checkpoint_stop_token_ids``). Without a checkpoint, empty stays empty.
+    """
+    if exp.rollout.stop_token_ids or not exp.model.hf_checkpoint:
+        return exp
+    ids = checkpoint_stop_token_ids(exp.model.hf_checkpoint, tokenizer)
+    if not ids:
+        raise ValueError(
+            f"{exp.model.hf_checkpoint}: no eos_token_id in generation_config.json or "
+            "config.json and the tokenizer has no EOS; pass --config.rollout.stop_token_ids"
+        )
+    return dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, stop_token_ids=ids))
+
+
+__all__ = ["build_model", "build_task", "resolve_stop_tokens"]

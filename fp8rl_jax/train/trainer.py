@@ -39,11 +39,12 @@ from fp8rl_jax.tasks import (
     score_completions,
 )
 from fp8rl_jax.train.checkpoint import CheckpointManager
+from fp8rl_jax.train.dynamic_sampling import Sampled, make_dynamic_sampler
 from fp8rl_jax.train.experiment import Experiment
 from fp8rl_jax.train.logging import METRICS_FILE, LoggerGroup, MetricsLogger, make_metrics_logger
 from fp8rl_jax.train.optim import make_optimizer
 from fp8rl_jax.train.placement import SingleDevice, make_placement
-from fp8rl_jax.train.setup import build_model, build_task
+from fp8rl_jax.train.setup import build_model, build_task, resolve_stop_tokens
 from fp8rl_jax.train.sft import sft_warm_start
 
 log = logging.getLogger(__name__)
@@ -177,6 +178,10 @@ def train(
     tc = exp.trainer
     os.makedirs(tc.run_dir, exist_ok=True)
     task, tokenizer = build_task(exp.task, exp.model.hf_checkpoint)
+    if not exp.rollout.stop_token_ids:  # the checkpoint's, unless the config names them
+        exp = resolve_stop_tokens(exp, tokenizer)
+        if exp.rollout.stop_token_ids:
+            print(f"stop tokens from the checkpoint: {exp.rollout.stop_token_ids}")
     model_cfg, params = build_model(exp.model, tokenizer, jax.random.key(tc.seed))
     prompt_len = prompt_length(task, tokenizer)
     run = _Run(exp, task, tokenizer, model_cfg, prompt_len, reward_fn=reward_fn)
@@ -230,6 +235,36 @@ def _step_prompts(run: _Run, step: int):
     return batch, run.placement.prompts(batch.tokens_BP, batch.lens_B, n * group)
 
 
+def _score(run: _Run, batch, tokens_BT: np.ndarray) -> tuple[np.ndarray, float]:
+    """Host rewards and exact accuracy of the responses in ``tokens_BT`` to ``batch``'s prompts."""
+    texts = _completions(run.tokenizer, tokens_BT, run.prompt_len)
+    return run.reward_fn(run.task, batch.examples, texts)
+
+
+def _make_sampler(run: _Run, rollout_step):
+    """``sample(state, step, on_dispatch) -> Sampled``: step ``step``'s scored rollout batch.
+
+    One rollout per step, or DAPO's dynamic sampling (``train.dynamic_sampling``).
+    """
+    place = run.placement
+    if run.exp.rl.dapo.dynamic_sampling:
+        return make_dynamic_sampler(run, rollout_step, lambda b, t: _score(run, b, t))
+
+    def sample(state, step: int, on_dispatch) -> Sampled:
+        batch, prompts = _step_prompts(run, step)
+        rollout = rollout_step(state, prompts)  # queued behind step t-1's train program
+        jax.block_until_ready(state.step)  # t-1's update is done: rollout t runs from here
+        t0 = time.perf_counter()
+        on_dispatch()
+        tokens = place.local_tokens(rollout.tokens_BT)
+        rollout_time = time.perf_counter() - t0
+        rewards, acc = _score(run, batch, tokens)
+        acc = place.mean_over_rows(float(acc), len(batch.examples))
+        return Sampled(rollout, rewards, acc, rollout_time, {})
+
+    return sample
+
+
 class _Output:
     """Reads pending steps: logs each row, updates the progress bar, stops on non-finite skips."""
 
@@ -276,22 +311,18 @@ def _run_steps(run: _Run, state, start, optimizer, ckpt, logger, progress: bool)
         out.eval_acc = evaluate(state)
         logger.log(0, {"eval_accuracy": out.eval_acc})
     pending: Pending | None = None
-    for step in bar:
-        batch, prompts = _step_prompts(run, step)
-        rollout = rollout_step(state, prompts)  # queued behind step t-1's train program
-        jax.block_until_ready(state.step)  # t-1's update is done: rollout t runs from here
-        t0 = time.perf_counter()
-        if pending is not None:  # step t-1's metrics are ready now; read them as rollout t runs
+    sample = _make_sampler(run, rollout_step)
+
+    def read_pending() -> None:  # step t-1's metrics are ready now; read them as rollout t runs
+        if pending is not None:
             out.read(pending)
-        tokens = place.local_tokens(rollout.tokens_BT)
-        rollout_time = time.perf_counter() - t0
-        rewards, acc = run.reward_fn(
-            run.task, batch.examples, _completions(run.tokenizer, tokens, run.prompt_len)
-        )
-        state, train_metrics = train_step(state, rollout, place.rewards(rewards))
-        acc = place.mean_over_rows(float(acc), len(batch.examples))
+
+    for step in bar:
+        s = sample(state, step, read_pending)
+        state, train_metrics = train_step(state, s.batch, place.rewards(s.rewards_B))
         done = step + 1
-        pending = Pending(done, rollout.metrics, train_metrics, acc, rollout_time)
+        ro_metrics = {**s.batch.metrics, **s.metrics}
+        pending = Pending(done, ro_metrics, train_metrics, s.accuracy, s.rollout_time_s)
         if _due(tc.eval_every, done, tc.steps):
             pending = dataclasses.replace(pending, eval_accuracy=evaluate(state))
         if _due(tc.checkpoint_every, done, tc.steps):
