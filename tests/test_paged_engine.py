@@ -108,7 +108,9 @@ def test_page_accounting_invariants_every_iteration():
     spec = engine.EngineSpec(plan=plan, model=MODEL, sampling=SAMPLED, stop_ids=STOP,
                              cache_dtype=jnp.dtype("float32"), mode="none",
                              kernels=DEFAULT_KERNELS)  # fmt: skip
-    s, inp = engine.start(tiny_params(), prompts, jax.random.key(7), None, None, spec)
+    s, inp = engine.start(
+        tiny_params(), prompts, jax.random.key(7), None, None, jnp.full((9,), A), spec
+    )
     step = jax.jit(functools.partial(engine.step, spec=spec, inp=inp))
     lens = np.asarray(prompts.lens_B)
     for _ in range(200):
@@ -170,3 +172,13 @@ def test_pool_sizing_fp8_doubles_the_pages_of_a_budget():
     fp8 = plan(cache_dtype=jnp.float8_e4m3fn, mode="static").num_pages
     fp8_dyn = plan(cache_dtype=jnp.float8_e4m3fn, mode="dynamic").num_pages
     assert fp8 == 2 * bf16 and bf16 < fp8_dyn < fp8  # dynamic: + an f32 scale per vector
+
+
+def test_per_request_budgets_cut_both_engines_alike():
+    budget = jnp.asarray([1, 12, 3, 7, 2, 12, 5, 9, 4], jnp.int32)
+    want = generate(tiny_params(), _prompts(), MODEL, SAMPLED, jax.random.key(7),
+                    response_budget_B=budget, **F32)  # fmt: skip
+    ro, m = _paged(SAMPLED, PagedConfig(page_size=4), response_budget_B=budget)
+    _assert_same(ro, want)
+    assert (np.asarray(ro.response_lens_B) <= np.asarray(budget)).all()
+    assert (np.asarray(ro.response_lens_B) < np.asarray(_static(SAMPLED).response_lens_B)).any()

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8rl_jax.generation.config import PagedConfig
-from fp8rl_jax.generation.generate import Prompts, Rollout, _static_scales
+from fp8rl_jax.generation.generate import Prompts, Rollout, _static_scales, response_budget
 from fp8rl_jax.generation.kv_scales import KVScales
 from fp8rl_jax.generation.paged.admit import group_leaders
 from fp8rl_jax.generation.paged.engine import run_engine
@@ -37,13 +37,14 @@ def generate_paged(
     stop_token_ids: Sequence[int] = (),
     kernels: KernelImpls = DEFAULT_KERNELS,
     return_state: bool = False,
+    response_budget_B: jax.Array | None = None,
 ) -> tuple[Rollout, dict] | tuple[Rollout, dict, EngineState]:
     """``generate``'s contract (same arguments, same ``Rollout``) on the paged engine; also
     returns the engine metrics (device scalars), and the final state with ``return_state``.
 
     Rows with identical consecutive prompts share their prompt pages (a GRPO group). The output
     does not depend on ``paged`` (slots, page size, pool): only on each request's prompt and
-    key stream.
+    key stream. ``response_budget_B``: optional per-request budgets (<= ``max_new_tokens``).
     """
     paged = PagedConfig() if paged is None else paged
     if not isinstance(prompts, Prompts):
@@ -62,7 +63,15 @@ def generate_paged(
         plan=plan, model=cfg, sampling=sampling, stop_ids=tuple(int(t) for t in stop_token_ids),
         cache_dtype=dtype, mode=mode, kernels=kernels,
     )  # fmt: skip
-    ro, metrics, state = run_engine(weights, prompts, rng, k_scale, v_scale, spec=spec)
+    ro, metrics, state = run_engine(
+        weights,
+        prompts,
+        rng,
+        k_scale,
+        v_scale,
+        response_budget(response_budget_B, b, plan.max_new_tokens),
+        spec=spec,
+    )
     return (ro, metrics, state) if return_state else (ro, metrics)
 
 

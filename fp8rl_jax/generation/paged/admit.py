@@ -32,6 +32,7 @@ class Inputs(NamedTuple):
     k_scale: jax.Array | None  # static FP8 KV scales [L, K] (None otherwise)
     v_scale: jax.Array | None
     rng: jax.Array
+    budget_B: jax.Array  # int32 response budget per request (<= max_new_tokens)
 
 
 def group_leaders(prompts: Prompts) -> jax.Array:

@@ -77,8 +77,7 @@ def grow(s: EngineState, spec: EngineSpec, leader_B) -> EngineState:
 
 def decode(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
     """One token for every running slot: forward over the pages, sample, record by request."""
-    plan = spec.plan
-    b, a = plan.num_requests, plan.max_new_tokens
+    b = spec.plan.num_requests
     active_U = s.active_U
     out = forward(
         inp.weights, s.last_U[:, None], spec.model,
@@ -89,7 +88,7 @@ def decode(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
     req_U = jnp.where(active_U, s.req_U, b)
     n_U = s.n_U + active_U
     stop_U = jnp.isin(tok_U, jnp.asarray(spec.stop_ids, jnp.int32)) if spec.stop_ids else False
-    fin_U = active_U & (stop_U | (n_U >= a))
+    fin_U = active_U & (stop_U | (n_U >= inp.budget_B[jnp.maximum(s.req_U, 0)]))
     fin_req_U = jnp.where(fin_U, req_U, b)
     counters = dataclasses.replace(
         s.counters, decode_steps=s.counters.decode_steps + 1,
@@ -119,14 +118,14 @@ def finish(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
     return drop_idle_groups(release(s, spec), inp.leader_B)
 
 
-def start(weights, prompts: Prompts, rng, k_scale, v_scale, spec: EngineSpec):
+def start(weights, prompts: Prompts, rng, k_scale, v_scale, budget_B, spec: EngineSpec):
     """(initial EngineState, Inputs): an empty pool, every request queued."""
     plan = spec.plan
     cache = init_paged_cache(
         spec.model, plan.num_pages, plan.page_size, plan.num_slots, plan.table_width,
         dtype=spec.cache_dtype, mode=spec.mode, k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
-    inp = Inputs(weights, prompts, group_leaders(prompts), k_scale, v_scale, rng)
+    inp = Inputs(weights, prompts, group_leaders(prompts), k_scale, v_scale, rng, budget_B)
     return init_state(spec, cache), inp
 
 
@@ -163,9 +162,9 @@ def metrics(s: EngineState, spec: EngineSpec) -> dict:
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
-def run_engine(weights, prompts: Prompts, rng, k_scale, v_scale, *, spec: EngineSpec):
+def run_engine(weights, prompts: Prompts, rng, k_scale, v_scale, budget_B, *, spec: EngineSpec):
     """(Rollout, metrics, final EngineState) of the paged engine over every row of ``prompts``."""
-    state, inp = start(weights, prompts, rng, k_scale, v_scale, spec)
+    state, inp = start(weights, prompts, rng, k_scale, v_scale, budget_B, spec)
 
     def cond(st: EngineState):
         return ~jnp.all(st.finished_B) & (st.counters.iterations < spec.plan.max_iterations)
