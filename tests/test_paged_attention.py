@@ -117,3 +117,46 @@ def test_bad_operands_raise_naming_the_operand():
     with pytest.raises(ValueError, match="unknown impl"):
         paged_attention(c["q"], c["k"], c["v"], c["lengths"], c["table"], sm_scale=1.0,
                         impl="nope")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- Mosaic TPU kernel
+
+
+def _tpu_case(seed, lengths, dtype, scales, y=128, c=128):
+    """Pool of 7 pages of 128 slots, table of 3 entries per row, one KV head of 2 queries."""
+    rng = np.random.default_rng(seed)
+    b, x, w, n_kv, h = len(lengths), 7, 3, 1, 2
+    table = np.stack([rng.permutation(x)[:w] for _ in range(b)]).astype(np.int32)
+    mk = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    ks = vs = None
+    if scales == "static":
+        ks, vs = (jnp.asarray(rng.uniform(0.5, 2.0, (n_kv,)), jnp.float32) for _ in range(2))
+    elif scales == "dynamic":
+        ks, vs = (jnp.asarray(rng.uniform(0.5, 2.0, (x, n_kv, y)), jnp.float32) for _ in "kv")
+    return dict(
+        q=jnp.asarray(mk(b, h, c)), k=jnp.asarray(mk(x, y, n_kv, c), dtype),
+        v=jnp.asarray(mk(x, y, n_kv, c), dtype), lengths=jnp.asarray(lengths, jnp.int32),
+        table=jnp.asarray(table), ks=ks, vs=vs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "dtype,scales,splits,tol",
+    [(jnp.float32, "none", 1, 1e-5), (jnp.bfloat16, "none", 2, 2e-2), (F8, "static", 1, 2e-2),
+     (F8, "dynamic", 3, 2e-2)],
+)  # fmt: skip
+def test_tpu_kernel_interpret_matches_reference(dtype, scales, splits, tol):
+    """Interpret mode (semantics only): rows of 0, 1, 129 (two pages), 384 (all) slots. bf16
+    MXU inputs (q rounded to bf16) for non-F32 pages: tolerance 2e-2, f32 pages 1e-5."""
+    c = _tpu_case(3, [0, 1, 129, 384], dtype, scales)
+    want = _run(c)
+    got = _run(c, paged_attention, impl="pallas_tpu", interpret=True,
+               config=PagedBlocks(num_splits=splits))  # fmt: skip
+    np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
+
+
+def test_tpu_kernel_refuses_a_page_size_that_is_not_a_block():
+    c = _tpu_case(4, [1, 2], jnp.float32, "none", y=4)  # pages of 4 slots
+    with pytest.raises(ValueError, match="page_size 4 is not a kernel block size"):
+        paged_attention(c["q"], c["k"], c["v"], c["lengths"], c["table"], sm_scale=1.0,
+                        impl="pallas_tpu", interpret=True)  # fmt: skip

@@ -48,7 +48,12 @@ def _run_xla(q, k, v, lengths_B, table, *, config, interpret, **kw):
 
 
 def _implementations() -> list[Implementation]:
-    return [Implementation("xla", _run_xla)]
+    from kernels_pallas.paged_attention import pallas_tpu
+
+    return [
+        Implementation("xla", _run_xla),
+        Implementation("pallas_tpu", pallas_tpu.run, pallas_tpu.supports),
+    ]
 
 
 TABLE = ImplTable("paged_attention", _implementations())
