@@ -80,6 +80,7 @@ def test_sampled_output_independent_of_slots_pages_and_preemption(paged):
         cache_dtype=jnp.float32, mode="none",
     ).num_pages  # fmt: skip
     assert 0.0 < float(m["engine_slot_utilization"]) <= 1.0
+    assert 1 <= int(m["engine_peak_active_slots"]) <= (paged.num_slots or 9)
     if paged.num_pages is not None:
         assert int(m["engine_preemptions"]) > 0  # recomputed requests gave the same tokens
         assert int(m["engine_admissions"]) == 9 + int(m["engine_preemptions"])

@@ -29,6 +29,7 @@ OPTIMIZER = optax.adam(1e-2)
 ENGINE_KEYS = (
     "engine_slot_utilization", "engine_peak_pages", "engine_admissions", "engine_preemptions",
     "engine_prefills", "engine_decode_steps", "engine_unfinished", "engine_pages_in_use_end",
+    "engine_peak_active_slots",
 )  # fmt: skip
 
 
@@ -78,6 +79,7 @@ def test_engine_metrics_are_in_the_step_metrics(two_steps):
         assert m["engine_prefills"] >= 4  # one per prompt (again only after a preemption)
         assert 0 < m["engine_slot_utilization"] <= 1 and m["engine_peak_pages"] >= 1
         assert m["engine_decode_steps"] >= FP8.max_new_tokens
+        assert 1 <= m["engine_peak_active_slots"] <= PAGED.num_slots
 
 
 def test_bf16_paged_rollout_logprobs_match_the_scoring_pass():

@@ -93,6 +93,7 @@ def decode(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
     counters = dataclasses.replace(
         s.counters, decode_steps=s.counters.decode_steps + 1,
         busy_slot_steps=s.counters.busy_slot_steps + jnp.sum(active_U),
+        peak_active=jnp.maximum(s.counters.peak_active, jnp.sum(active_U)),
     )  # fmt: skip
     return dataclasses.replace(
         s, cache=out.cache, counters=counters, n_U=n_U, done_U=s.done_U | fin_U,
@@ -151,6 +152,7 @@ def metrics(s: EngineState, spec: EngineSpec) -> dict:
         "engine_slot_utilization": c.busy_slot_steps / steps,
         "engine_peak_pages": c.peak_pages,
         "engine_peak_page_fraction": c.peak_pages / plan.num_pages,
+        "engine_peak_active_slots": c.peak_active,
         "engine_pages_in_use_end": plan.num_pages - pages.num_free(s.refs_X),
         "engine_admissions": c.admissions,
         "engine_preemptions": c.preemptions,

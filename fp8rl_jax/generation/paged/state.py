@@ -38,6 +38,7 @@ class Counters:
     preemptions: jax.Array
     prefills: jax.Array  # prompts prefilled (a group preempted or dropped while idle: again)
     peak_pages: jax.Array
+    peak_active: jax.Array  # most slots decoding at once (concurrent sequences)
 
 
 @jax.tree_util.register_dataclass
@@ -87,5 +88,5 @@ def init_state(spec: EngineSpec, cache: PagedKVCache) -> EngineState:
         gpages_BZ=jnp.full((b, z), p.num_pages, jnp.int32),
         resident_B=jnp.zeros((b,), bool),
         amax=QKVAmax(*(jnp.zeros(lk, jnp.float32) for _ in range(3))),
-        counters=Counters(*(i32 for _ in range(7))),
+        counters=Counters(*(i32 for _ in range(8))),
     )
