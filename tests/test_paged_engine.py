@@ -6,6 +6,7 @@ equal exactly), 3 prompts x 3 samples (GRPO-like groups of identical prompts; on
 single token), up to 12 new tokens with a stop token.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from fp8rl_jax.generation import PagedConfig, SamplingConfig, generate, make_prompts
-from fp8rl_jax.generation.paged import engine, generate_paged
+from fp8rl_jax.generation.paged import check_kernel_page_size, engine, generate_paged
 from fp8rl_jax.generation.paged.plan import plan_pool
 from kernels_pallas.backend import DEFAULT_KERNELS
 from tests.testing import TINY_MODEL, tiny_params
@@ -159,6 +160,11 @@ def test_bad_input_errors_name_the_field():
         PagedConfig(page_size=0)
     with pytest.raises(ValueError, match=r"num_pages or kv_memory_bytes"):
         PagedConfig(num_pages=4, kv_memory_bytes=1 << 20)
+    tpu = dataclasses.replace(DEFAULT_KERNELS, decode_attention="pallas_tpu")
+    with pytest.raises(ValueError, match=r"rollout.paged.page_size=4 is not a block size"):
+        check_kernel_page_size(4, tpu)
+    check_kernel_page_size(128, tpu)
+    check_kernel_page_size(4, DEFAULT_KERNELS)  # the jnp / xla attention reads any page size
     p = plan(PagedConfig(page_size=4, kv_memory_bytes=1 << 20))
     assert p.num_pages == (1 << 20) // p.page_bytes  # 2 layers x K+V x 4 x 1 x 16 x 4 B
     assert p.page_bytes == 2 * 2 * 4 * 1 * 16 * 4

@@ -15,11 +15,28 @@ from fp8rl_jax.generation.generate import Prompts, Rollout, _static_scales, resp
 from fp8rl_jax.generation.kv_scales import KVScales
 from fp8rl_jax.generation.paged.admit import group_leaders
 from fp8rl_jax.generation.paged.engine import run_engine
-from fp8rl_jax.generation.paged.plan import PoolPlan, plan_pool
+from fp8rl_jax.generation.paged.plan import FIELD, PoolPlan, plan_pool
 from fp8rl_jax.generation.paged.state import EngineSpec, EngineState
 from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.models import ModelConfig
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
+from kernels_pallas.paged_attention.pallas_tpu import PAGE_SIZES as TPU_PAGE_SIZES
+
+
+def check_kernel_page_size(page_size: int, kernels: KernelImpls) -> None:
+    """A paged decode kernel's tile is one page: an explicitly chosen kernel must support the
+    page size (``auto`` falls back to ``xla``, which reads any page size)."""
+    impl = kernels.decode_attention
+    if impl == "pallas_tpu" and page_size not in TPU_PAGE_SIZES:
+        raise ValueError(
+            f"{FIELD}.page_size={page_size} is not a block size of the Mosaic TPU paged "
+            f"kernel {TPU_PAGE_SIZES} (a tile is one page)"
+        )
+    if impl == "pallas_mosaic_gpu":
+        raise ValueError(
+            "rollout.decode_attention_impl='pallas_mosaic_gpu': the paged engine has no Mosaic "
+            "GPU paged-attention kernel yet; use 'xla' or 'auto'"
+        )
 
 
 def generate_paged(
@@ -51,6 +68,7 @@ def generate_paged(
         prompts = Prompts(*(jnp.asarray(x, jnp.int32) for x in prompts))
     if max_new_tokens < 1:
         raise ValueError(f"generate_paged: max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_kernel_page_size(paged.page_size, kernels)
     dtype = jnp.dtype(kv_cache_dtype)
     mode = kv_scale_mode if dtype.name.startswith("float8") else "none"
     k_scale, v_scale = _static_scales(kv_scales, cfg, mode)
@@ -79,6 +97,7 @@ __all__ = [
     "EngineSpec",
     "EngineState",
     "PoolPlan",
+    "check_kernel_page_size",
     "generate_paged",
     "group_leaders",
     "plan_pool",
