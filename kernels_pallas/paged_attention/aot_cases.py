@@ -4,7 +4,8 @@ Each row of ``SHAPES`` is a decode batch of B slots over a page pool of X pages 
 page tables of W entries (the per-sequence budget), GQA with head_dim 128, for every cache kind
 of ``CACHES`` (BF16, FP8 static per-KV-head scales, FP8 dynamic per-slot page scales). The
 Mosaic TPU kernel runs on v5e and v6e; the XLA implementation (the window ladder) on H100. The
-Mosaic GPU paged kernel is not written yet (docs/PAGED_ENGINE.md §7).
+Mosaic GPU kernel runs on H100 with pages of 64 slots (BF16 and FP8 static pages: it has no
+dynamic page scales yet), at ``GPU_SHAPES``.
 """
 
 from __future__ import annotations
@@ -26,17 +27,25 @@ SHAPES = (
     ("Llama-3-70B", 64, 2048, 256, 80, 64, 8),
 )
 SOME_SHAPES = SHAPES[:1]
+GPU_SHAPES = (
+    ("Qwen3-8B", 32, 16384, 64, 320, 32, 8),
+    ("Qwen3-8B", 256, 8192, 64, 64, 32, 8),
+    ("Llama-3-70B", 64, 4096, 64, 160, 64, 8),
+)
 CACHES = ("bf16", "fp8_static", "fp8_dynamic")
 KINDS = (
     ("pallas_tpu", "v5e", SHAPES),
     ("pallas_tpu", "v6e", SOME_SHAPES),
     ("xla", "h100", SOME_SHAPES),
 )
+GPU_CACHES = ("bf16", "fp8_static")
 # (impl, target, cache, page size, PagedBlocks) beyond the defaults: every page size and a split.
 VARIANTS = (
     ("pallas_tpu", "v5e", "fp8_dynamic", 512, PagedBlocks(num_splits=2)),
     ("pallas_tpu", "v6e", "bf16", 256, PagedBlocks(num_splits=4)),
     ("pallas_tpu", "v6e", "fp8_static", 512, None),
+    ("pallas_mosaic_gpu", "h100", "bf16", 64, PagedBlocks(num_splits=4, num_stages=3)),
+    ("pallas_mosaic_gpu", "h100", "fp8_static", 64, PagedBlocks(num_splits=2, num_stages=3)),
 )
 
 
@@ -72,9 +81,16 @@ def cases() -> list[AotCase]:
             for cache in CACHES:
                 label = f"{model} B={b} X={x} Y={y} W={w} H/K={h}/{n_kv} {cache} pages"
                 out.append(_case(impl, target, label, _operands(b, x, y, w, h, n_kv, cache)))
+    for model, b, x, y, w, h, n_kv in GPU_SHAPES:
+        for cache in GPU_CACHES:
+            label = f"{model} B={b} X={x} Y={y} W={w} H/K={h}/{n_kv} {cache} pages"
+            args = _operands(b, x, y, w, h, n_kv, cache)
+            out.append(_case("pallas_mosaic_gpu", "h100", label, args))
     for impl, target, cache, y, blocks in VARIANTS:
         x, w = (1 << 20) // y, 16384 // y
         splits = "default" if blocks is None else f"J={blocks.num_splits}"
+        if blocks is not None and blocks.num_stages is not None:
+            splits += f", {blocks.num_stages} stages"
         label = f"B=32 X={x} Y={y} W={w} H/K=32/8 {cache} pages, {splits}"
         out.append(_case(impl, target, label, _operands(32, x, y, w, 32, 8, cache), blocks))
     return out

@@ -48,10 +48,11 @@ def _run_xla(q, k, v, lengths_B, table, *, config, interpret, **kw):
 
 
 def _implementations() -> list[Implementation]:
-    from kernels_pallas.paged_attention import pallas_tpu
+    from kernels_pallas.paged_attention import pallas_mosaic_gpu, pallas_tpu
 
     return [
         Implementation("xla", _run_xla),
+        Implementation("pallas_mosaic_gpu", pallas_mosaic_gpu.run, pallas_mosaic_gpu.supports),
         Implementation("pallas_tpu", pallas_tpu.run, pallas_tpu.supports),
     ]
 

@@ -20,22 +20,19 @@ from fp8rl_jax.generation.paged.state import EngineSpec, EngineState
 from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.models import ModelConfig
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
+from kernels_pallas.paged_attention.pallas_mosaic_gpu import PAGE_SIZES as GPU_PAGE_SIZES
 from kernels_pallas.paged_attention.pallas_tpu import PAGE_SIZES as TPU_PAGE_SIZES
 
 
 def check_kernel_page_size(page_size: int, kernels: KernelImpls) -> None:
     """A paged decode kernel's tile is one page: an explicitly chosen kernel must support the
     page size (``auto`` falls back to ``xla``, which reads any page size)."""
-    impl = kernels.decode_attention
-    if impl == "pallas_tpu" and page_size not in TPU_PAGE_SIZES:
+    sizes = {"pallas_tpu": TPU_PAGE_SIZES, "pallas_mosaic_gpu": GPU_PAGE_SIZES}
+    allowed = sizes.get(kernels.decode_attention)
+    if allowed is not None and page_size not in allowed:
         raise ValueError(
-            f"{FIELD}.page_size={page_size} is not a block size of the Mosaic TPU paged "
-            f"kernel {TPU_PAGE_SIZES} (a tile is one page)"
-        )
-    if impl == "pallas_mosaic_gpu":
-        raise ValueError(
-            "rollout.decode_attention_impl='pallas_mosaic_gpu': the paged engine has no Mosaic "
-            "GPU paged-attention kernel yet; use 'xla' or 'auto'"
+            f"{FIELD}.page_size={page_size} is not a block size of the {kernels.decode_attention} "
+            f"paged kernel {allowed} (a tile is one page)"
         )
 
 
