@@ -8,6 +8,7 @@ from fp8rl_jax.generation.config import (
     Engine,
     KVCacheDtype,
     KVScaleMode,
+    PagedConfig,
     RolloutConfig,
 )
 from fp8rl_jax.generation.generate import (
@@ -49,6 +50,7 @@ __all__ = [
     "KVScaleMode",
     "DecodeState",
     "KVScales",
+    "PagedConfig",
     "PinParams",
     "Prompts",
     "Rollout",

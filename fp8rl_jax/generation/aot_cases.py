@@ -104,4 +104,44 @@ def cases() -> list[AotCase]:
             "rollout", kernels.decode_attention, target, label, fn, rollout_args(cfg, shape)
         )
         out.append(case)
+    return out + paged_cases()
+
+
+# The paged engine (generation/paged): page size per target = its paged kernel's tile.
+PAGED_IMPLS = {
+    "h100": (KernelImpls(matmul="pallas_mosaic_gpu", decode_attention="pallas_mosaic_gpu"), 64),
+    "v5e": (KernelImpls(matmul="pallas_tpu", decode_attention="pallas_tpu"), 128),
+}
+PAGED_SLOTS = 32
+
+
+def paged_rollout_fn(cfg, shape: RolloutShape, recipe, kernels: KernelImpls, page_size: int):
+    """``rollout_fn`` on the paged engine (FP8 static KV pages): B requests over 32 slots."""
+    from fp8rl_jax.generation.config import PagedConfig
+    from fp8rl_jax.generation.paged import generate_paged
+
+    paged = PagedConfig(num_slots=PAGED_SLOTS, page_size=page_size, prefill_batch=4)
+
+    def rollout(params, tokens_BP, lens_B, rng, k_LK, v_LK):
+        weights = quantize_params(params, recipe)
+        return generate_paged(
+            weights, (tokens_BP, lens_B), cfg, SamplingConfig(temperature=1.0), rng,
+            paged=paged, kv_cache_dtype="float8_e4m3fn", kv_scale_mode="static",
+            kv_scales={"k": k_LK, "v": v_LK}, max_new_tokens=shape.max_new_tokens,
+            stop_token_ids=STOP_IDS, kernels=kernels,
+        )  # fmt: skip
+
+    return rollout
+
+
+def paged_cases() -> list[AotCase]:
+    """quantize_params + generate_paged (W8A8, FP8 static KV pages, the paged kernel)."""
+    cfg = dataclasses.replace(QWEN3_8B, num_layers=NUM_LAYERS)
+    shape, recipe = RolloutShape(), QuantRecipe()
+    out = []
+    for target, (kernels, y) in PAGED_IMPLS.items():
+        fn = paged_rollout_fn(cfg, shape, recipe, kernels, y)
+        label = f"{_label(cfg, shape, kernels)}, paged: {PAGED_SLOTS} slots, pages of {y}"
+        args = rollout_args(cfg, shape)
+        out.append(AotCase("paged_rollout", kernels.decode_attention, target, label, fn, args))
     return out

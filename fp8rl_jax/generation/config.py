@@ -11,13 +11,32 @@ from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.quant import QuantRecipe
 from kernels_pallas.backend import Impl, KernelImpls
 
-Engine = Literal["static"]  # rollout engines (generation/rollout.py); "paged" joins here
+Engine = Literal["static", "paged"]  # rollout engines (generation/rollout.py)
 KVCacheDtype = Literal["bfloat16", "float32", "float8_e4m3fn"]
 KVScaleMode = Literal["static", "dynamic"]
 ComputeDtype = Literal["bfloat16", "float32"]
 ENGINES = typing.get_args(Engine)
 KV_CACHE_DTYPES = typing.get_args(KVCacheDtype)
 KV_SCALE_MODES = typing.get_args(KVScaleMode)
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedConfig:
+    """The paged engine's slots and page pool (docs/PAGED_ENGINE.md §6)."""
+
+    num_slots: int | None = None  # U: sequences decoded at once; None: one per request
+    page_size: int = 64  # Y: tokens per KV page (a block size of the decode kernels)
+    num_pages: int | None = None  # X: pages per layer; None: kv_memory_bytes, else worst case
+    kv_memory_bytes: int | None = None  # KV budget (all layers, K and V, scales) -> num_pages
+    prefill_batch: int = 16  # prompts prefilled per loop iteration (one compiled shape)
+
+    def __post_init__(self):
+        for name in ("num_slots", "page_size", "num_pages", "kv_memory_bytes", "prefill_batch"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"PagedConfig.{name} must be an int >= 1, got {v!r}")
+        if self.num_pages is not None and self.kv_memory_bytes is not None:
+            raise ValueError("PagedConfig: set num_pages or kv_memory_bytes, not both")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +58,8 @@ class RolloutConfig:
     # jnp attention over the whole cache (with a mask)
     decode_attention_impl: Impl | None = "auto"
     grouped_matmul_impl: Impl = "auto"  # FP8 MoE experts (grouped_fp8_matmul): same choices
-    engine: Engine = "static"  # static = prefill + while_loop decode over a dense cache
+    engine: Engine = "static"  # static: dense cache, one batch; paged: page pool, slots
+    paged: PagedConfig = PagedConfig()  # the paged engine's slots and page pool
 
     def __post_init__(self):
         check_choices(self)

@@ -125,6 +125,13 @@ def _cache_len(n: int, kernels: KernelImpls) -> int:
     return n if kernels.decode_attention is None else -(-n // CACHE_ALIGN) * CACHE_ALIGN
 
 
+def response_budget(budget_B, b: int, max_new_tokens: int) -> jax.Array:
+    """Per-row response budgets ``min(budget_B, max_new_tokens)`` (None: ``max_new_tokens``)."""
+    if budget_B is None:
+        return jnp.full((b,), max_new_tokens, jnp.int32)
+    return jnp.minimum(jnp.asarray(budget_B, jnp.int32), max_new_tokens)
+
+
 def _prefill(weights, prompts: Prompts, cfg, cache, kernels: KernelImpls, record: bool):
     b, p = prompts.tokens_BP.shape
     pad_B = p - prompts.lens_B
@@ -180,8 +187,9 @@ def _initial_state(prompts: Prompts, cache, max_new: int, prompt_ids_BPLK) -> De
     )
 
 
-def _record(state: DecodeState, tok_B, logp_B, stop_ids, max_new) -> DecodeState:
-    """Writes a sampled token at each live row's response slot and updates the done flags."""
+def _record(state: DecodeState, tok_B, logp_B, stop_ids, max_new, budget_B) -> DecodeState:
+    """Writes a sampled token at each live row's response slot and updates the done flags
+    (a row is done after a stop token or ``budget_B[b]`` tokens)."""
     live = ~state.done_B
     rows = jnp.arange(tok_B.shape[0])
     idx = jnp.where(live, state.n_B, max_new)  # out-of-bounds index: dropped for done rows
@@ -189,7 +197,7 @@ def _record(state: DecodeState, tok_B, logp_B, stop_ids, max_new) -> DecodeState
     logp = state.logp_BA.at[rows, idx].set(logp_B, mode="drop")
     n_B = state.n_B + live
     is_stop = jnp.isin(tok_B, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else False
-    done = state.done_B | (live & is_stop) | (n_B >= max_new)
+    done = state.done_B | (live & is_stop) | (n_B >= budget_B)
     return dataclasses.replace(
         state, last_B=jnp.where(live, tok_B, state.last_B), out_BA=out, logp_BA=logp, n_B=n_B,
         done_B=done,
@@ -203,9 +211,10 @@ def _record(state: DecodeState, tok_B, logp_B, stop_ids, max_new) -> DecodeState
         "record_expert_ids",
     ),
 )  # fmt: skip
-def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_dtype, mode,
-              max_new_tokens, stop_ids, kernels, record_expert_ids):  # fmt: skip
+def _generate(weights, prompts, rng, k_scale, v_scale, budget_B=None, *, cfg, sampling,
+              cache_dtype, mode, max_new_tokens, stop_ids, kernels, record_expert_ids):  # fmt: skip
     b, p = prompts.tokens_BP.shape
+    budget_B = response_budget(budget_B, b, max_new_tokens)
     # The prefill fills a prompt-sized cache (its attention spans P slots, not P + N); the
     # decode loop then gets the response slots.
     cache = init_cache(
@@ -217,7 +226,7 @@ def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_d
     cache = extend_cache(cache, _cache_len(p + max_new_tokens, kernels))
     state = _initial_state(prompts, cache, max_new_tokens, prompt_ids)
     tok, logp = sample(jax.random.fold_in(rng, 0), logits_BV, sampling)
-    state = _record(state, tok, logp, stop_ids, max_new_tokens)
+    state = _record(state, tok, logp, stop_ids, max_new_tokens, budget_B)
 
     def cond(s: DecodeState):
         return (s.step < max_new_tokens - 1) & ~jnp.all(s.done_B)
@@ -239,7 +248,7 @@ def _generate(weights, prompts, rng, k_scale, v_scale, *, cfg, sampling, cache_d
         step = s.step + 1
         tok, logp = sample(jax.random.fold_in(rng, step), out.logits_BTV[:, 0], sampling)
         s = dataclasses.replace(s, step=step, pos_B=pos_B, cache=out.cache)
-        return _record(s, tok, logp, stop_ids, max_new_tokens)
+        return _record(s, tok, logp, stop_ids, max_new_tokens, budget_B)
 
     state = jax.lax.while_loop(cond, body, state)
     resp_BA = jnp.arange(max_new_tokens)[None] < state.n_B[:, None]
@@ -270,6 +279,7 @@ def generate(
     stop_token_ids: Sequence[int] = (),
     kernels: KernelImpls = DEFAULT_KERNELS,
     record_expert_ids: bool = False,
+    response_budget_B: jax.Array | None = None,
 ) -> Rollout:
     """Samples up to ``max_new_tokens`` per prompt; one compiled program per padded shape.
 
@@ -283,7 +293,8 @@ def generate(
     None runs the model's jnp attention and "auto" | "xla" | "pallas_*" route the one-token steps
     through ``kernels_pallas.decode_attention``). ``record_expert_ids``: return the experts each
     token went to in each MoE layer (``Rollout.expert_ids_BTLK``, for routing replay; None for a
-    dense model).
+    dense model). ``response_budget_B``: optional per-row budgets (<= ``max_new_tokens``;
+    benchmarks force long-tailed lengths with it).
     """
     if not isinstance(prompts, Prompts):
         prompts = Prompts(*(jnp.asarray(x, jnp.int32) for x in prompts))
@@ -297,7 +308,7 @@ def generate(
     k_scale, v_scale = _static_scales(kv_scales, cfg, mode)
     stop_ids = tuple(int(t) for t in stop_token_ids)
     return _generate(
-        weights, prompts, rng, k_scale, v_scale, cfg=cfg, sampling=sampling, cache_dtype=dtype,
-        mode=mode, max_new_tokens=int(max_new_tokens), stop_ids=stop_ids, kernels=kernels,
-        record_expert_ids=bool(record_expert_ids),
+        weights, prompts, rng, k_scale, v_scale, response_budget_B, cfg=cfg, sampling=sampling,
+        cache_dtype=dtype, mode=mode, max_new_tokens=int(max_new_tokens), stop_ids=stop_ids,
+        kernels=kernels, record_expert_ids=bool(record_expert_ids),
     )  # fmt: skip

@@ -7,8 +7,9 @@ calls it with greedy sampling, so its precision cannot drift from the rollout's.
 
 An engine is ``engine(weights, prompts, model_cfg, cfg, sampling, rng, kv_scales) -> (Rollout,
 metrics)``, also taking ``record_expert_ids=True`` if it supports MoE routing replay (it is
-passed only when asked for); ``ENGINE_FNS`` maps ``RolloutConfig.engine`` to it, so adding an
-engine (issue 14's paged engine) is one entry here and one name in ``config.ENGINES``.
+passed only when asked for); ``ENGINE_FNS`` maps ``RolloutConfig.engine`` to it: ``static``
+(``generate``) and ``paged`` (``generate_paged``: page pool, continuous batching, shared prompts;
+its metrics are the ``engine_*`` keys).
 
 KV-scale calibration (§4.5) lives here too: step 0 from a high-precision pass over the prompts
 (``calibrate_initial_kv_scales``), every later step from the scoring pass's Q/K/V amax
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 from fp8rl_jax.generation.config import RolloutConfig
 from fp8rl_jax.generation.generate import Prompts, Rollout, generate
 from fp8rl_jax.generation.kv_scales import KVScales, calibrate_kv_scales
+from fp8rl_jax.generation.paged import generate_paged
 from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.models import ModelConfig, QKVAmax, forward
 from fp8rl_jax.quant import QuantStats, quantize_params
@@ -74,7 +76,25 @@ def _static_engine(weights, prompts, model_cfg, cfg: RolloutConfig, sampling, rn
     return ro, {}
 
 
-ENGINE_FNS: dict[str, Engine] = {"static": _static_engine}
+def _paged_engine(weights, prompts, model_cfg, cfg: RolloutConfig, sampling, rng, kv_scales):
+    """Continuous batching over a page pool with shared prompt pages (``generate_paged``)."""
+    return generate_paged(
+        weights,
+        prompts,
+        model_cfg,
+        sampling,
+        rng,
+        paged=cfg.paged,
+        kv_cache_dtype=cfg.kv_cache_dtype,
+        kv_scale_mode=cfg.kv_scale_mode,
+        kv_scales=kv_scales if cfg.static_kv_scales else None,
+        max_new_tokens=cfg.max_new_tokens,
+        stop_token_ids=cfg.stop_token_ids,
+        kernels=cfg.kernels,
+    )
+
+
+ENGINE_FNS: dict[str, Engine] = {"static": _static_engine, "paged": _paged_engine}
 
 
 def rollout(

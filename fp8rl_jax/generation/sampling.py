@@ -99,11 +99,24 @@ def sample(
     ``logp_B`` is the token's log-prob under ``process_logits`` (unprocessed softmax when greedy).
     Row b uses the key ``fold_in(rng, b)``.
     """
+    return sample_with_keys(row_keys(rng, logits_BV.shape[0]), logits_BV, cfg)
+
+
+def token_keys(rng: jax.Array, token_B: jax.Array, row_B: jax.Array) -> jax.Array:
+    """``fold_in(fold_in(rng, token), row)`` per row: the key of token index ``token_B[b]`` of
+    request ``row_B[b]``, the key ``sample`` gives row b at decode step ``token``."""
+    step = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, token_B.astype(jnp.uint32))
+    return jax.vmap(jax.random.fold_in)(step, row_B.astype(jnp.uint32))
+
+
+def sample_with_keys(
+    keys_B: jax.Array, logits_BV: jax.Array, cfg: SamplingConfig
+) -> tuple[jax.Array, jax.Array]:
+    """``sample`` with one given key per row (unused when greedy)."""
     logq_BV = process_logits(logits_BV, cfg)
     if cfg.greedy:
         tokens_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
     else:
-        keys_B = row_keys(rng, logits_BV.shape[0])
         tokens_B = jax.vmap(jax.random.categorical)(keys_B, logq_BV).astype(jnp.int32)
     logp_B = jnp.take_along_axis(logq_BV, tokens_B[:, None], axis=-1)[:, 0]
     return tokens_B, logp_B

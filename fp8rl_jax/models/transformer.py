@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8rl_jax.models import kv_cache as kvc
+from fp8rl_jax.models import paged_kv_cache as pkv
 from fp8rl_jax.models.attention import (
     attention,
     cache_mask,
@@ -22,6 +23,7 @@ from fp8rl_jax.models.moe import load_balancing_loss, moe_mlp
 from fp8rl_jax.models.rope import rope_cos_sin
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
 from kernels_pallas.decode_attention import decode_attention
+from kernels_pallas.paged_attention import paged_attention
 
 
 @jax.tree_util.register_dataclass
@@ -40,7 +42,7 @@ class ForwardOut:
     """What ``forward`` returns; optional parts are None unless asked for."""
 
     logits_BTV: jax.Array  # float32
-    cache: kvc.KVCache | None = None  # updated cache (when one was passed in)
+    cache: kvc.KVCache | pkv.PagedKVCache | None = None  # updated cache (when one was passed in)
     qkv_amax: QKVAmax | None = None  # when return_qkv_amax=True
     aux_loss: jax.Array | None = None  # MoE load-balancing loss (unscaled), 0 for dense models
     hidden_BTD: jax.Array | None = None  # final-norm hidden states, when return_hidden=True
@@ -69,6 +71,14 @@ def _attention_layer(p, h_BTD, layer, ctx):
     if cache is None:
         o = attention(q, k, v, ctx["mask"], sm_scale=sm_scale)
         writes = None
+    elif isinstance(cache, pkv.PagedKVCache):  # one query per slot over its pages
+        writes = pkv.write_token(cache, layer, k, v, ctx["valid_BT"][:, 0])
+        k_c, v_c, ks, vs = writes
+        o = paged_attention(
+            q[:, 0], k_c, v_c, ctx["paged_lengths_B"], cache.page_table_UW, k_scale=ks,
+            v_scale=vs, sm_scale=sm_scale, impl=kernels.decode_attention or "xla",
+            interpret=kernels.interpret,
+        )[:, None]  # fmt: skip
     else:
         if cache.q_scale is not None:
             q = fake_quantize_q(q, cache.q_scale[layer])
@@ -106,6 +116,12 @@ def _context(weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, want_
     if cache is None:
         ctx["mask"] = causal_segment_mask(seg)
         default_pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    elif isinstance(cache, pkv.PagedKVCache):
+        if T != 1:
+            raise ValueError(f"forward: a PagedKVCache takes one token per slot, got T={T}")
+        default_pos = cache.lengths_U[:, None]
+        # A valid slot attends over its held tokens and the new one; an invalid one over none.
+        ctx["paged_lengths_B"] = jnp.where(valid_BT[:, 0], cache.lengths_U + 1, 0)
     else:
         slots = cache.lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)
         ctx["slots_BT"] = slots
@@ -154,6 +170,10 @@ def forward(
     each token with the given experts (``moe.route``; ``moe.REPLAY_NONE`` entries route as
     usual); ``return_expert_ids`` returns the experts every MoE layer used (int16, same layout;
     None for a dense model). Both are ignored by dense models.
+    With a ``PagedKVCache`` (T = 1, one row per decode slot), a valid row's token is written at
+    its slot's ``lengths_U`` (also its default position) and attends over its pages through
+    ``kernels_pallas.paged_attention`` (``decode_attention`` None: the ``xla`` implementation);
+    only valid rows write and advance.
     """
     ctx = _context(
         weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, return_qkv_amax, kernels
@@ -178,7 +198,10 @@ def forward(
         x = x + y
     h = rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
     new_cache = None
-    if cache is not None:
+    if isinstance(cache, pkv.PagedKVCache):
+        new_k, new_v, new_ks, new_vs = (list(c) for c in zip(*writes, strict=True))
+        new_cache = pkv.advance(cache, new_k, new_v, new_ks, new_vs, ctx["valid_BT"][:, 0])
+    elif cache is not None:
         new_k, new_v, new_ks, new_vs = (list(c) for c in zip(*writes, strict=True))
         new_cache = kvc.advance(
             cache, new_k, new_v, new_ks, new_vs, ctx["slots_BT"], ctx["valid_BT"]

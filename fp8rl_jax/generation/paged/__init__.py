@@ -1,0 +1,101 @@
+"""The paged rollout engine: page pool, continuous batching, shared prompts.
+
+See docs/PAGED_ENGINE.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from fp8rl_jax.generation.config import PagedConfig
+from fp8rl_jax.generation.generate import Prompts, Rollout, _static_scales, response_budget
+from fp8rl_jax.generation.kv_scales import KVScales
+from fp8rl_jax.generation.paged.admit import group_leaders
+from fp8rl_jax.generation.paged.engine import run_engine
+from fp8rl_jax.generation.paged.plan import FIELD, PoolPlan, plan_pool
+from fp8rl_jax.generation.paged.state import EngineSpec, EngineState
+from fp8rl_jax.generation.sampling import SamplingConfig
+from fp8rl_jax.models import ModelConfig
+from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
+from kernels_pallas.paged_attention.pallas_mosaic_gpu import PAGE_SIZES as GPU_PAGE_SIZES
+from kernels_pallas.paged_attention.pallas_tpu import PAGE_SIZES as TPU_PAGE_SIZES
+
+
+def check_kernel_page_size(page_size: int, kernels: KernelImpls) -> None:
+    """A paged decode kernel's tile is one page: an explicitly chosen kernel must support the
+    page size (``auto`` falls back to ``xla``, which reads any page size)."""
+    sizes = {"pallas_tpu": TPU_PAGE_SIZES, "pallas_mosaic_gpu": GPU_PAGE_SIZES}
+    allowed = sizes.get(kernels.decode_attention)
+    if allowed is not None and page_size not in allowed:
+        raise ValueError(
+            f"{FIELD}.page_size={page_size} is not a block size of the {kernels.decode_attention} "
+            f"paged kernel {allowed} (a tile is one page)"
+        )
+
+
+def generate_paged(
+    weights: dict,
+    prompts: Prompts | tuple[jax.Array, jax.Array],
+    cfg: ModelConfig,
+    sampling: SamplingConfig,
+    rng: jax.Array,
+    *,
+    paged: PagedConfig | None = None,
+    kv_cache_dtype: str = "bfloat16",
+    kv_scale_mode: str = "static",
+    kv_scales: KVScales | None = None,
+    max_new_tokens: int,
+    stop_token_ids: Sequence[int] = (),
+    kernels: KernelImpls = DEFAULT_KERNELS,
+    return_state: bool = False,
+    response_budget_B: jax.Array | None = None,
+) -> tuple[Rollout, dict] | tuple[Rollout, dict, EngineState]:
+    """``generate``'s contract (same arguments, same ``Rollout``) on the paged engine; also
+    returns the engine metrics (device scalars), and the final state with ``return_state``.
+
+    Rows with identical consecutive prompts share their prompt pages (a GRPO group). The output
+    does not depend on ``paged`` (slots, page size, pool): only on each request's prompt and
+    key stream. ``response_budget_B``: optional per-request budgets (<= ``max_new_tokens``).
+    """
+    paged = PagedConfig() if paged is None else paged
+    if not isinstance(prompts, Prompts):
+        prompts = Prompts(*(jnp.asarray(x, jnp.int32) for x in prompts))
+    if max_new_tokens < 1:
+        raise ValueError(f"generate_paged: max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_kernel_page_size(paged.page_size, kernels)
+    dtype = jnp.dtype(kv_cache_dtype)
+    mode = kv_scale_mode if dtype.name.startswith("float8") else "none"
+    k_scale, v_scale = _static_scales(kv_scales, cfg, mode)
+    b, p = prompts.tokens_BP.shape
+    plan = plan_pool(
+        paged, cfg, num_requests=b, prompt_len=p, max_new_tokens=int(max_new_tokens),
+        cache_dtype=dtype, mode=mode,
+    )  # fmt: skip
+    spec = EngineSpec(
+        plan=plan, model=cfg, sampling=sampling, stop_ids=tuple(int(t) for t in stop_token_ids),
+        cache_dtype=dtype, mode=mode, kernels=kernels,
+    )  # fmt: skip
+    ro, metrics, state = run_engine(
+        weights,
+        prompts,
+        rng,
+        k_scale,
+        v_scale,
+        response_budget(response_budget_B, b, plan.max_new_tokens),
+        spec=spec,
+    )
+    return (ro, metrics, state) if return_state else (ro, metrics)
+
+
+__all__ = [
+    "EngineSpec",
+    "EngineState",
+    "PoolPlan",
+    "check_kernel_page_size",
+    "generate_paged",
+    "group_leaders",
+    "plan_pool",
+]

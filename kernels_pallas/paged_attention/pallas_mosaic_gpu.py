@@ -1,0 +1,159 @@
+"""Paged decode attention on Hopper (Mosaic GPU): the dense decode kernel over a page pool.
+
+One CTA per (KV head, row, chunk of the row's page-table entries); the body is
+``decode_attention.pallas_mosaic_gpu``'s tile step (wgmma QKᵀ and PV in f16/bf16, FP8 pages
+upcast to f16 in registers, online softmax in base 2, a static K scale folded into q and a
+static V scale on the output). Only the TMA pipeline's source changes: the pool viewed as
+``[X·Y, K, C]`` (a free reshape), head kh's ``[X·Y, C]`` slice, and the index map of step i
+``page_table[row, lo + i]`` (a page is one ``Y``-row tile). The pipeline's grid is the chunk's
+live page count, so only the pages a row holds are read. Dynamic (per-slot) page scales are
+not supported yet (their per-head view ``[X, Y]`` is not a 1-D TMA source).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from kernels_pallas.decode_attention import common
+from kernels_pallas.decode_attention import pallas_mosaic_gpu as dense
+from kernels_pallas.paged_attention.common import PagedBlocks
+
+_TILE_M = dense._TILE_M  # noqa: SLF001
+PAGE_SIZES = (64,)  # the dense kernel's block_s proven for FP8 and 16-bit caches
+_STAGES = (2, 3)
+
+
+def _kernel(lengths, lo, cnt, table, q_gmem, k_gmem, v_gmem, *outs, st):
+    kh, row, j = jax.lax.axis_index("kv"), jax.lax.axis_index("row"), jax.lax.axis_index("split")
+    c, bs, dt = q_gmem.shape[-1], st.bs, st.mma_dtype
+    bounds = (lo[row, j], 0, lengths[row])
+    q0 = pl.multiple_of((kh * st.group) // 8 * 8, 8)
+    off = kh * st.group - q0
+
+    def compute(q_smem, kb_smem, vb_smem, p_smem, q_barrier):
+        plgpu.copy_gmem_to_smem(q_gmem.at[row, pl.ds(q0, _TILE_M)], q_smem, q_barrier)
+        plgpu.barrier_wait(q_barrier)
+        kv_spec = plgpu.BlockSpec(
+            (bs, c), lambda i: (table[row, bounds[0] + i], 0),
+            transforms=dense._transforms(c, k_gmem.dtype),  # noqa: SLF001
+        )  # fmt: skip
+        init = (
+            plgpu.layout_cast(jnp.zeros((_TILE_M, c), jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(
+                jnp.full((_TILE_M,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1)
+            ),
+            plgpu.layout_cast(jnp.zeros((_TILE_M,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
+        )
+        step = functools.partial(
+            dense._tile_step,
+            st,
+            q_smem,
+            kb_smem,
+            vb_smem,
+            p_smem,
+            bounds,  # noqa: SLF001
+        )
+        return plgpu.emit_pipeline(
+            step, grid=(cnt[row, j],), in_specs=[kv_spec, kv_spec],
+            max_concurrent_steps=st.stages, init_carry=init,
+        )(k_gmem.at[:, kh], v_gmem.at[:, kh])  # fmt: skip
+
+    tf = dense._transforms  # noqa: SLF001
+    kv_buf = plgpu.SMEM((bs, c), dt, transforms=tf(c, dt)) if st.fp8 else None
+    acc, m_i, l_i = pl.run_scoped(
+        compute,
+        plgpu.SMEM((_TILE_M, c), dt, transforms=tf(c, dt)),
+        kv_buf,
+        kv_buf,
+        None if st.hw else plgpu.SMEM((_TILE_M, bs), dt, transforms=tf(bs, dt)),
+        plgpu.Barrier(num_barriers=1),
+    )
+    dense._write_out(st, outs, acc, m_i, l_i, (row, kh, j, off))  # noqa: SLF001
+
+
+@functools.partial(jax.jit, static_argnames=("sm_scale", "num_splits", "stages", "interpret"))
+def paged_attention_mgpu(
+    q_BHC, k_pages_XYKC, v_pages_XYKC, lengths_B, page_table_BW, *, k_scale=None, v_scale=None,
+    sm_scale, num_splits: int = 1, stages: int = 2, interpret=False,
+):  # fmt: skip
+    """Mosaic GPU paged decode attention; same contract as ``paged_attention_reference``
+    (static or no scales)."""
+    b, h, c = q_BHC.shape
+    x, y, n_kv, _ = k_pages_XYKC.shape
+    w = page_table_BW.shape[1]
+    group, splits = h // n_kv, max(1, min(num_splits, w))
+    dt = dense.mma_dtype(k_pages_XYKC.dtype)
+    lengths_B = lengths_B.astype(jnp.int32)
+    lo, cnt = common.split_ranges(
+        jnp.zeros_like(lengths_B), lengths_B, block_s=y, num_splits=splits, num_tiles=w
+    )
+    q = q_BHC.astype(jnp.float32)
+    if k_scale is not None:
+        q = q * jnp.repeat(common.per_kv_head(k_scale, n_kv), group)[None, :, None]
+    q = jnp.pad(q.astype(dt), ((0, 0), (0, dense._q_rows(n_kv, group) - h), (0, 0)))  # noqa: SLF001
+    st = dense._Static(  # noqa: SLF001
+        bs=y, group=group, splits=splits, stages=stages, mma_dtype=dt,
+        fp8=jnp.dtype(k_pages_XYKC.dtype).itemsize == 1, dynamic=False,
+        score_scale=float(sm_scale) * common.LOG2E, hw=not interpret,
+    )  # fmt: skip
+    out_type = [jax.ShapeDtypeStruct((b, splits, h, c), jnp.float32)]
+    if splits > 1:
+        out_type.append(jax.ShapeDtypeStruct((b, splits, n_kv, _TILE_M), jnp.float32))
+    k_flat = k_pages_XYKC.reshape(x * y, n_kv, c)
+    v_flat = v_pages_XYKC.reshape(x * y, n_kv, c)
+    outs = plgpu.kernel(
+        functools.partial(_kernel, st=st),
+        out_type=out_type,
+        grid=(n_kv, b, splits),
+        grid_names=("kv", "row", "split"),
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=plgpu.InterpretGPUParams() if interpret else None,
+    )(lengths_B, lo, cnt, page_table_BW.astype(jnp.int32), q, k_flat, v_flat)
+    if splits > 1:
+        rows = dense._lse_rows(n_kv, group)  # noqa: SLF001
+        o_BHC = common.combine_splits(outs[0], outs[1].reshape(b, splits, -1)[:, :, rows])
+    else:
+        o_BHC = outs[0][:, 0]
+    if v_scale is not None:
+        o_BHC = o_BHC * jnp.repeat(common.per_kv_head(v_scale, n_kv), group)[None, :, None]
+    return o_BHC.astype(q_BHC.dtype)
+
+
+def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_scale, sm_scale,
+             config, interpret) -> str | None:  # fmt: skip
+    """None if the Mosaic GPU kernel compiles for these operands (proven shapes), else why not."""
+    del lengths_B, page_table_BW, v_scale, sm_scale
+    from kernels_pallas.backend import target_device
+
+    if not interpret and not (t := target_device()).is_hopper:
+        return f"needs a Hopper GPU, the target is {t.device_kind}"
+    y, n_kv, c = k_pages.shape[1:]
+    if k_pages.dtype not in dense._KV_DTYPES or v_pages.dtype != k_pages.dtype:  # noqa: SLF001
+        return f"page dtype {k_pages.dtype}/{v_pages.dtype} not supported"
+    if q_BHC.dtype not in dense._Q_DTYPES:  # noqa: SLF001
+        return f"q dtype {q_BHC.dtype} not supported"
+    if c not in dense._HEAD_DIMS:  # noqa: SLF001
+        return f"head_dim {c} not in {dense._HEAD_DIMS}"  # noqa: SLF001
+    if not dense._window_fits(n_kv, q_BHC.shape[1] // n_kv):  # noqa: SLF001
+        return f"query group {q_BHC.shape[1] // n_kv} does not fit a {_TILE_M}-row window"
+    if y not in PAGE_SIZES:
+        return f"page_size {y} is not a kernel block size {PAGE_SIZES} (a tile is one page)"
+    if k_scale is not None and jnp.ndim(k_scale) == 3:
+        return "dynamic (per-slot) page scales are not supported by the Mosaic GPU kernel yet"
+    stages = 2 if config is None or config.num_stages is None else config.num_stages
+    if stages not in _STAGES:
+        return f"num_stages {stages} not in {_STAGES}"
+    return None
+
+
+def run(q, k, v, lengths_B, table, *, config: PagedBlocks | None, interpret, **kw):
+    config = config or PagedBlocks()
+    return paged_attention_mgpu(
+        q, k, v, lengths_B, table, **kw, num_splits=config.num_splits or 1,
+        stages=config.num_stages or 2, interpret=interpret,
+    )  # fmt: skip
