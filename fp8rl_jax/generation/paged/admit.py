@@ -72,7 +72,7 @@ def _prefill_pages(s: EngineState, spec: EngineSpec, inp: Inputs, lead_Q, valid_
         cfg, q, p, dtype=spec.cache_dtype, mode=spec.mode, k_scale=inp.k_scale,
         v_scale=inp.v_scale,
     )  # fmt: skip
-    _, dense, amax = _prefill(inp.weights, prompts, cfg, dense, spec.kernels)
+    _, dense, amax, _ = _prefill(inp.weights, prompts, cfg, dense, spec.kernels, record=False)
     t_ZY = jnp.arange(plan.prompt_pages * y, dtype=jnp.int32).reshape(-1, y)
     idx_QZY = jnp.clip(p - lens_Q[:, None, None] + t_ZY[None], 0, p - 1)
     dynamic = spec.mode == "dynamic"
