@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from fp8rl_jax.generation import cast_floats
 from fp8rl_jax.models import ModelConfig, init_weights, save_hf_checkpoint
+from fp8rl_jax.models.hf_dir import ExportDirError
 from fp8rl_jax.rl import init_train_state
 from fp8rl_jax.train.checkpoint import CheckpointManager
 from fp8rl_jax.train.experiment import Experiment
@@ -23,12 +24,18 @@ def _model_config(exp: Experiment) -> ModelConfig:
     return exp.model.tiny_config(tokenizer.vocab_size)
 
 
-def export_hf(exp: Experiment, out_dir: str, *, dtype=jnp.bfloat16) -> int:
+def export_hf(exp: Experiment, out_dir: str, *, dtype=jnp.bfloat16, overwrite: bool = False) -> int:
     """Writes the params of ``exp``'s newest readable checkpoint to ``out_dir`` in the HF layout.
 
     Only shapes are built to restore (no weights are loaded from the base checkpoint); the base
-    checkpoint's tokenizer and generation files are copied along. Returns the exported step.
+    checkpoint's tokenizer and generation files are copied along. ``out_dir`` must be new, empty
+    or a previous export unless ``overwrite`` (``models.hf_dir``); the run directory is always
+    refused. The checkpoints are only read (a running trainer may share them). Returns the step.
     """
+    ckpt_dir = os.path.join(exp.trainer.run_dir, "checkpoints")
+    _check_out_dir(out_dir, exp.trainer.run_dir)
+    if not os.path.isdir(ckpt_dir):
+        raise FileNotFoundError(f"export_hf: no checkpoint under {ckpt_dir}")
     cfg = _model_config(exp)
     rl, optimizer = exp.rl, make_optimizer(exp.optim)
 
@@ -44,8 +51,8 @@ def export_hf(exp: Experiment, out_dir: str, *, dtype=jnp.bfloat16) -> int:
             )
         return init_train_state(params, optimizer, jax.random.key(0), kv, rl_cfg=rl)
 
-    ckpt_dir = os.path.join(exp.trainer.run_dir, "checkpoints")
-    restored = CheckpointManager(ckpt_dir).restore_latest(jax.eval_shape(abstract_state))
+    with CheckpointManager(ckpt_dir, read_only=True) as ckpt:
+        restored = ckpt.restore_latest(jax.eval_shape(abstract_state))
     if restored is None:
         raise FileNotFoundError(f"export_hf: no checkpoint under {ckpt_dir}")
     save_hf_checkpoint(
@@ -53,5 +60,19 @@ def export_hf(exp: Experiment, out_dir: str, *, dtype=jnp.bfloat16) -> int:
         cfg,
         cast_floats(restored.state.params, dtype),
         extra_files_from=exp.model.hf_checkpoint or None,
+        overwrite=overwrite,
+        info={"run_dir": os.path.abspath(exp.trainer.run_dir), "step": int(restored.step)},
     )
     return int(restored.step)
+
+
+def _check_out_dir(out_dir: str, run_dir: str) -> None:
+    """The run directory, anything above it and its checkpoints are never an export target."""
+    out, run = os.path.realpath(out_dir), os.path.realpath(run_dir)
+    ckpts = os.path.join(run, "checkpoints")
+    inside = (out + os.sep).startswith(ckpts + os.sep)
+    if inside or (run + os.sep).startswith(out.rstrip(os.sep) + os.sep):
+        raise ExportDirError(
+            f"--out={out_dir} is (or holds) the run directory {run_dir} or its checkpoints; "
+            f"export to a directory of its own, e.g. --out={os.path.join(run_dir, 'hf')}"
+        )
