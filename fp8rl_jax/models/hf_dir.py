@@ -101,11 +101,18 @@ def _merge_into(tmp: str, path: str, written: set[str]) -> None:
 
 
 def commit(tmp: str, path: str, kind: Kind, info: dict[str, Any] | None = None) -> None:
-    """Writes the marker into the finished export ``tmp`` and moves it to ``path``."""
+    """Writes the marker into the finished export ``tmp`` and moves it to ``path``.
+
+    Every file gets the umask's mode (safetensors writes its files 0600).
+    """
+    from fp8rl_jax.train.files import file_mode  # here: train/ imports models/
+
     written = set(os.listdir(tmp)) | {EXPORT_MARKER}
     marker = {"format": "fp8rl_jax HF export", **(info or {}), "files": sorted(written)}
     with open(os.path.join(tmp, EXPORT_MARKER), "w", encoding="utf-8") as f:
         json.dump(marker, f, indent=1)
+    for name in written:
+        os.chmod(os.path.join(tmp, name), file_mode())
     if kind == "new":
         if os.path.isdir(path):
             os.rmdir(path)  # empty: nothing is lost
