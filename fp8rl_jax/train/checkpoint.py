@@ -33,6 +33,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint import options as ocp_options
 
 from fp8rl_jax.train import distributed as dist
@@ -101,6 +102,11 @@ def _data_to_keys(restored: Any, abstract_state: Any, impls: Mapping[str, str]) 
         return jax.random.wrap_key_data(x, impl=impls[name])
 
     return jax.tree_util.tree_map_with_path(convert, abstract_state, restored)
+
+
+def _dotted(path: tuple) -> str:
+    """A pytree path as orbax names the array ("params.layers.0.attn.q_norm")."""
+    return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
 class CheckpointSaveError(RuntimeError):
@@ -199,10 +205,12 @@ class CheckpointManager:
         """Restores `step` into the structure, shapes, dtypes and shardings of `abstract_state`
         (concrete arrays or `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape`).
 
-        Raises `integrity.ChecksumError` first if a file differs from its recorded checksum.
+        Raises ValueError naming the first array stored with another shape, then
+        `integrity.ChecksumError` if a file differs from its recorded checksum, before any read.
         """
-        self._verify(int(step))
         target = jax.tree.map(_abstract_leaf, abstract_state)
+        self._check_shapes(int(step), target)
+        self._verify(int(step))
         args = ocp.args.Composite(
             **{_STATE: ocp.args.StandardRestore(target), _META: ocp.args.JsonRestore()}
         )
@@ -210,6 +218,27 @@ class CheckpointManager:
         meta = restored[_META]
         state = _data_to_keys(restored[_STATE], abstract_state, meta["prng_impls"])
         return Restored(step=int(step), state=state, metadata=meta["user"])
+
+    def _check_shapes(self, step: int, target: Any) -> None:
+        """Raises ValueError naming the first array whose stored shape differs from ``target``'s
+        (another model size): before any read, so no orbax read fails half-way."""
+        handler = ocp.StandardCheckpointHandler()
+        try:  # the manager's item_metadata needs a handler registered by an earlier call
+            stored = handler.metadata(epath.Path(self.directory) / str(step) / _STATE)
+        finally:
+            handler.close()
+        stored = getattr(stored, "tree", stored)
+        shapes = {
+            _dotted(path): tuple(m.shape)
+            for path, m in jax.tree_util.tree_flatten_with_path(stored)[0]
+            if hasattr(m, "shape")
+        }
+        for path, leaf in jax.tree_util.tree_flatten_with_path(target)[0]:
+            name = _dotted(path)
+            if hasattr(leaf, "shape") and name in shapes and shapes[name] != tuple(leaf.shape):
+                raise ValueError(
+                    f"{name}: stored shape {shapes[name]}, this config expects {tuple(leaf.shape)}"
+                )
 
     def _verify(self, step: int) -> None:
         """Process 0 checks the step's checksums; every process raises the same error."""
