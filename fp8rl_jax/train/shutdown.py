@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 
 from fp8rl_jax.train import distributed as dist
@@ -69,11 +68,8 @@ class StopSignals:
             raise Interrupted(
                 f"stopped by {name} before the first RL step: nothing to save", signum
             )
-        print(
-            f"\n{name}: finishing the step and saving a checkpoint (send it again to exit at once)",
-            file=sys.stderr,
-            flush=True,
-        )
+        message = f"\n{name}: finishing the step and saving a checkpoint (again: exit at once)\n"
+        os.write(2, message.encode())  # not print(): the handler may interrupt a print
 
     def requested(self) -> bool:
         """Whether any process got a signal (the same answer on every process)."""

@@ -238,6 +238,8 @@ def _train(run: _Run, params, ckpt: CheckpointManager, progress: bool) -> dict:
         restored = ckpt.restore_latest(place.restore_target(abstract))
     except RuntimeError as e:  # no checkpoint restores: most likely another model or optimizer
         raise resume_error(tc.run_dir, config, e) from e
+    if place.is_main:  # only now: a rerun that cannot resume leaves config.json as it was
+        record_config(tc.run_dir, config)
     if restored is not None:
         state, meta = restored
         print(f"resumed from {ckpt.directory} at step {int(state.step)}")
@@ -245,8 +247,6 @@ def _train(run: _Run, params, ckpt: CheckpointManager, progress: bool) -> dict:
         # SFT and the step-0 KV-scale calibration run on each process's first device (every
         # process computes the same values); the result is then placed on the mesh.
         state = place.place_state(_initial_state(run, params, optimizer, rng))
-    if place.is_main:  # only now: a rerun that cannot resume leaves config.json as it was
-        record_config(tc.run_dir, config)
     start = int(state.step)
     # Row s holds the metrics of the step that completed s steps, so a run resumed from the
     # checkpoint of step s keeps rows <= s (from scratch, none: row 0 is logged again).
