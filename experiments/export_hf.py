@@ -2,6 +2,10 @@
 
     .venv/bin/python experiments/export_hf.py --config=experiments/configs/tiny.py:fp8_tis \
         --out=exports/tiny_fp8_tis [--format=fp8]
+
+--out must be a new or empty directory or a previous export (it holds ``fp8rl_export.json``),
+which is replaced. --overwrite writes into any other directory: files of the same names are
+replaced, nothing else is deleted. The run directory itself is refused.
 """
 
 import os
@@ -11,6 +15,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from fp8rl_jax.train.cli import one_line_errors, parse_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The run's experiment config file.")
 _OUT = flags.DEFINE_string("out", None, "Output directory for config.json + *.safetensors.")
@@ -22,25 +28,27 @@ _FORMAT = flags.DEFINE_enum(
     "bf16: the trained weights; fp8: the rollout policy in "
     "block FP8 (weight + weight_scale_inv, quantization_config: vLLM/SGLang load it as is).",
 )
+_OVERWRITE = flags.DEFINE_bool(
+    "overwrite", False, "Write into a non-empty --out that is not a previous export."
+)
 
 
+@one_line_errors
 def main(argv):
     del argv
     from absl import logging as absl_logging
 
-    from fp8rl_jax.train.config import ConfigError
     from fp8rl_jax.train.experiment import experiment_from_config
     from fp8rl_jax.train.export import export_hf
 
-    try:
-        exp = experiment_from_config(_CONFIG.value)
-    except ConfigError as e:
-        raise app.UsageError(str(e)) from None
+    exp = experiment_from_config(_CONFIG.value)
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every restore at INFO
-    step = export_hf(exp, _OUT.value, dtype=_DTYPE.value, fmt=_FORMAT.value)
+    step = export_hf(
+        exp, _OUT.value, dtype=_DTYPE.value, fmt=_FORMAT.value, overwrite=_OVERWRITE.value
+    )
     print(f"exported step {step} of {exp.trainer.run_dir} to {os.path.abspath(_OUT.value)}")
 
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["config", "out"])
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

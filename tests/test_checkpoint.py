@@ -119,6 +119,15 @@ def test_all_unreadable_raises(tmp_path):
         mgr.restore_latest(wrong)
 
 
+def test_another_shape_is_named_before_any_read(tmp_path):
+    _save_steps(tmp_path, [1])
+    params = {"w_DF": jnp.zeros((8, 17)), "embed_VD": jnp.zeros((32, 8), jnp.bfloat16)}
+    wrong = jax.eval_shape(lambda: dataclasses.replace(_state(0), params=params))
+    match = r"^params.w_DF: stored shape \(8, 16\), this config expects \(8, 17\)$"
+    with CheckpointManager(tmp_path, read_only=True) as mgr, pytest.raises(ValueError, match=match):
+        mgr.restore(1, wrong)  # a fresh manager: no handler registered by an earlier save
+
+
 def test_leftover_tmp_dir_is_ignored(tmp_path):
     _save_steps(tmp_path, [1])
     leftover = tmp_path / "7.orbax-checkpoint-tmp-1234567"

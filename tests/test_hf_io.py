@@ -134,9 +134,10 @@ def test_save_is_sharded_with_index_and_atomic(tmp_path):
         save_hf_checkpoint(out, cfg, quantize_params(w, QuantRecipe()))
     assert sorted(os.listdir(out)) == before
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
-    # Overwriting replaces the directory (single file below the shard size).
+    # A previous export is replaced as a whole (single file below the shard size).
     save_hf_checkpoint(out, cfg, w, extra_files_from=os.path.join(ROOT, "tokenizer"))
     assert sorted(os.listdir(out)) == [
-        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"
+        "config.json", "fp8rl_export.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json",
     ]  # fmt: skip
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]

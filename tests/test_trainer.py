@@ -215,7 +215,7 @@ def test_infinite_learning_rate_is_rejected_by_the_config(env, tmp_path):
 @pytest.mark.parametrize(
     "flag, needles",
     [
-        ("--config.rollout.kv_cache_dtyp=x", ("kv_cache_dtyp", 'Did you mean "kv_cache_dtype"')),
+        ("--config.rollout.kv_cache_dtyp=x", ("kv_cache_dtyp", "did you mean kv_cache_dtype?")),
         (
             "--config.rollout.kv_cache_dtype=int4",
             ("kv_cache_dtype", "'int4'", "bfloat16", "float32", "float8_e4m3fn"),

@@ -99,19 +99,26 @@ class ModelConfig:
     @classmethod
     def from_hf_config(cls, config: dict | str | os.PathLike) -> ModelConfig:
         """From an HF ``config.json`` dict, a path to it, or a checkpoint directory."""
+        where = "config.json"
         if not isinstance(config, dict):
-            config = _read_config_json(config)
-        return _from_hf_dict(config)
+            where, config = _config_path(config), _read_config_json(config)
+        try:
+            return _from_hf_dict(config)
+        except KeyError as e:  # a required key: name it and the file, not a bare KeyError
+            raise ValueError(f"{where}: missing key {e.args[0]!r}") from None
 
     def to_hf_config(self, torch_dtype: str = "bfloat16") -> dict[str, Any]:
         """The HF ``config.json`` dict of this model (inverse of ``from_hf_config``)."""
         return _to_hf_dict(self, torch_dtype)
 
 
-def _read_config_json(path) -> dict:
+def _config_path(path) -> str:
     path = os.fspath(path)
-    if os.path.isdir(path):
-        path = os.path.join(path, "config.json")
+    return os.path.join(path, "config.json") if os.path.isdir(path) else path
+
+
+def _read_config_json(path) -> dict:
+    path = _config_path(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config.json not found: {path}")
     with open(path) as f:

@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import struct
-import uuid
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +32,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
+from fp8rl_jax.models import hf_dir
 from fp8rl_jax.models.config import ModelConfig
 from fp8rl_jax.models.hf_io import (
     _IGNORED,
@@ -125,19 +125,23 @@ def save_fp8_checkpoint(
     *,
     max_shard_bytes: int = 5 * 2**30,
     extra_files_from=None,
+    overwrite: bool = False,
+    info: dict | None = None,
 ) -> None:
     """Writes the rollout weights (QArray leaves, ``generation.rollout_weights``) in block FP8.
 
     ``weights``: the rollout's pytree: QArray ``[.., N, K]`` leaves (E4M3, one block shape) for
-    the quantized layers, high-precision arrays elsewhere (written in BF16). Written to a
-    temporary sibling directory that replaces ``path`` at the end; shards above
-    ``max_shard_bytes`` with a ``model.safetensors.index.json``. ``extra_files_from``: a
-    checkpoint directory whose tokenizer and generation files are copied along.
+    the quantized layers, high-precision arrays elsewhere (written in BF16). Shards above
+    ``max_shard_bytes`` with a ``model.safetensors.index.json``. The target rules are the BF16
+    export's (``hf_dir``): a new or empty directory or a previous export; any other non-empty
+    directory raises ``ExportDirError`` unless ``overwrite``; nothing the export did not write is
+    deleted; files get the umask's mode. ``extra_files_from``: a checkpoint directory whose
+    tokenizer and generation files are copied along; ``info``: provenance for the marker file.
     """
     path = os.path.abspath(os.fspath(path))
-    parent, base = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex[:8]}")
+    kind = hf_dir.plan_target(path, overwrite)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = hf_dir.sibling(path, "tmp")
     os.makedirs(tmp)
     try:
         with open(os.path.join(tmp, "config.json"), "w") as f:
@@ -146,10 +150,8 @@ def save_fp8_checkpoint(
         for fname in _COPIED if extra_files_from else ():
             src = os.path.join(os.fspath(extra_files_from), fname)
             if os.path.isfile(src):
-                shutil.copy2(src, os.path.join(tmp, fname))
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.rename(tmp, path)
+                shutil.copyfile(src, os.path.join(tmp, fname))
+        hf_dir.commit(tmp, path, kind, {"format": "fp8", **(info or {})})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -10,20 +10,22 @@ transformers v5 in-memory layout).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import shutil
-import uuid
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from fp8rl_jax.models import hf_dir
 from fp8rl_jax.models.config import ModelConfig
+from fp8rl_jax.models.hf_dir import ExportDirError  # noqa: F401 (re-exported)
 from kernels_pallas.qarray import QArray
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -119,9 +121,21 @@ def _tensor_files(path: str, shards: list[str]) -> dict[str, str]:
         file = os.path.join(path, shard)
         if not os.path.isfile(file):
             raise FileNotFoundError(f"shard {shard} listed in {INDEX_FILE} not found in {path}")
-        with safe_open(file, framework="numpy") as f:
+        with _open_shard(file) as f:
             names.update(dict.fromkeys(f.keys(), shard))  # noqa: SIM118 (safe_open is no dict)
     return names
+
+
+@contextlib.contextmanager
+def _open_shard(file: str):
+    """``safe_open`` whose errors name the file (a truncated download, a full disk)."""
+    try:
+        with safe_open(file, framework="numpy") as f:
+            yield f
+    except SafetensorError as e:
+        raise CheckpointError(
+            f"{file}: not a readable safetensors file (truncated or corrupt?): {e}"
+        ) from None
 
 
 def _check_names(entries: dict[str, _Entry], files: dict[str, str], cfg: ModelConfig) -> None:
@@ -176,8 +190,14 @@ class _Assembler:
             self._put((*entry.path, "w_up"), up)
 
 
-def load_hf_checkpoint(path, *, dtype=jnp.bfloat16) -> tuple[ModelConfig, dict]:
-    """(config, weights) from a local HF directory; tensors converted to ``dtype``."""
+def load_hf_checkpoint(
+    path, *, dtype=jnp.bfloat16, check_finite: bool = True
+) -> tuple[ModelConfig, dict]:
+    """(config, weights) from a local HF directory; tensors converted to ``dtype``.
+
+    Raises ``CheckpointError`` naming the file or tensor for an unreadable shard, a missing,
+    extra or misshapen tensor, and (``check_finite``) NaN/Inf values after the conversion.
+    """
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
@@ -193,7 +213,7 @@ def load_hf_checkpoint(path, *, dtype=jnp.bfloat16) -> tuple[ModelConfig, dict]:
     _check_names(entries, files, cfg)
     out = _Assembler(cfg, dtype)
     for shard in shards:
-        with safe_open(os.path.join(path, shard), framework="numpy") as f:
+        with _open_shard(os.path.join(path, shard)) as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is no dict)
                 entry = entries.get(name)
                 if entry is None:
@@ -205,7 +225,43 @@ def load_hf_checkpoint(path, *, dtype=jnp.bfloat16) -> tuple[ModelConfig, dict]:
                         f"expected {entry.hf_shape} from config.json"
                     )
                 out.add(entry, f.get_tensor(name))
+    if check_finite:
+        _check_finite(path, out.tree, entries, files)
     return cfg, out.tree
+
+
+@jax.jit
+def _nonfinite_counts(tree) -> jax.Array:
+    """[n_leaves] int32: NaN/Inf values per leaf (one device pass, one small transfer)."""
+    leaves = jax.tree.leaves(tree)
+    return jnp.stack([jnp.sum(~jnp.isfinite(x), dtype=jnp.int32) for x in leaves])
+
+
+def _check_finite(path: str, tree: dict, entries: dict[str, _Entry], files: dict[str, str]):
+    """Raises ``CheckpointError`` naming every tensor with NaN/Inf values (and its file)."""
+    counts = np.asarray(_nonfinite_counts(tree))
+    if not counts.any():
+        return
+    by_path: dict[tuple, str] = {}
+    for name, e in entries.items():  # stacked experts: one name for the stack
+        paths = [(*e.path, "w_gate"), (*e.path, "w_up")] if e.kind == "fused_gate_up" else [e.path]
+        for p in paths:
+            by_path.setdefault(p, re.sub(r"experts\.\d+\.", "experts.*.", name))
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    bad, dtype = [], ""
+    for (keys, leaf), n in zip(leaves, counts):
+        if n:
+            where = tuple(getattr(k, "key", getattr(k, "idx", k)) for k in keys)
+            name = by_path.get(where) or jax.tree_util.keystr(keys)
+            file = files.get(name.replace("experts.*.", "experts.0."), "?")
+            bad.append(f"{name} ({int(n)} of {leaf.size} values, in {file})")
+            dtype = jnp.dtype(leaf.dtype).name
+    raise CheckpointError(
+        f"{path}: NaN/Inf in {len(bad)} tensor(s) as loaded in {dtype}: "
+        + "; ".join(bad[:6])
+        + ("; ..." if len(bad) > 6 else "")
+        + ". The checkpoint is damaged, or was saved from a diverged run"
+    )
 
 
 def _get(tree, path: tuple):
@@ -274,31 +330,30 @@ def save_hf_checkpoint(
     *,
     max_shard_bytes: int = 5 * 2**30,
     extra_files_from=None,
+    overwrite: bool = False,
+    info: dict | None = None,
 ) -> None:
     """Writes config.json + safetensors in the HF layout (per-expert MoE tensors), atomically.
 
     Shards above ``max_shard_bytes`` with a ``model.safetensors.index.json``. Files are written to
-    a temporary sibling directory that is renamed into place (an existing ``path`` is replaced).
-    ``extra_files_from``: a directory whose tokenizer/generation files are copied along.
+    a temporary sibling directory, then moved to ``path`` (``hf_dir``): a new or empty directory
+    or a previous export is fine; any other non-empty directory raises ``ExportDirError`` unless
+    ``overwrite``. Nothing the export did not write is deleted. ``extra_files_from``: a directory
+    whose tokenizer/generation files are copied along; ``info``: JSON-able provenance recorded
+    in the export's marker file.
     """
     path = os.path.abspath(os.fspath(path))
-    parent, base = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{base}.tmp-{uuid.uuid4().hex[:8]}")
+    kind = hf_dir.plan_target(path, overwrite)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = hf_dir.sibling(path, "tmp")
     os.makedirs(tmp)
     try:
         _write(tmp, cfg, weights, max_shard_bytes)
         for fname in _TOKENIZER_FILES if extra_files_from else ():
             src = os.path.join(os.fspath(extra_files_from), fname)
             if os.path.isfile(src):
-                shutil.copy2(src, os.path.join(tmp, fname))
-        old = None
-        if os.path.exists(path):
-            old = os.path.join(parent, f".{base}.old-{uuid.uuid4().hex[:8]}")
-            os.rename(path, old)
-        os.rename(tmp, path)
-        if old:
-            shutil.rmtree(old)
+                shutil.copyfile(src, os.path.join(tmp, fname))
+        hf_dir.commit(tmp, path, kind, info)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

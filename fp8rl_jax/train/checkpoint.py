@@ -1,14 +1,22 @@
-"""Resumable orbax checkpoints: a pytree state plus JSON metadata, the last N kept.
+"""Resumable orbax checkpoints: a pytree state plus JSON metadata, the last N kept, checksummed.
 
 Atomicity: orbax (0.11+, AtomicityMode.ATOMIC_RENAME, forced here) writes step `s` into
-`<dir>/s.orbax-checkpoint-tmp-*`, writes `commit_success.txt` last, and only then renames the
+`<dir>/s.orbax-checkpoint-tmp`, writes `commit_success.txt` last, and only then renames the
 directory to `<dir>/s`. A process killed mid-save leaves at most a tmp directory, which the step
 listing ignores and the next manager removes (`cleanup_tmp_directories`). Keep-N deletes old
-steps only after the new one is committed. So the newest `<dir>/<int>` directory is complete
-unless something outside orbax damaged it; `restore_latest` then warns and falls back.
+steps only after the new one is committed.
+
+Integrity: just before the rename, process 0 records the SHA-256 of every file of the step
+(`integrity.write_manifest`, orbax's `post_finalization_callback`); `restore` checks them first.
+A checkpoint that fails the check or does not read is moved aside to `<step>.corrupt-<ns>` with a
+warning by `restore_latest`, which then restores the previous one.
 
 Async: `save` returns once device arrays are copied to host (the caller may donate or overwrite
-the state right after); files are written in a background thread. `wait_until_finished` blocks.
+the state right after); files are written in a background thread. `wait_until_finished` blocks
+and raises `CheckpointSaveError` if that save failed. Step directories are created in `save`
+itself (orbax's asynchronous creation leaves its writer threads waiting 20 minutes for a
+directory that failed to appear, which held the process at exit). `close` always releases
+orbax's threads; the trainer calls it on every exit path.
 
 Typed PRNG keys are stored as `jax.random.key_data` (uint32) and re-wrapped on restore with the
 implementation recorded in the metadata.
@@ -25,7 +33,17 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint import options as ocp_options
+
+from fp8rl_jax.train import distributed as dist
+from fp8rl_jax.train.integrity import (
+    CHECKSUMS_FILE,
+    ChecksumError,
+    has_manifest,
+    verify_manifest,
+    write_manifest,
+)
 
 _STATE = "state"
 _META = "meta"
@@ -86,6 +104,25 @@ def _data_to_keys(restored: Any, abstract_state: Any, impls: Mapping[str, str]) 
     return jax.tree_util.tree_map_with_path(convert, abstract_state, restored)
 
 
+def _dotted(path: tuple) -> str:
+    """A pytree path as orbax names the array ("params.layers.0.attn.q_norm")."""
+    return ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (the message names the step, directory and cause)."""
+
+
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step being written (atomicity_types)
+_READ_ONLY = ocp.CheckpointManagerOptions(  # what orbax's read_only implies, set (no warnings)
+    read_only=True,
+    create=False,
+    cleanup_tmp_directories=False,  # a running trainer's in-flight save lives in such a dir
+    max_to_keep=None,
+    save_interval_steps=0,
+)
+
+
 class CheckpointManager:
     """Saves `(state pytree, JSON metadata)` per step under `directory`, keeping the last N."""
 
@@ -96,22 +133,39 @@ class CheckpointManager:
         max_to_keep: int = 3,
         save_interval_steps: int = 1,
         async_save: bool = True,
+        read_only: bool = False,
     ):
+        """``read_only``: restore only; nothing in ``directory`` is created, cleaned up, moved
+        or deleted (a reader beside a running trainer, e.g. an export)."""
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         self.directory = os.path.abspath(os.fspath(directory))
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
-            save_interval_steps=save_interval_steps,
-            enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=True,
-            atomicity_options=ocp_options.AtomicityOptions(
-                mode=ocp_options.AtomicityMode.ATOMIC_RENAME
-            ),
+        self.async_save, self.read_only = async_save, read_only
+        self._saving: int | None = None  # the step whose save is in flight
+        options = (
+            _READ_ONLY
+            if read_only
+            else ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep,
+                save_interval_steps=save_interval_steps,
+                enable_async_checkpointing=True,  # the checksum callback needs the async path
+                cleanup_tmp_directories=True,
+                atomicity_options=ocp_options.AtomicityOptions(
+                    mode=ocp_options.AtomicityMode.ATOMIC_RENAME
+                ),
+                async_options=ocp.AsyncOptions(
+                    post_finalization_callback=self._write_checksums,
+                    create_directories_asynchronously=False,
+                ),
+            )
         )
         self._manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=(_STATE, _META)
         )
+
+    def _write_checksums(self) -> None:
+        """Orbax calls this on process 0 once step `_saving` is written, before its rename."""
+        write_manifest(os.path.join(self.directory, f"{self._saving}{_TMP_SUFFIX}"))
 
     def save(
         self,
@@ -124,18 +178,39 @@ class CheckpointManager:
         """Starts saving `state` and JSON-able `metadata` (data position, ...) as `step`.
 
         Returns False when skipped by `save_interval_steps` (or `step` is not past the latest).
+        Raises `CheckpointSaveError` if this save or the previous one failed.
         """
+        self.wait_until_finished()  # the previous save's callback still reads `_saving`
         plain_state, impls = _keys_to_data(state)
         meta = {"step": int(step), "user": dict(metadata or {}), "prng_impls": impls}
         args = ocp.args.Composite(
             **{_STATE: ocp.args.StandardSave(plain_state), _META: ocp.args.JsonSave(meta)}
         )
-        return self._manager.save(int(step), args=args, force=force)
+        self._saving = int(step)
+        try:
+            saved = self._manager.save(int(step), args=args, force=force)
+        except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many error types)
+            raise self._save_error(e) from e
+        if not self.async_save:
+            self.wait_until_finished()
+        return saved
+
+    def _save_error(self, e: BaseException) -> CheckpointSaveError:
+        return CheckpointSaveError(
+            f"saving checkpoint step {self._saving} to {self.directory} failed: "
+            f"{type(e).__name__}: {e}"
+        )
 
     def restore(self, step: int, abstract_state: Any) -> Restored:
         """Restores `step` into the structure, shapes, dtypes and shardings of `abstract_state`
-        (concrete arrays or `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape`)."""
+        (concrete arrays or `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape`).
+
+        Raises ValueError naming the first array stored with another shape, then
+        `integrity.ChecksumError` if a file differs from its recorded checksum, before any read.
+        """
         target = jax.tree.map(_abstract_leaf, abstract_state)
+        self._check_shapes(int(step), target)
+        self._verify(int(step))
         args = ocp.args.Composite(
             **{_STATE: ocp.args.StandardRestore(target), _META: ocp.args.JsonRestore()}
         )
@@ -144,12 +219,54 @@ class CheckpointManager:
         state = _data_to_keys(restored[_STATE], abstract_state, meta["prng_impls"])
         return Restored(step=int(step), state=state, metadata=meta["user"])
 
+    def _check_shapes(self, step: int, target: Any) -> None:
+        """Raises ValueError naming the first array whose stored shape differs from ``target``'s
+        (another model size): before any read, so no orbax read fails half-way."""
+        handler = ocp.StandardCheckpointHandler()
+        try:  # the manager's item_metadata needs a handler registered by an earlier call
+            stored = handler.metadata(epath.Path(self.directory) / str(step) / _STATE)
+        finally:
+            handler.close()
+        stored = getattr(stored, "tree", stored)
+        shapes = {
+            _dotted(path): tuple(m.shape)
+            for path, m in jax.tree_util.tree_flatten_with_path(stored)[0]
+            if hasattr(m, "shape")
+        }
+        for path, leaf in jax.tree_util.tree_flatten_with_path(target)[0]:
+            name = _dotted(path)
+            if hasattr(leaf, "shape") and name in shapes and shapes[name] != tuple(leaf.shape):
+                raise ValueError(
+                    f"{name}: stored shape {shapes[name]}, this config expects {tuple(leaf.shape)}"
+                )
+
+    def _verify(self, step: int) -> None:
+        """Process 0 checks the step's checksums; every process raises the same error."""
+        step_dir = os.path.join(self.directory, str(step))
+        problem = ""
+        if jax.process_index() == 0:
+            if not has_manifest(step_dir):
+                logging.warning(
+                    "checkpoint %s has no %s (saved by an older version): not verified",
+                    step_dir,
+                    CHECKSUMS_FILE,
+                )
+            else:
+                try:
+                    verify_manifest(step_dir)
+                except ChecksumError as e:
+                    problem = str(e)
+        problem = dist.broadcast_text(problem)
+        if problem:
+            raise ChecksumError(problem)
+
     def restore_latest(self, abstract_state: Any) -> Restored | None:
         """Restores the newest readable checkpoint; None if there is none at all.
 
-        An unreadable newer checkpoint is reported with `logging.warning` and moved aside to
-        `<step>.corrupt-<ns>` once an older one restores, so later saves of that step succeed.
-        Raises RuntimeError if checkpoints exist but none restores (e.g. a wrong abstract_state).
+        A newer checkpoint that is unreadable or fails its checksums is reported with
+        `logging.warning` and moved aside to `<step>.corrupt-<ns>` once an older one restores,
+        so later saves of that step succeed. Raises RuntimeError if checkpoints exist but none
+        restores (e.g. a wrong abstract_state); then nothing is moved.
         """
         self.wait_until_finished()
         self._manager.reload()
@@ -161,14 +278,15 @@ class CheckpointManager:
             except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many error types)
                 path = os.path.join(self.directory, str(step))
                 logging.warning(
-                    "checkpoint %s is unreadable (%s: %s); trying an older one",
+                    "checkpoint %s is damaged or unreadable (%s: %s); trying an older one",
                     path,
                     type(e).__name__,
                     e,
                 )
                 failures.append(f"{path}: {type(e).__name__}: {e}")
                 continue
-            self._quarantine([s for s in steps if s > step])
+            if not self.read_only:
+                self._quarantine([s for s in steps if s > step])
             return restored
         if failures:
             raise RuntimeError(
@@ -183,8 +301,9 @@ class CheckpointManager:
             for step in steps:
                 src = os.path.join(self.directory, str(step))
                 dst = f"{src}.corrupt-{time.time_ns()}"
-                logging.warning("moving unreadable checkpoint %s to %s", src, dst)
+                logging.warning("moving damaged or unreadable checkpoint %s to %s", src, dst)
                 os.rename(src, dst)
+        dist.sync("checkpoint_quarantine")
         self._manager.reload()
 
     def all_steps(self) -> list[int]:
@@ -194,12 +313,20 @@ class CheckpointManager:
         return self._manager.latest_step()
 
     def wait_until_finished(self) -> None:
-        """Blocks until the last asynchronous save is committed on disk."""
-        self._manager.wait_until_finished()
+        """Blocks until the last asynchronous save is committed; raises `CheckpointSaveError`
+        if it failed (once: the next call returns)."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001
+            raise self._save_error(e) from e
 
     def close(self) -> None:
-        """Waits for pending saves and releases orbax's background resources."""
-        self._manager.close()
+        """Waits for the pending save, then releases orbax's background threads, even when the
+        save failed (its `CheckpointSaveError` is raised after the release)."""
+        try:
+            self.wait_until_finished()
+        finally:
+            self._manager.close()
 
     def __enter__(self) -> CheckpointManager:
         return self

@@ -128,6 +128,40 @@ def _type_error(value: Any, tp: Any, path: str) -> typing.NoReturn:
     raise ConfigError(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} ({value!r})")
 
 
+def _field_types(cls: Any) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def _as_dataclass(tp: Any) -> Any:
+    """``tp`` or the dataclass of an ``X | None`` annotation; None when it is no dataclass."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        return inner[0] if len(inner) == 1 else None
+    return None
+
+
+def check_field_path(cls: type, path: str, extra: tuple[str, ...] = ()) -> None:
+    """Raises ConfigError when dotted ``path`` ("rollout.kv_cache_dtype") names no field of
+    dataclass ``cls`` (``extra``: further accepted paths), with the closest name as a hint."""
+    tp, parts = cls, path.split(".")
+    for i, part in enumerate(parts):
+        here = ".".join(parts[: i + 1])
+        if here in extra:
+            return
+        fields = _field_types(tp) if tp is not None else {}
+        if part not in fields:
+            parent = f"config.{'.'.join(parts[:i])}" if i else "config"
+            if not fields:
+                raise ConfigError(f"config.{here}: {parent} is a value, not a section of fields")
+            close = difflib.get_close_matches(part, list(fields), n=1)
+            hint = f"; did you mean {close[0]}?" if close else f"; known fields: {sorted(fields)}"
+            raise ConfigError(f"config.{here}: unknown field{hint}")
+        tp = _as_dataclass(fields[part])
+
+
 def to_dict(config: Any) -> dict[str, Any]:
     """A dataclass config as nested plain dicts (tuples stay lists-compatible for JSON)."""
     return dataclasses.asdict(config)

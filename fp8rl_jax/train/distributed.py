@@ -179,3 +179,27 @@ def sync(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
+
+
+def broadcast_text(text: str, max_bytes: int = 2048) -> str:
+    """Process 0's ``text`` on every process (itself with one process); UTF-8, cut to max_bytes."""
+    if jax.process_count() == 1:
+        return text
+    from jax.experimental import multihost_utils
+
+    data = text.encode("utf-8")[:max_bytes]
+    buf = np.zeros(max_bytes + 4, np.uint8)
+    buf[:4] = np.frombuffer(np.uint32(len(data)).tobytes(), np.uint8)
+    buf[4 : 4 + len(data)] = np.frombuffer(data, np.uint8)
+    out = np.asarray(multihost_utils.broadcast_one_to_all(buf))
+    n = int(np.frombuffer(out[:4].tobytes(), np.uint32)[0])
+    return out[4 : 4 + n].tobytes().decode("utf-8", errors="replace")
+
+
+def any_process(flag: bool) -> bool:
+    """Whether ``flag`` is True on any process (a host all-gather; no-op with one process)."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+
+    return bool(np.asarray(multihost_utils.process_allgather(np.array([int(flag)]))).any())

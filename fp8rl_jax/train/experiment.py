@@ -52,6 +52,23 @@ class ModelSpec:
 
     def __post_init__(self):
         check_choices(self)
+        sizes = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                 "intermediate_size", "max_position_embeddings")  # fmt: skip
+        if self.num_experts:
+            sizes += ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+        for name in sizes:
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.num_heads={self.num_heads} is not a multiple of "
+                f"model.num_kv_heads={self.num_kv_heads} (GQA)"
+            )
+        if self.num_experts and self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"model.num_experts_per_tok={self.num_experts_per_tok} exceeds "
+                f"model.num_experts={self.num_experts}"
+            )
         if self.hf_checkpoint and not os.path.isdir(self.hf_checkpoint):
             raise ValueError(f"model.hf_checkpoint: no such directory {self.hf_checkpoint!r}")
         if self.num_experts and self.architecture != "Qwen3MoeForCausalLM":
@@ -153,6 +170,22 @@ class Experiment:
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens}): DAPO's length "
                 "penalty window lies inside the response budget"
             )
+        rows = self.trainer.prompts_per_step * self.rl.group_size
+        parts = self.rl.num_minibatches * self.rl.grad_accum
+        if rows % parts:
+            raise ValueError(
+                f"rl.num_minibatches={self.rl.num_minibatches} x rl.grad_accum="
+                f"{self.rl.grad_accum} must divide the {rows} rows of a step "
+                f"(trainer.prompts_per_step={self.trainer.prompts_per_step} x "
+                f"rl.group_size={self.rl.group_size})"
+            )
+        c = self.rl.correction
+        if c.bypass and c.rs_level is not None:
+            raise ValueError(
+                f"rl.correction.bypass=True makes every ratio 1, so rejection "
+                f"(rl.correction.rs_level={c.rs_level!r}) would reject nothing; set rs_level=None "
+                "or bypass=False"
+            )
 
 
 # Fields a config may leave as a None placeholder that the user must fill in.
@@ -161,6 +194,13 @@ REQUIRED_IF_NONE = (
     ("task", "jsonl_path", "/path/to/train.jsonl"),
     ("task", "tokenizer_path", "/path/to/tokenizer_dir"),
 )
+
+
+def check_override(path: str) -> None:
+    """Raises ``ConfigError`` when ``--config.<path>=...`` names no field of an ``Experiment``."""
+    from fp8rl_jax.train.config import check_field_path
+
+    check_field_path(Experiment, path, extra=("rollout.quant.enabled",))
 
 
 def experiment_from_config(config) -> Experiment:

@@ -14,12 +14,13 @@ import json
 import math
 import os
 import secrets
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
+
+from fp8rl_jax.train.files import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
@@ -42,15 +43,6 @@ def _flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
                 raise ValueError(f"metric {name!r} must be a scalar, got shape {array.shape}")
             flat[name] = float(array.reshape(()))
     return flat
-
-
-def _atomic_write_text(path: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, float]]:
@@ -92,7 +84,7 @@ class MetricsLogger:
             return
         os.makedirs(self.run_dir, exist_ok=True)
         kept = [r for r in read_metrics(self.run_dir) if r.get("step", math.inf) < resume_step]
-        _atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -153,7 +145,7 @@ def _wandb_run_id(run_dir: str, resume: bool) -> str:
         with open(path, encoding="utf-8") as f:
             return f.read().strip()
     run_id = secrets.token_hex(4)  # W&B ids: letters and digits
-    _atomic_write_text(path, run_id + "\n")
+    atomic_write_text(path, run_id + "\n")
     return run_id
 
 
@@ -188,7 +180,7 @@ class WandbLogger:
             id=_wandb_run_id(self.run_dir, resume=resume_step > 0),
             resume="allow",
             dir=os.environ.get("WANDB_DIR") or self.run_dir,
-            config=_jsonable(config) if config is not None else None,
+            config=jsonable(config) if config is not None else None,
             mode=mode,
         )
 
@@ -269,15 +261,16 @@ def make_metrics_logger(
     return jsonl if wandb is None else LoggerGroup((jsonl, wandb))
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON-able data: dataclasses and ConfigDicts as dicts, tuples as lists."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if hasattr(value, "to_dict"):  # ml_collections.ConfigDict
-        return _jsonable(value.to_dict())
+        return jsonable(value.to_dict())
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, str | int | float | bool) or value is None:
         return value
     if isinstance(value, np.generic):
@@ -297,5 +290,5 @@ def write_resolved_config(
         return None
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, CONFIG_FILE)
-    _atomic_write_text(path, json.dumps(_jsonable(config), indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path, json.dumps(jsonable(config), indent=2, sort_keys=True) + "\n")
     return path

@@ -6,15 +6,22 @@ program. The loop reads step t-1's metrics and non-finite count (a ``Pending`` r
 step t's rollout is dispatched, so logging and the checks overlap the rollout; the host waits only
 for the rollout's tokens, which its rewards need. Data of step t depends only on t, and the RNG
 lives in the state, so a resumed run reproduces an uninterrupted one.
+
+A run holds its directory's lock (``run_dir``) from start to end. SIGINT / SIGTERM during the
+loop let the step finish, save it and stop with ``shutdown.Interrupted``; every exit path,
+errors included, closes the checkpoint manager (no orbax thread outlives the run).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import signal
 import time
+import typing
 from collections.abc import Callable, Sequence
 
 import jax
@@ -39,13 +46,22 @@ from fp8rl_jax.tasks import (
     score_completions,
 )
 from fp8rl_jax.train.checkpoint import CheckpointManager
+from fp8rl_jax.train.checks import check_devices, check_eval_size, resume_error
 from fp8rl_jax.train.dynamic_sampling import Sampled, make_dynamic_sampler
 from fp8rl_jax.train.experiment import Experiment
-from fp8rl_jax.train.logging import METRICS_FILE, LoggerGroup, MetricsLogger, make_metrics_logger
+from fp8rl_jax.train.logging import (
+    METRICS_FILE,
+    LoggerGroup,
+    MetricsLogger,
+    jsonable,
+    make_metrics_logger,
+)
 from fp8rl_jax.train.optim import make_optimizer
 from fp8rl_jax.train.placement import SingleDevice, make_placement
+from fp8rl_jax.train.run_dir import locked_run_dir, record_config
 from fp8rl_jax.train.setup import build_model, build_task, resolve_stop_tokens
 from fp8rl_jax.train.sft import sft_warm_start
+from fp8rl_jax.train.shutdown import Interrupted, StopSignals, signal_name
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +107,7 @@ class _Run:
     prompt_len: int  # P: every prompt batch is left-padded to it (one compiled program)
     placement: SingleDevice = dataclasses.field(default_factory=SingleDevice)  # or OnMesh
     reward_fn: RewardFn = score_completions  # host rewards of the rollouts (and their accuracy)
+    stop: StopSignals = dataclasses.field(default_factory=StopSignals)  # SIGINT / SIGTERM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,30 +191,60 @@ def train(
     (docs/SCALING.md §6); every process runs this same loop on its own rows of each batch.
     ``reward_fn(task, examples, completions) -> (rewards_B, accuracy)`` scores the rollouts on
     the host (default: the task's verifier); held-out accuracy always uses the verifier.
-    """
-    tc = exp.trainer
-    os.makedirs(tc.run_dir, exist_ok=True)
-    task, tokenizer = build_task(exp.task, exp.model.hf_checkpoint)
-    if not exp.rollout.stop_token_ids:  # the checkpoint's, unless the config names them
-        exp = resolve_stop_tokens(exp, tokenizer)
-        if exp.rollout.stop_token_ids:
-            print(f"stop tokens from the checkpoint: {exp.rollout.stop_token_ids}")
-    model_cfg, params = build_model(exp.model, tokenizer, jax.random.key(tc.seed))
-    prompt_len = prompt_length(task, tokenizer)
-    run = _Run(exp, task, tokenizer, model_cfg, prompt_len, reward_fn=reward_fn)
-    optimizer = make_optimizer(exp.optim)
-    ckpt = CheckpointManager(
-        os.path.join(tc.run_dir, "checkpoints"), max_to_keep=tc.keep_checkpoints
-    )
 
+    The run directory is locked for the run (``run_dir.RunDirLocked`` if another run holds it).
+    SIGINT / SIGTERM stop it after the current step with a checkpoint (``shutdown.Interrupted``);
+    every exit path closes the checkpoint manager and the loggers.
+    """
+    check_devices(exp)
+    with StopSignals() as stop, locked_run_dir(exp.trainer.run_dir):
+        task, tokenizer = build_task(exp.task, exp.model.hf_checkpoint)
+        check_eval_size(exp, task)
+        if not exp.rollout.stop_token_ids:  # the checkpoint's, unless the config names them
+            exp = resolve_stop_tokens(exp, tokenizer)
+            if exp.rollout.stop_token_ids:
+                print(f"stop tokens from the checkpoint: {exp.rollout.stop_token_ids}")
+        model_cfg, params = build_model(exp.model, tokenizer, jax.random.key(exp.trainer.seed))
+        run = _Run(exp, task, tokenizer, model_cfg, prompt_length(task, tokenizer),
+                   reward_fn=reward_fn, stop=stop)  # fmt: skip
+        ckpt = CheckpointManager(
+            os.path.join(exp.trainer.run_dir, "checkpoints"),
+            max_to_keep=exp.trainer.keep_checkpoints,
+        )
+        try:
+            summary = _train(run, params, ckpt, progress)
+        except BaseException:
+            _close_after_error(ckpt)
+            raise
+        ckpt.close()
+    return summary
+
+
+def _close_after_error(ckpt: CheckpointManager) -> None:
+    """Closes the manager on an error path; its own error is logged, the first one propagates."""
+    try:
+        ckpt.close()
+    except Exception as e:  # noqa: BLE001
+        log.warning("closing the checkpoint manager after an error: %s", e)
+
+
+def _train(run: _Run, params, ckpt: CheckpointManager, progress: bool) -> dict:
+    exp, tc = run.exp, run.exp.trainer
+    optimizer = make_optimizer(exp.optim)
     rng = jax.random.key(tc.seed + 1)
     abstract = jax.eval_shape(
         lambda: init_train_state(
             params, optimizer, rng, _abstract_kv_scales(run, params), rl_cfg=exp.rl
         )
     )
-    place = run.placement = make_placement(exp, model_cfg, abstract, prompt_len)
-    restored = ckpt.restore_latest(place.restore_target(abstract))
+    place = run.placement = make_placement(exp, run.model_cfg, abstract, run.prompt_len)
+    config = jsonable(exp)
+    try:
+        restored = ckpt.restore_latest(place.restore_target(abstract))
+    except RuntimeError as e:  # no checkpoint restores: most likely another model or optimizer
+        raise resume_error(tc.run_dir, config, e) from e
+    if place.is_main:  # only now: a rerun that cannot resume leaves config.json as it was
+        record_config(tc.run_dir, config)
     if restored is not None:
         state, meta = restored
         print(f"resumed from {ckpt.directory} at step {int(state.step)}")
@@ -211,10 +258,9 @@ def train(
     logger = make_metrics_logger(
         tc.run_dir, tc.loggers, resume_step=start + 1 if start else 0, config=exp
     )
-    with place.activate():
+    with contextlib.closing(logger), place.activate():
         _run_steps(run, state, start, optimizer, ckpt, logger, progress)
     ckpt.wait_until_finished()
-    logger.close()
     if not place.is_main:  # only process 0 holds metrics.jsonl
         return {"run_dir": os.path.abspath(tc.run_dir), "steps": tc.steps,
                 "eval_accuracy_first": None, "eval_accuracy_last": None}  # fmt: skip
@@ -307,6 +353,7 @@ def _run_steps(run: _Run, state, start, optimizer, ckpt, logger, progress: bool)
     bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not show,
                desc="GRPO", unit="step")  # fmt: skip
     out = _Output(logger, bar, ckpt, tc)
+    run.stop.arm()  # from here a signal lets the step finish, then saves it
     if start == 0:
         out.eval_acc = evaluate(state)
         logger.log(0, {"eval_accuracy": out.eval_acc})
@@ -325,14 +372,30 @@ def _run_steps(run: _Run, state, start, optimizer, ckpt, logger, progress: bool)
         pending = Pending(done, ro_metrics, train_metrics, s.accuracy, s.rollout_time_s)
         if _due(tc.eval_every, done, tc.steps):
             pending = dataclasses.replace(pending, eval_accuracy=evaluate(state))
-        if _due(tc.checkpoint_every, done, tc.steps):
+        stop = done < tc.steps and run.stop.requested()  # a signal: save this step and stop
+        if stop or _due(tc.checkpoint_every, done, tc.steps):
             # Row `done` is written before its checkpoint can commit: a run killed after the
             # commit resumes at `done` and never logs that row again.
             out.read(pending)
             pending = None
             ckpt.save(done, state, {"step": done})  # on every process: each writes its shards
+        if stop:
+            _stopped(run, ckpt, logger, done)
     if pending is not None:
         out.read(pending)
+
+
+def _stopped(run: _Run, ckpt: CheckpointManager, logger, done: int) -> typing.NoReturn:
+    """After a signal: the step's checkpoint committed and the metrics flushed, stop."""
+    ckpt.wait_until_finished()
+    logger.flush()
+    signum = run.stop.signum or signal.SIGTERM  # another process may have got it
+    raise Interrupted(
+        f"stopped by {signal_name(signum)} after step {done} of {run.exp.trainer.steps}; "
+        f"checkpoint of step {done} saved in {ckpt.directory}: rerun the same command to "
+        "resume from there",
+        signum,
+    )
 
 
 def _abstract_kv_scales(run: _Run, params):
