@@ -193,7 +193,7 @@ class WandbLogger:
         self._run.log(flat, step=int(step))
 
     def flush(self) -> None:
-        pass  # W&B writes from its own process
+        """Nothing to flush here: W&B's own service process writes the run's files."""
 
     def close(self) -> None:
         """Finishes the run; W&B's service process may still be writing its files (at exit,
