@@ -39,6 +39,7 @@ from fp8rl_jax.models.hf_io import (
     INDEX_FILE,
     SINGLE_FILE,
     CheckpointError,
+    _get,
     _shard_files,
     hf_entries,
 )
@@ -75,12 +76,6 @@ def quantization_config(block_shape: tuple[int, int], ignored_layers=()) -> dict
     if ignored_layers:
         out["ignored_layers"] = sorted(ignored_layers)
     return out
-
-
-def _get(tree, path: tuple):
-    for k in path:
-        tree = tree[k]
-    return tree
 
 
 def _fp8_tensors(cfg: ModelConfig, weights: dict):
