@@ -12,6 +12,7 @@ weights. ``plan_target`` looks at the output directory:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -121,3 +122,19 @@ def commit(tmp: str, path: str, kind: Kind, info: dict[str, Any] | None = None) 
         _replace_export(tmp, path, written)
     else:
         _merge_into(tmp, path, written)
+
+
+@contextlib.contextmanager
+def staged(path: str, overwrite: bool, info: dict[str, Any] | None = None):
+    """Yields a fresh sibling directory to write an export into; on success ``commit`` moves it
+    to ``path`` (checked by ``plan_target`` first), on any error it is removed."""
+    kind = plan_target(path, overwrite)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = sibling(path, "tmp")
+    os.makedirs(tmp)
+    try:
+        yield tmp
+        commit(tmp, path, kind, info)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

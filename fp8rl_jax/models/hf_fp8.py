@@ -133,12 +133,8 @@ def save_fp8_checkpoint(
     deleted; files get the umask's mode. ``extra_files_from``: a checkpoint directory whose
     tokenizer and generation files are copied along; ``info``: provenance for the marker file.
     """
-    path = os.path.abspath(os.fspath(path))
-    kind = hf_dir.plan_target(path, overwrite)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = hf_dir.sibling(path, "tmp")
-    os.makedirs(tmp)
-    try:
+    info = {"weights": "block fp8", **(info or {})}
+    with hf_dir.staged(os.path.abspath(os.fspath(path)), overwrite, info) as tmp:
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(_fp8_config(cfg, weights), f, indent=2)
         _write_shards(tmp, cfg, weights, max_shard_bytes)
@@ -146,10 +142,6 @@ def save_fp8_checkpoint(
             src = os.path.join(os.fspath(extra_files_from), fname)
             if os.path.isfile(src):
                 shutil.copyfile(src, os.path.join(tmp, fname))
-        hf_dir.commit(tmp, path, kind, {"format": "fp8", **(info or {})})
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _write_shards(tmp: str, cfg: ModelConfig, weights: dict, max_shard_bytes: int) -> None:

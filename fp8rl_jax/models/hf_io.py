@@ -342,18 +342,9 @@ def save_hf_checkpoint(
     whose tokenizer/generation files are copied along; ``info``: JSON-able provenance recorded
     in the export's marker file.
     """
-    path = os.path.abspath(os.fspath(path))
-    kind = hf_dir.plan_target(path, overwrite)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = hf_dir.sibling(path, "tmp")
-    os.makedirs(tmp)
-    try:
+    with hf_dir.staged(os.path.abspath(os.fspath(path)), overwrite, info) as tmp:
         _write(tmp, cfg, weights, max_shard_bytes)
         for fname in _TOKENIZER_FILES if extra_files_from else ():
             src = os.path.join(os.fspath(extra_files_from), fname)
             if os.path.isfile(src):
                 shutil.copyfile(src, os.path.join(tmp, fname))
-        hf_dir.commit(tmp, path, kind, info)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
