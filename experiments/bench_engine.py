@@ -207,6 +207,7 @@ def main():
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default=None, help="JSON path (default experiments/results/...)")
     args = ap.parse_args()
     REPS[0] = args.reps
     if args.bytes_h100:
@@ -271,7 +272,9 @@ def main():
           f"{out['fp8_over_bf16_peak_concurrent']:.2f}x, "
           f"slots {out['fp8_over_bf16_slots']:.2f}x")  # fmt: skip
     suffix = "_quick" if args.quick else ""
-    dst = ROOT / "experiments/results" / f"bench_engine_{out['platform']}{suffix}.json"
+    default = ROOT / "experiments/results" / f"bench_engine_{out['platform']}{suffix}.json"
+    dst = pathlib.Path(args.out) if args.out else default
+    dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_text(json.dumps(out, indent=1))
     print(f"wrote {dst}")
 
