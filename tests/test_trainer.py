@@ -28,25 +28,10 @@ from experiments.configs.defaults import set_path
 from fp8rl_jax.tasks import score_completions
 from fp8rl_jax.train import trainer
 from fp8rl_jax.train.experiment import experiment_from_config
+from tests.testing import TRAINER_ARM, TRAINER_FLAGS, TRAINER_STEPS
 
 REPO = Path(__file__).resolve().parents[1]
-ARM = "fp8kv_tis"  # FP8 W8A8 + FP8 KV cache with static scales: the most state to resume
-STEPS = 6
-TINY = {
-    "model.hidden_size": 32,
-    "model.num_heads": 2,
-    "model.num_kv_heads": 1,
-    "model.intermediate_size": 64,
-    "sft.steps": 5,
-    "sft.batch_size": 16,
-    "rl.group_size": 4,
-    "rl.num_minibatches": 2,
-    "trainer.prompts_per_step": 4,
-    "trainer.steps": STEPS,
-    "trainer.eval_size": 16,
-    "trainer.eval_every": 2,  # = checkpoint_every, so a run stopped at a checkpoint logs the same
-    "trainer.checkpoint_every": 2,
-}
+ARM, STEPS, TINY = TRAINER_ARM, TRAINER_STEPS, TRAINER_FLAGS
 WALL_CLOCK = {"rollout_time_s"}
 
 

@@ -44,3 +44,24 @@ def copy_tree(tree):
 def assert_finite(metrics: dict) -> None:
     bad = {k: float(v) for k, v in metrics.items() if not np.isfinite(np.asarray(v)).all()}
     assert not bad, f"non-finite metrics: {bad}"
+
+
+# The trainer-run tests (test_trainer, test_reliability) run experiments/train.py on this arm and
+# these overrides, so one pytest session compiles their programs once (the compile cache).
+TRAINER_ARM = "fp8kv_tis"  # FP8 W8A8 + FP8 KV cache with static scales: the most state to resume
+TRAINER_STEPS = 6
+TRAINER_FLAGS = {
+    "model.hidden_size": 32,
+    "model.num_heads": 2,
+    "model.num_kv_heads": 1,
+    "model.intermediate_size": 64,
+    "sft.steps": 5,
+    "sft.batch_size": 16,
+    "rl.group_size": 4,
+    "rl.num_minibatches": 2,
+    "trainer.prompts_per_step": 4,
+    "trainer.steps": TRAINER_STEPS,
+    "trainer.eval_size": 16,
+    "trainer.eval_every": 2,  # = checkpoint_every, so a run stopped at a checkpoint logs the same
+    "trainer.checkpoint_every": 2,
+}
