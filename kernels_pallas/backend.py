@@ -59,6 +59,19 @@ def target_device() -> Target:
     return Target(dev.platform, dev.device_kind, None if cc is None else str(cc))
 
 
+def device_reason(kind: str, interpret: bool) -> str | None:
+    """Why a kernel for ``kind`` ("gpu": Mosaic GPU, Hopper only; "tpu": Mosaic TPU) cannot run
+    on the target, or None (interpret mode runs anywhere): the device half of a support check."""
+    if interpret:
+        return None
+    t = target_device()
+    if kind == "gpu" and not t.is_hopper:
+        return f"needs a Hopper GPU (sm_90), the target is {t.device_kind!r}"
+    if kind == "tpu" and t.platform != "tpu":
+        return f"needs a TPU, the target is {t.device_kind!r}"
+    return None
+
+
 def default_impl() -> str:
     """The kernel ``auto`` prefers on this target, before support checks: Mosaic GPU on Hopper,
     Mosaic TPU on TPU, the XLA implementation elsewhere."""

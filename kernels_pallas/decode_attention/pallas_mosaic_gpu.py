@@ -297,10 +297,10 @@ def supports(q_BHC, k_BSKC, v_BSKC, lengths_B, *, starts_B, k_scale, v_scale, sm
              interpret) -> str | None:  # fmt: skip
     """None if the Mosaic GPU kernel compiles for these operands (proven shapes), else why not."""
     del lengths_B, starts_B, v_scale, sm_scale
-    from kernels_pallas.backend import target_device
+    from kernels_pallas.backend import device_reason
 
-    if not interpret and not (t := target_device()).is_hopper:
-        return f"needs a Hopper GPU, the target is {t.device_kind}"
+    if (reason := device_reason("gpu", interpret)) is not None:
+        return reason
     b, s, n_kv, c = k_BSKC.shape
     if k_BSKC.dtype not in _KV_DTYPES or v_BSKC.dtype != k_BSKC.dtype:
         return f"cache dtype {k_BSKC.dtype}/{v_BSKC.dtype} not in {[d.name for d in _KV_DTYPES]}"

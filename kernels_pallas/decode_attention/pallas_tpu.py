@@ -212,10 +212,10 @@ def supports(q_BHC, k_BSKC, v_BSKC, lengths_B, *, starts_B, k_scale, v_scale, sm
              interpret) -> str | None:  # fmt: skip
     """None if the Mosaic TPU kernel compiles for these operands (proven shapes), else why not."""
     del lengths_B, starts_B, k_scale, v_scale, sm_scale
-    from kernels_pallas.backend import target_device
+    from kernels_pallas.backend import device_reason
 
-    if not interpret and (t := target_device()).platform != "tpu":
-        return f"needs a TPU, the target is {t.device_kind}"
+    if (reason := device_reason("tpu", interpret)) is not None:
+        return reason
     s, c = k_BSKC.shape[1], k_BSKC.shape[3]
     if k_BSKC.dtype not in _KV_DTYPES or v_BSKC.dtype != k_BSKC.dtype:
         return f"cache dtype {k_BSKC.dtype}/{v_BSKC.dtype} not in {[d.name for d in _KV_DTYPES]}"

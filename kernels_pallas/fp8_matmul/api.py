@@ -17,7 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.backend import Implementation, ImplTable, target_device
+from kernels_pallas.backend import Implementation, ImplTable, device_reason, target_device
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.fp8_matmul import pallas_tpu as tpu
 from kernels_pallas.fp8_matmul.reference import check_operands
@@ -30,17 +30,6 @@ _RAW_16BIT = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 def _rows(x) -> int:
     return math.prod(x.shape[:-1])
-
-
-def _device_reason(kind: str, interpret: bool) -> str | None:
-    if interpret:
-        return None
-    t = target_device()
-    if kind == "gpu" and not t.is_hopper:
-        return f"needs a Hopper GPU (sm_90), target is {t.device_kind!r}"
-    if kind == "tpu" and t.platform != "tpu":
-        return f"needs a TPU, target is {t.device_kind!r}"
-    return None
 
 
 def _fused(x, config) -> bool:
@@ -64,7 +53,7 @@ def _mgpu_config(x, w_q, config, out_dtype) -> mgpu.MgpuConfig:
 def _mgpu_supports(x, w_q, *, config, out_dtype, interpret) -> str | None:
     if config is not None and not isinstance(config, mgpu.MgpuConfig):
         return f"config is a {type(config).__name__}, not an MgpuConfig"
-    if (reason := _device_reason("gpu", interpret)) is not None:
+    if (reason := device_reason("gpu", interpret)) is not None:
         return reason
     if tuple(w_q.block_shape) != (128, 128):
         return f"weight blocks must be (128, 128), got {w_q.block_shape}"
@@ -84,7 +73,7 @@ def _mgpu_supports(x, w_q, *, config, out_dtype, interpret) -> str | None:
 def _tpu_supports(x, w_q, *, config, out_dtype, interpret) -> str | None:
     if config is not None and not isinstance(config, tpu.TpuConfig):
         return f"config is a {type(config).__name__}, not a TpuConfig"
-    if (reason := _device_reason("tpu", interpret)) is not None:
+    if (reason := device_reason("tpu", interpret)) is not None:
         return reason
     if tuple(w_q.block_shape) != (128, 128):
         return f"weight blocks must be (128, 128), got {w_q.block_shape}"

@@ -16,7 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.backend import Implementation, ImplTable, target_device
+from kernels_pallas.backend import Implementation, ImplTable, device_reason, target_device
 from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.grouped_fp8_matmul import pallas_tpu as tpu
 from kernels_pallas.grouped_fp8_matmul.reference import check_operands, stacks
@@ -25,17 +25,6 @@ from kernels_pallas.qarray import QArray
 from kernels_pallas.quantize import quantize_activations
 
 _OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
-
-
-def _device_reason(kind: str, interpret: bool) -> str | None:
-    if interpret:
-        return None
-    t = target_device()
-    if kind == "gpu" and not t.is_hopper:
-        return f"needs a Hopper GPU (sm_90), target is {t.device_kind!r}"
-    if kind == "tpu" and t.platform != "tpu":
-        return f"needs a TPU, target is {t.device_kind!r}"
-    return None
 
 
 def _common_reason(x, w_q, out_dtype) -> str | None:
@@ -53,9 +42,7 @@ def _mgpu_supports(x, w_q, gs, *, config, out_dtype, interpret) -> str | None:
     del gs
     if config is not None and not isinstance(config, mgpu.MgpuConfig):
         return f"config is a {type(config).__name__}, not an MgpuConfig"
-    if (
-        reason := _device_reason("gpu", interpret) or _common_reason(x, w_q, out_dtype)
-    ) is not None:
+    if (reason := device_reason("gpu", interpret) or _common_reason(x, w_q, out_dtype)) is not None:
         return reason
     (m, k), e, ns = x.shape, stacks(w_q)[0].shape[0], tuple(w.shape[1] for w in stacks(w_q))
     out_itemsize = jnp.dtype(out_dtype).itemsize
@@ -67,9 +54,7 @@ def _tpu_supports(x, w_q, gs, *, config, out_dtype, interpret) -> str | None:
     del gs
     if config is not None and not isinstance(config, tpu.TpuConfig):
         return f"config is a {type(config).__name__}, not a TpuConfig"
-    if (
-        reason := _device_reason("tpu", interpret) or _common_reason(x, w_q, out_dtype)
-    ) is not None:
+    if (reason := device_reason("tpu", interpret) or _common_reason(x, w_q, out_dtype)) is not None:
         return reason
     (m, k), e, ns = x.shape, stacks(w_q)[0].shape[0], tuple(w.shape[1] for w in stacks(w_q))
     t = tpu.tiles(m, k, ns, e, config or tpu.TpuConfig())

@@ -128,10 +128,10 @@ def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_sc
              config, interpret) -> str | None:  # fmt: skip
     """None if the Mosaic GPU kernel compiles for these operands (proven shapes), else why not."""
     del lengths_B, page_table_BW, v_scale, sm_scale
-    from kernels_pallas.backend import target_device
+    from kernels_pallas.backend import device_reason
 
-    if not interpret and not (t := target_device()).is_hopper:
-        return f"needs a Hopper GPU, the target is {t.device_kind}"
+    if (reason := device_reason("gpu", interpret)) is not None:
+        return reason
     y, n_kv, c = k_pages.shape[1:]
     if k_pages.dtype not in dense._KV_DTYPES or v_pages.dtype != k_pages.dtype:  # noqa: SLF001
         return f"page dtype {k_pages.dtype}/{v_pages.dtype} not supported"

@@ -119,10 +119,10 @@ def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_sc
              config, interpret) -> str | None:  # fmt: skip
     """None if the Mosaic TPU kernel compiles for these operands (proven shapes), else why not."""
     del lengths_B, page_table_BW, k_scale, v_scale, sm_scale, config
-    from kernels_pallas.backend import target_device
+    from kernels_pallas.backend import device_reason
 
-    if not interpret and (t := target_device()).platform != "tpu":
-        return f"needs a TPU, the target is {t.device_kind}"
+    if (reason := device_reason("tpu", interpret)) is not None:
+        return reason
     y, c = k_pages.shape[1], k_pages.shape[3]
     if k_pages.dtype not in dense._KV_DTYPES or v_pages.dtype != k_pages.dtype:  # noqa: SLF001
         return f"page dtype {k_pages.dtype}/{v_pages.dtype} not supported"
