@@ -265,6 +265,21 @@ def _generate(weights, prompts, rng, k_scale, v_scale, budget_B=None, *, cfg, sa
     )
 
 
+def engine_inputs(who, prompts, cfg, kv_cache_dtype, kv_scale_mode, kv_scales, max_new_tokens):
+    """The arguments every engine checks alike: ``(Prompts, cache dtype, scale mode
+    ("none" | "static" | "dynamic"), k_scale, v_scale)``; errors start with ``who``."""
+    if not isinstance(prompts, Prompts):
+        prompts = Prompts(*(jnp.asarray(x, jnp.int32) for x in prompts))
+    if max_new_tokens < 1:
+        raise ValueError(f"{who}: max_new_tokens must be >= 1, got {max_new_tokens}")
+    dtype = jnp.dtype(kv_cache_dtype)
+    is_fp8 = dtype.name.startswith("float8")
+    if is_fp8 and kv_scale_mode not in ("static", "dynamic"):
+        raise ValueError(f"{who}: kv_scale_mode must be static|dynamic, got {kv_scale_mode!r}")
+    mode = kv_scale_mode if is_fp8 else "none"
+    return (prompts, dtype, mode, *_static_scales(kv_scales, cfg, mode))
+
+
 def generate(
     weights: dict,
     prompts: Prompts | tuple[jax.Array, jax.Array],
@@ -296,16 +311,9 @@ def generate(
     dense model). ``response_budget_B``: optional per-row budgets (<= ``max_new_tokens``;
     benchmarks force long-tailed lengths with it).
     """
-    if not isinstance(prompts, Prompts):
-        prompts = Prompts(*(jnp.asarray(x, jnp.int32) for x in prompts))
-    if max_new_tokens < 1:
-        raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
-    dtype = jnp.dtype(kv_cache_dtype)
-    is_fp8 = dtype.name.startswith("float8")
-    if is_fp8 and kv_scale_mode not in ("static", "dynamic"):
-        raise ValueError(f"generate: kv_scale_mode must be static|dynamic, got {kv_scale_mode!r}")
-    mode = kv_scale_mode if is_fp8 else "none"
-    k_scale, v_scale = _static_scales(kv_scales, cfg, mode)
+    prompts, dtype, mode, k_scale, v_scale = engine_inputs(
+        "generate", prompts, cfg, kv_cache_dtype, kv_scale_mode, kv_scales, max_new_tokens
+    )
     stop_ids = tuple(int(t) for t in stop_token_ids)
     return _generate(
         weights, prompts, rng, k_scale, v_scale, response_budget_B, cfg=cfg, sampling=sampling,

@@ -8,10 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 
 from fp8rl_jax.generation.config import PagedConfig
-from fp8rl_jax.generation.generate import Prompts, Rollout, _static_scales, response_budget
+from fp8rl_jax.generation.generate import Prompts, Rollout, engine_inputs, response_budget
 from fp8rl_jax.generation.kv_scales import KVScales
 from fp8rl_jax.generation.paged.admit import group_leaders
 from fp8rl_jax.generation.paged.engine import run_engine
@@ -61,14 +60,10 @@ def generate_paged(
     key stream. ``response_budget_B``: optional per-request budgets (<= ``max_new_tokens``).
     """
     paged = PagedConfig() if paged is None else paged
-    if not isinstance(prompts, Prompts):
-        prompts = Prompts(*(jnp.asarray(x, jnp.int32) for x in prompts))
-    if max_new_tokens < 1:
-        raise ValueError(f"generate_paged: max_new_tokens must be >= 1, got {max_new_tokens}")
+    prompts, dtype, mode, k_scale, v_scale = engine_inputs(
+        "generate_paged", prompts, cfg, kv_cache_dtype, kv_scale_mode, kv_scales, max_new_tokens
+    )
     check_kernel_page_size(paged.page_size, kernels)
-    dtype = jnp.dtype(kv_cache_dtype)
-    mode = kv_scale_mode if dtype.name.startswith("float8") else "none"
-    k_scale, v_scale = _static_scales(kv_scales, cfg, mode)
     b, p = prompts.tokens_BP.shape
     plan = plan_pool(
         paged, cfg, num_requests=b, prompt_len=p, max_new_tokens=int(max_new_tokens),
