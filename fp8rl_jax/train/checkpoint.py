@@ -9,7 +9,14 @@ steps only after the new one is committed.
 Integrity: just before the rename, process 0 records the SHA-256 of every file of the step
 (`integrity.write_manifest`, orbax's `post_finalization_callback`); `restore` checks them first.
 A checkpoint that fails the check or does not read is moved aside to `<step>.corrupt-<ns>` with a
-warning by `restore_latest`, which then restores the previous one.
+warning by `restore_latest`, which then restores the previous one. An interruption is not damage:
+a `shutdown.Interrupted` (SIGINT / SIGTERM) raised during a restore propagates at once, and every
+checkpoint stays in place.
+
+Readers beside a trainer (`lease`): `restore_latest` holds a shared lease on the step it reads,
+and keep-N (done here, not by orbax) removes only steps no reader holds, so an export never loses
+its checkpoint to the trainer's clean-up; a leased old step is removed by a later clean-up. A step
+removed before its lease was taken is looked for again, up to `_TRIES` times.
 
 Async: `save` returns once device arrays are copied to host (the caller may donate or overwrite
 the state right after); files are written in a background thread. `wait_until_finished` blocks
@@ -44,6 +51,8 @@ from fp8rl_jax.train.integrity import (
     verify_manifest,
     write_manifest,
 )
+from fp8rl_jax.train.lease import Vanished, reading, remove_unleased
+from fp8rl_jax.train.shutdown import Interrupted
 
 _STATE = "state"
 _META = "meta"
@@ -113,6 +122,24 @@ class CheckpointSaveError(RuntimeError):
     """A checkpoint could not be written (the message names the step, directory and cause)."""
 
 
+class NoCheckpointRestored(RuntimeError):
+    """Checkpoints exist but none restores (each one's error is listed)."""
+
+
+def _interruption(e: BaseException) -> Interrupted | None:
+    """The ``Interrupted`` that ``e`` is or was raised from (orbax may wrap it), if any."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, Interrupted):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+_TRIES = 5  # restore_latest: listings of the steps when a trainer removes the one being read
+
+
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step being written (atomicity_types)
 _READ_ONLY = ocp.CheckpointManagerOptions(  # what orbax's read_only implies, set (no warnings)
     read_only=True,
@@ -141,12 +168,13 @@ class CheckpointManager:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         self.directory = os.path.abspath(os.fspath(directory))
         self.async_save, self.read_only = async_save, read_only
+        self.max_to_keep = max_to_keep  # keep-N is `_prune`'s (it respects reader leases)
         self._saving: int | None = None  # the step whose save is in flight
         options = (
             _READ_ONLY
             if read_only
             else ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep,
+                max_to_keep=None,  # `_prune` removes old steps: orbax would ignore leases
                 save_interval_steps=save_interval_steps,
                 enable_async_checkpointing=True,  # the checksum callback needs the async path
                 cleanup_tmp_directories=True,
@@ -265,18 +293,39 @@ class CheckpointManager:
 
         A newer checkpoint that is unreadable or fails its checksums is reported with
         `logging.warning` and moved aside to `<step>.corrupt-<ns>` once an older one restores,
-        so later saves of that step succeed. Raises RuntimeError if checkpoints exist but none
-        restores (e.g. a wrong abstract_state); then nothing is moved.
+        so later saves of that step succeed. Raises `NoCheckpointRestored` if checkpoints exist
+        but none restores (e.g. a wrong abstract_state); then nothing is moved. An `Interrupted`
+        raised during a restore propagates at once (nothing is moved). Each step is read under a
+        reader lease; a step a trainer removed meanwhile sends the search back to the newest.
         """
-        self.wait_until_finished()
-        self._manager.reload()
-        steps = sorted(self._manager.all_steps(), reverse=True)
+        self._wait()  # no clean-up first: the older steps are the fallbacks
+        for _ in range(_TRIES):
+            self._manager.reload()
+            steps = sorted(self._manager.all_steps(), reverse=True)
+            try:
+                return self._restore_newest(steps, abstract_state)
+            except Vanished as e:
+                logging.warning("%s; looking for the newest checkpoint again", e)
+        raise NoCheckpointRestored(
+            f"the checkpoints under {self.directory} were removed while being read, {_TRIES} "
+            "times: is a trainer saving with trainer.keep_checkpoints=1 on a file system "
+            "without flock? Export from a copy of the run's checkpoints"
+        )
+
+    def _restore_newest(self, steps: list[int], abstract_state: Any) -> Restored | None:
         failures = []
         for step in steps:
+            path = os.path.join(self.directory, str(step))
             try:
-                restored = self.restore(step, abstract_state)
+                with reading(path):
+                    restored = self.restore(step, abstract_state)
+            except Vanished:
+                raise
             except Exception as e:  # noqa: BLE001 (orbax/tensorstore raise many error types)
-                path = os.path.join(self.directory, str(step))
+                if (interrupted := _interruption(e)) is not None:
+                    raise interrupted from None  # a signal, not damage: nothing is moved
+                if not os.path.isdir(path):  # removed mid-read (no flock here): not damage
+                    raise Vanished(f"{path} was removed while being read") from e
                 logging.warning(
                     "checkpoint %s is damaged or unreadable (%s: %s); trying an older one",
                     path,
@@ -289,7 +338,7 @@ class CheckpointManager:
                 self._quarantine([s for s in steps if s > step])
             return restored
         if failures:
-            raise RuntimeError(
+            raise NoCheckpointRestored(
                 f"no checkpoint under {self.directory} could be restored:\n" + "\n".join(failures)
             )
         return None
@@ -315,10 +364,28 @@ class CheckpointManager:
     def wait_until_finished(self) -> None:
         """Blocks until the last asynchronous save is committed; raises `CheckpointSaveError`
         if it failed (once: the next call returns)."""
+        self._wait()
+        self._prune()
+
+    def _wait(self) -> None:
         try:
             self._manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001
             raise self._save_error(e) from e
+
+    def _prune(self) -> None:
+        """Keep-N: removes the committed steps older than the newest ``max_to_keep`` that no
+        reader holds (process 0; a leased one waits for a later call)."""
+        if self.read_only or jax.process_index() != 0:
+            return
+        old = sorted(self._manager.all_steps())[: -self.max_to_keep]
+        removed = [s for s in old if remove_unleased(os.path.join(self.directory, str(s)))]
+        if removed:
+            self._manager.reload()
+        if len(removed) < len(old):
+            logging.info(
+                "keeping checkpoints %s while a reader holds them", sorted(set(old) - set(removed))
+            )
 
     def close(self) -> None:
         """Waits for the pending save, then releases orbax's background threads, even when the
