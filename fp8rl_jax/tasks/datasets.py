@@ -149,10 +149,12 @@ def _read_jsonl(path: str, fields: DataFields) -> Iterator[tuple[str, Mapping[st
                 ) from e
             if not line.strip():
                 continue
+            line = line.rstrip("\r\n")  # else an unclosed object is reported on the next line
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
+                end = ", the end of the line" if e.pos >= len(line.rstrip()) else ""
+                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno}{end})") from e
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
             yield where, record

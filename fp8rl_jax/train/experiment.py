@@ -164,6 +164,7 @@ class Experiment:
     distributed: DistributedConfig = DistributedConfig()  # jax.distributed (multi-host)
 
     def __post_init__(self):
+        check_cross_field_rules(self)
         if self.rl.dapo.overlong_buffer > self.rollout.max_new_tokens:
             raise ValueError(
                 f"rl.dapo.overlong_buffer ({self.rl.dapo.overlong_buffer}) must not exceed "
@@ -185,6 +186,60 @@ class Experiment:
                 f"rl.correction.bypass=True makes every ratio 1, so rejection "
                 f"(rl.correction.rs_level={c.rs_level!r}) would reject nothing; set rs_level=None "
                 "or bypass=False"
+            )
+
+
+GROUP_ADVANTAGES = ("grpo", "drgrpo", "rloo")  # baselines from the other responses of a group
+
+
+def check_cross_field_rules(exp: Experiment) -> None:
+    """Rules between fields that would otherwise fail only after the run started (SFT done,
+    programs compiled, files written): each raises ``ValueError`` naming every field involved.
+    """
+    rl, ro, tc = exp.rl, exp.rollout, exp.trainer
+    if rl.group_size < 2 and rl.advantage in GROUP_ADVANTAGES:
+        raise ValueError(
+            f"rl.group_size={rl.group_size} with rl.advantage={rl.advantage!r}: a group-relative "
+            "advantage compares the responses to one prompt, so it needs rl.group_size >= 2 "
+            "(or rl.advantage='gae')"
+        )
+    if rl.dapo.dynamic_sampling and rl.group_size < 2:
+        raise ValueError(
+            f"rl.dapo.dynamic_sampling=True with rl.group_size={rl.group_size}: a group of one "
+            "response never has differing rewards, so every group would be filtered out"
+        )
+    if rl.dapo.dynamic_sampling and 0 < rl.dapo.gen_prompts < tc.prompts_per_step:
+        raise ValueError(
+            f"rl.dapo.gen_prompts={rl.dapo.gen_prompts} is less than trainer.prompts_per_step="
+            f"{tc.prompts_per_step}: a generation batch must be able to fill the train batch "
+            "(set gen_prompts >= prompts_per_step, or 0 for the same)"
+        )
+    if ro.static_kv_scales and not 0.0 < ro.kv_calib_percentile <= 100.0:
+        raise ValueError(
+            f"rollout.kv_calib_percentile={ro.kv_calib_percentile} must be in (0, 100] with "
+            f"rollout.kv_cache_dtype={ro.kv_cache_dtype!r} and kv_scale_mode='static'"
+        )
+    if ro.static_kv_scales and not ro.kv_calib_margin > 0.0:
+        raise ValueError(
+            f"rollout.kv_calib_margin={ro.kv_calib_margin} must be > 0 with "
+            f"rollout.kv_cache_dtype={ro.kv_cache_dtype!r} and kv_scale_mode='static'"
+        )
+    pg = ro.paged
+    if ro.engine == "paged" and pg.num_pages is not None:
+        # A request holds its shared prompt page(s) (>= 1) and the pages of prompt + response.
+        least = -(-(1 + ro.max_new_tokens) // pg.page_size) + 1
+        if pg.num_pages < least:
+            raise ValueError(
+                f"rollout.paged.num_pages={pg.num_pages} cannot hold one request of "
+                f"rollout.max_new_tokens={ro.max_new_tokens} tokens (+ a prompt) in pages of "
+                f"rollout.paged.page_size={pg.page_size}: it needs at least {least} pages"
+            )
+    if exp.task.name == "math":
+        if not exp.task.jsonl_path:
+            raise ValueError("task.name='math' needs task.jsonl_path (its data file)")
+        if not exp.task.tokenizer_path and not exp.model.hf_checkpoint:
+            raise ValueError(
+                "task.name='math' needs an HF tokenizer: task.tokenizer_path or model.hf_checkpoint"
             )
 
 

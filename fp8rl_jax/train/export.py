@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import os
 
-import jax
 import jax.numpy as jnp
 
 from fp8rl_jax.generation import cast_floats, rollout_weights
-from fp8rl_jax.models import ModelConfig, init_weights, save_fp8_checkpoint, save_hf_checkpoint
+from fp8rl_jax.models import ModelConfig, save_fp8_checkpoint, save_hf_checkpoint
 from fp8rl_jax.models.hf_dir import ExportDirError
-from fp8rl_jax.rl import init_train_state
 from fp8rl_jax.train.checkpoint import CheckpointManager
 from fp8rl_jax.train.experiment import Experiment
-from fp8rl_jax.train.optim import make_optimizer
-from fp8rl_jax.train.setup import build_task
+from fp8rl_jax.train.setup import abstract_train_state, build_task
 
 
 def _model_config(exp: Experiment) -> ModelConfig:
@@ -32,7 +29,9 @@ def export_hf(
     Only shapes are built to restore (no weights are loaded from the base checkpoint); the base
     checkpoint's tokenizer and generation files are copied along. ``out_dir`` must be new, empty
     or a previous export unless ``overwrite`` (``models.hf_dir``); the run directory is always
-    refused. The checkpoints are only read (a running trainer may share them). Returns the step.
+    refused. The checkpoints are only read, the newest that verifies under a reader lease that a
+    running trainer's clean-up respects (``train.lease``), so it may run beside training.
+    Returns the step.
     ``fmt="fp8"`` writes the rollout policy instead: the weights quantized by ``exp.rollout``'s
     recipe, as the rollout runs them, in the block-FP8 layout vLLM serves (``models.hf_fp8``).
     """
@@ -45,22 +44,8 @@ def export_hf(
     if not os.path.isdir(ckpt_dir):
         raise FileNotFoundError(f"export_hf: no checkpoint under {ckpt_dir}")
     cfg = _model_config(exp)
-    rl, optimizer = exp.rl, make_optimizer(exp.optim)
-
-    def abstract_state():
-        params = init_weights(cfg, jax.random.key(0), jnp.float32)
-        kv = None
-        if exp.rollout.static_kv_scales:
-            from fp8rl_jax.generation import KVScales
-
-            shape = (cfg.num_layers, cfg.num_kv_heads)
-            kv = KVScales(
-                jnp.ones(shape), jnp.ones(shape), jnp.ones(shape), jnp.zeros((), jnp.int32)
-            )
-        return init_train_state(params, optimizer, jax.random.key(0), kv, rl_cfg=rl)
-
-    with CheckpointManager(ckpt_dir, read_only=True) as ckpt:
-        restored = ckpt.restore_latest(jax.eval_shape(abstract_state))
+    with CheckpointManager(ckpt_dir, read_only=True) as ckpt:  # reads under a reader lease
+        restored = ckpt.restore_latest(abstract_train_state(exp, cfg))
     if restored is None:
         raise FileNotFoundError(f"export_hf: no checkpoint under {ckpt_dir}")
     info = {"run_dir": os.path.abspath(exp.trainer.run_dir), "step": int(restored.step)}

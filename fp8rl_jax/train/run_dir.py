@@ -48,19 +48,45 @@ class RunDirLocked(RunDirError):
     """Another live process holds the run directory's lock."""
 
 
+CHECKPOINTS_DIR = "checkpoints"
+
+
 def prepare_run_dir(run_dir: str) -> str:
-    """Creates ``run_dir`` (absolute path returned); raises ``RunDirError`` naming the field."""
+    """Creates ``run_dir`` (absolute path returned); raises ``RunDirError`` naming the field.
+
+    It and its ``checkpoints`` (when present) must be writable directories: a regular file, a
+    dangling symbolic link or a read-only directory in their place is named here, before any
+    work, not by the first save steps later.
+    """
     path = os.path.abspath(run_dir)
     where = f"trainer.run_dir={run_dir!r}"
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise RunDirError(f"{where}: {path} exists and is not a directory")
+    _check_dir_shape(path, where)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         raise RunDirError(f"{where}: cannot create {path}: {e.strerror or e}") from e
+    _check_writable(path, where)
+    checkpoints = os.path.join(path, CHECKPOINTS_DIR)
+    _check_dir_shape(checkpoints, where)
+    if os.path.isdir(checkpoints):
+        _check_writable(checkpoints, where)
+    return path
+
+
+def _check_dir_shape(path: str, where: str) -> None:
+    """``path`` is absent or a directory (through links); else one line naming it."""
+    if os.path.islink(path) and not os.path.exists(path):
+        raise RunDirError(
+            f"{where}: {path} is a symbolic link to {os.readlink(path)!r}, which does not exist; "
+            "create that directory or remove the link"
+        )
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise RunDirError(f"{where}: {path} exists and is not a directory")
+
+
+def _check_writable(path: str, where: str) -> None:
     if not os.access(path, os.W_OK | os.X_OK):
         raise RunDirError(f"{where}: {path} is not writable by this user")
-    return path
 
 
 def _holder() -> dict[str, Any]:

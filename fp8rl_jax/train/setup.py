@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
+from fp8rl_jax.generation import Prompts, calibrate_initial_kv_scales
 from fp8rl_jax.models import (
     ModelConfig,
     checkpoint_stop_token_ids,
@@ -13,8 +15,10 @@ from fp8rl_jax.models import (
     load_hf_checkpoint,
     load_tokenizer,
 )
+from fp8rl_jax.rl import TrainState, init_train_state
 from fp8rl_jax.tasks import CharTokenizer, DataFields, MathDataset, get_task, make_chat_prompt_fn
 from fp8rl_jax.train.experiment import Experiment, ModelSpec, TaskSpec
+from fp8rl_jax.train.optim import make_optimizer
 
 
 def build_task(spec: TaskSpec, hf_checkpoint: str = ""):
@@ -77,6 +81,26 @@ def build_model(spec: ModelSpec, tokenizer, rng) -> tuple[ModelConfig, dict]:
     return cfg, weights
 
 
+def abstract_train_state(exp: Experiment, model_cfg: ModelConfig, params=None) -> TrainState:
+    """The structure, shapes and dtypes (``jax.ShapeDtypeStruct``s) of ``exp``'s train state: the
+    restore target of the trainer's resume and of the export. Nothing is computed or loaded.
+
+    ``params``: the policy weights (arrays or shapes); default, the shapes ``init_weights``
+    gives ``model_cfg``. The static KV scales, when the rollout has them, are traced from a
+    one-token prompt: their shape is [L, K] whatever the prompts.
+    """
+    optimizer = make_optimizer(exp.optim)
+
+    def build(params):
+        one_token = Prompts(jnp.ones((1, 1), jnp.int32), jnp.ones((1,), jnp.int32))
+        kv_scales = calibrate_initial_kv_scales(params, one_token, model_cfg, exp.rollout)
+        return init_train_state(params, optimizer, jax.random.key(0), kv_scales, rl_cfg=exp.rl)
+
+    if params is None:
+        params = jax.eval_shape(lambda: init_weights(model_cfg, jax.random.key(0), jnp.float32))
+    return jax.eval_shape(build, params)
+
+
 def resolve_stop_tokens(exp: Experiment, tokenizer) -> Experiment:
     """``exp`` with ``rollout.stop_token_ids`` filled from the HF checkpoint when left empty.
 
@@ -95,4 +119,4 @@ def resolve_stop_tokens(exp: Experiment, tokenizer) -> Experiment:
     return dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, stop_token_ids=ids))
 
 
-__all__ = ["build_model", "build_task", "resolve_stop_tokens"]
+__all__ = ["abstract_train_state", "build_model", "build_task", "resolve_stop_tokens"]

@@ -45,7 +45,7 @@ from fp8rl_jax.tasks import (
     make_prompt_batch,
     score_completions,
 )
-from fp8rl_jax.train.checkpoint import CheckpointManager
+from fp8rl_jax.train.checkpoint import CheckpointManager, NoCheckpointRestored
 from fp8rl_jax.train.checks import check_devices, check_eval_size, resume_error
 from fp8rl_jax.train.dynamic_sampling import Sampled, make_dynamic_sampler
 from fp8rl_jax.train.experiment import Experiment
@@ -58,8 +58,13 @@ from fp8rl_jax.train.logging import (
 )
 from fp8rl_jax.train.optim import make_optimizer
 from fp8rl_jax.train.placement import SingleDevice, make_placement
-from fp8rl_jax.train.run_dir import locked_run_dir, record_config
-from fp8rl_jax.train.setup import build_model, build_task, resolve_stop_tokens
+from fp8rl_jax.train.run_dir import CHECKPOINTS_DIR, locked_run_dir, record_config
+from fp8rl_jax.train.setup import (
+    abstract_train_state,
+    build_model,
+    build_task,
+    resolve_stop_tokens,
+)
 from fp8rl_jax.train.sft import sft_warm_start
 from fp8rl_jax.train.shutdown import Interrupted, StopSignals, signal_name
 
@@ -208,7 +213,7 @@ def train(
         run = _Run(exp, task, tokenizer, model_cfg, prompt_length(task, tokenizer),
                    reward_fn=reward_fn, stop=stop)  # fmt: skip
         ckpt = CheckpointManager(
-            os.path.join(exp.trainer.run_dir, "checkpoints"),
+            os.path.join(exp.trainer.run_dir, CHECKPOINTS_DIR),
             max_to_keep=exp.trainer.keep_checkpoints,
         )
         try:
@@ -232,16 +237,12 @@ def _train(run: _Run, params, ckpt: CheckpointManager, progress: bool) -> dict:
     exp, tc = run.exp, run.exp.trainer
     optimizer = make_optimizer(exp.optim)
     rng = jax.random.key(tc.seed + 1)
-    abstract = jax.eval_shape(
-        lambda: init_train_state(
-            params, optimizer, rng, _abstract_kv_scales(run, params), rl_cfg=exp.rl
-        )
-    )
+    abstract = abstract_train_state(exp, run.model_cfg, params)
     place = run.placement = make_placement(exp, run.model_cfg, abstract, run.prompt_len)
     config = jsonable(exp)
-    try:
+    try:  # a signal here (Interrupted) is no resume error: it exits, every checkpoint in place
         restored = ckpt.restore_latest(place.restore_target(abstract))
-    except RuntimeError as e:  # no checkpoint restores: most likely another model or optimizer
+    except NoCheckpointRestored as e:  # most likely another model or optimizer
         raise resume_error(tc.run_dir, config, e) from e
     if place.is_main:  # only now: a rerun that cannot resume leaves config.json as it was
         record_config(tc.run_dir, config)
@@ -395,16 +396,6 @@ def _stopped(run: _Run, ckpt: CheckpointManager, logger, done: int) -> typing.No
         f"checkpoint of step {done} saved in {ckpt.directory}: rerun the same command to "
         "resume from there",
         signum,
-    )
-
-
-def _abstract_kv_scales(run: _Run, params):
-    if not run.exp.rollout.static_kv_scales:
-        return None
-    first = make_prompt_batch(run.task, run.tokenizer, range(1), 1, run.prompt_len)
-    return jax.eval_shape(
-        lambda p: calibrate_initial_kv_scales(p, _prompts(first), run.model_cfg, run.exp.rollout),
-        params,
     )
 
 
