@@ -9,6 +9,8 @@ MODE:
   slow-save:F    the first save prints "SAVE_IN_FLIGHT <step>" just before the step directory's
                  commit (its items are written) and waits
                  until file F exists, so a test can signal the run while a save is in flight
+  sigint-restore the process sends itself SIGINT as the resume opens the newest checkpoint's
+                 checksums (fp8rl_checksums.json), as a user's Ctrl-C at that moment
 """
 
 import asyncio
@@ -42,12 +44,29 @@ def _slow_finalize(release: str) -> None:
     atomicity.AtomicRenameTemporaryPath.finalize = slow
 
 
+def _sigint_on_restore() -> None:
+    import signal
+
+    from fp8rl_jax.train import checkpoint
+
+    verify = checkpoint.verify_manifest
+
+    def interrupted(step_dir):
+        print(f"SIGINT_AT {os.path.basename(step_dir)}", flush=True)
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next bytecode
+        return verify(step_dir)
+
+    checkpoint.verify_manifest = interrupted
+
+
 def main() -> None:
     mode, flags = sys.argv[1], sys.argv[2:]
     if mode == "fail-save":
         _fail_create()
     elif mode.startswith("slow-save:"):
         _slow_finalize(mode.split(":", 1)[1])
+    elif mode == "sigint-restore":
+        _sigint_on_restore()
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     script = os.path.join(REPO, "experiments", "train.py")

@@ -191,3 +191,132 @@ def test_restored_unpacks_as_state_and_metadata(tmp_path):
         state, metadata = mgr.restore_latest(jax.eval_shape(lambda: _state(0)))
     _assert_same(_state(4), state)
     assert metadata == {"data_position": 40}
+
+
+# Issue 25: an interrupted restore is no damage; readers beside a trainer's clean-up -------------
+
+
+def _committed(directory) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+def _interrupt(*args, **kwargs):
+    from fp8rl_jax.train.shutdown import Interrupted
+
+    raise Interrupted("stopped by SIGINT before the first RL step: nothing to save", signal.SIGINT)
+
+
+def _wrapped_interrupt(*args, **kwargs):
+    try:  # as a library that catches and re-raises (orbax's asyncio layers) would pass it on
+        _interrupt()
+    except RuntimeError as e:
+        raise ValueError("restore failed") from e
+
+
+@pytest.mark.parametrize(
+    "where, raiser",
+    [
+        ("fp8rl_jax.train.checkpoint.verify_manifest", _interrupt),  # reading the checksums
+        ("orbax.checkpoint.CheckpointManager.restore", _wrapped_interrupt),  # reading the arrays
+    ],
+)
+def test_an_interrupted_restore_moves_nothing_and_propagates(tmp_path, monkeypatch, where, raiser):
+    from fp8rl_jax.train.shutdown import Interrupted
+
+    _save_steps(tmp_path, [1, 2])
+    before = _committed(tmp_path)
+    monkeypatch.setattr(where, raiser)
+    with CheckpointManager(tmp_path) as mgr, pytest.raises(Interrupted) as e:
+        mgr.restore_latest(jax.eval_shape(lambda: _state(0)))
+    assert e.value.exit_code == 130
+    assert _committed(tmp_path) == before == ["1", "2"]  # nothing moved aside as damaged
+
+
+def test_keep_n_keeps_a_step_a_reader_holds_until_it_is_released(tmp_path):
+    from fp8rl_jax.train.lease import reading
+
+    with CheckpointManager(tmp_path, max_to_keep=1) as mgr:
+        mgr.save(1, _state(1))
+        mgr.wait_until_finished()
+        with reading(str(tmp_path / "1")):  # an export reading step 1
+            mgr.save(2, _state(2))
+            mgr.wait_until_finished()
+            assert mgr.all_steps() == [1, 2]  # kept while it is read
+            mgr.save(3, _state(3))
+            mgr.wait_until_finished()
+            assert mgr.all_steps() == [1, 3]
+        mgr.save(4, _state(4))
+        mgr.wait_until_finished()
+        assert mgr.all_steps() == [4]
+    assert _committed(tmp_path) == ["4"]  # nothing left behind by the removals
+
+
+@pytest.mark.parametrize("leases", [True, False])
+def test_a_reader_survives_the_trainer_removing_its_step_mid_read(tmp_path, monkeypatch, leases):
+    """keep_checkpoints=1 and a save while the export reads: with leases (flock) the export
+    reads the step it chose; without (a file system without flock) it reads the next newest."""
+    import fp8rl_jax.train.checkpoint as checkpoint_lib
+
+    if not leases:
+        monkeypatch.setattr(checkpoint_lib, "reading", lambda path: _no_lease())
+    trainer = CheckpointManager(tmp_path, max_to_keep=1)
+    trainer.save(1, _state(1))
+    trainer.wait_until_finished()
+    verify, saved = checkpoint_lib.verify_manifest, []
+
+    def verify_while_the_trainer_saves(step_dir):
+        if not saved:  # the first read: the trainer commits step 2 and cleans up meanwhile
+            saved.append(trainer.save(2, _state(2)))
+            trainer.wait_until_finished()
+        return verify(step_dir)
+
+    monkeypatch.setattr(checkpoint_lib, "verify_manifest", verify_while_the_trainer_saves)
+    with CheckpointManager(tmp_path, read_only=True) as reader:
+        restored = reader.restore_latest(jax.eval_shape(lambda: _state(0)))
+    trainer.save(3, _state(3))
+    trainer.close()
+    assert saved == [True]
+    assert restored.step == (1 if leases else 2)
+    _assert_same(_state(restored.step), restored.state)
+    assert _committed(tmp_path) == ["3"]  # the held step went at the next clean-up
+
+
+class _no_lease:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
+
+
+def test_repeated_reads_beside_a_trainer_saving_every_step_with_keep_1(tmp_path):
+    """A real race: a writer thread saves every step (keep 1) while the main thread restores."""
+    import threading
+
+    stop, saved = threading.Event(), []
+
+    def trainer():
+        with CheckpointManager(tmp_path, max_to_keep=1) as mgr:
+            step = 1
+            while not stop.is_set() or step < 6:
+                mgr.save(step, _state(step))
+                mgr.wait_until_finished()
+                saved.append(step)
+                step += 1
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    try:
+        while not saved:
+            time.sleep(0.01)
+        steps = []
+        with CheckpointManager(tmp_path, read_only=True) as reader:
+            for _ in range(12):
+                restored = reader.restore_latest(jax.eval_shape(lambda: _state(0)))
+                _assert_same(_state(restored.step), restored.state)
+                steps.append(restored.step)
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert steps == sorted(steps) and len(saved) >= 6
+    assert _committed(tmp_path) == [str(saved[-1])]

@@ -14,6 +14,7 @@ persistent compile cache, conftest.py, serves every run after the first); one un
 (``reference``) is shared: exported, copied and damaged, resumed against.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -527,3 +528,169 @@ def test_files_follow_the_umask(tmp_path):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o640
     assert os.listdir(tmp_path) == ["a.json"]
+
+
+# Issue 25: nothing misread --------------------------------------------------------------------
+#   1 Ctrl-C during the resume's restore     test_sigint_during_the_resume_restore_*
+#   2 export beside a live run               test_export_beside_a_trainer_*, test_checkpoint.py
+#   3 cross-field config rules               test_cross_field_rules_*
+#   4 the run directory's shape              test_checkpoints_path_*
+#   5 JSON errors name the real column       test_jsonl_errors_*
+
+
+@pytest.mark.slow
+def test_sigint_during_the_resume_restore_exits_at_once_and_moves_nothing(reference, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    before = _listing(run_dir)
+    proc = _run(_argv(run_dir, worker="sigint-restore"), timeout=240)
+    assert f"SIGINT_AT {STEPS}" in proc.stdout  # the signal came as the newest step was read
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr and "damaged" not in proc.stderr, proc.stderr[-4000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("stopped by SIGINT before the first")
+    assert "resumed" not in proc.stdout  # it exits at once: no step redone
+    assert _listing(run_dir) == before  # every checkpoint in place, none moved aside
+
+
+def _reference_experiment(run_dir):
+    config = tiny.get_config(ARM)
+    for path, value in {**TINY, "trainer.run_dir": str(run_dir)}.items():
+        set_path(config, path, value)
+    return experiment_from_config(config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("leases", [True, False])
+def test_export_beside_a_trainer_saving_with_keep_1(reference, tmp_path, monkeypatch, leases):
+    """The trainer commits a step and cleans up (keep 1) while the export reads its checkpoint:
+    the export holds the step it chose (a lease), or without flock reads the next newest."""
+    import fp8rl_jax.train.checkpoint as checkpoint_lib
+    from fp8rl_jax.train.checkpoint import CheckpointManager
+    from fp8rl_jax.train.export import export_hf
+    from fp8rl_jax.train.setup import abstract_train_state, build_task
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    exp = _reference_experiment(run_dir)
+    model_cfg = exp.model.tiny_config(build_task(exp.task)[1].vocab_size)
+    trainer = CheckpointManager(run_dir / "checkpoints", max_to_keep=1)
+    state = trainer.restore_latest(abstract_train_state(exp, model_cfg)).state
+    if not leases:
+        monkeypatch.setattr(checkpoint_lib, "reading", lambda path: contextlib.nullcontext())
+    verify, saved = checkpoint_lib.verify_manifest, []
+
+    def verify_while_the_trainer_saves(step_dir):
+        if not saved:
+            saved.append(trainer.save(STEPS + 1, state))
+            trainer.wait_until_finished()  # commits, then removes every unleased older step
+        return verify(step_dir)
+
+    monkeypatch.setattr(checkpoint_lib, "verify_manifest", verify_while_the_trainer_saves)
+    step = export_hf(exp, str(tmp_path / "export"))
+    assert saved == [True] and step == (STEPS if leases else STEPS + 1)
+    assert json.loads((tmp_path / "export" / "fp8rl_export.json").read_text())["step"] == step
+    assert _committed(run_dir) == ([STEPS, STEPS + 1] if leases else [STEPS + 1])
+    trainer.close()  # its next clean-up removes the step the export held
+    assert _committed(run_dir) == [STEPS + 1]
+
+
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        ({"rl.group_size": 1}, "rl.group_size=1 with rl.advantage='grpo': a group-relative"),
+        ({"rl.group_size": 1, "rl.advantage": "rloo"}, "rl.group_size=1 with rl.advantage='rloo'"),
+        (
+            {"rl.group_size": 1, "rl.advantage": "gae", "rl.dapo.dynamic_sampling": True},
+            "rl.dapo.dynamic_sampling=True with rl.group_size=1",
+        ),
+        (
+            {"rl.dapo.dynamic_sampling": True, "rl.dapo.gen_prompts": 3},
+            "rl.dapo.gen_prompts=3 is less than trainer.prompts_per_step=32",
+        ),
+        (
+            {"rollout.kv_cache_dtype": "float8_e4m3fn", "rollout.kv_calib_percentile": 0.0},
+            "rollout.kv_calib_percentile=0.0 must be in (0, 100] with rollout.kv_cache_dtype=",
+        ),
+        (
+            {"rollout.kv_cache_dtype": "float8_e4m3fn", "rollout.kv_calib_margin": 0.0},
+            "rollout.kv_calib_margin=0.0 must be > 0 with rollout.kv_cache_dtype=",
+        ),
+        (
+            {"rollout.engine": "paged", "rollout.max_new_tokens": 64,
+             "rollout.paged.page_size": 16, "rollout.paged.num_pages": 5},
+            "rollout.paged.num_pages=5 cannot hold one request of rollout.max_new_tokens=64 "
+            "tokens (+ a prompt) in pages of rollout.paged.page_size=16: it needs at least 6",
+        ),
+        ({"task.name": "math"}, "task.name='math' needs task.jsonl_path"),
+        (
+            {"task.name": "math", "task.jsonl_path": "train.jsonl"},
+            "task.name='math' needs an HF tokenizer: task.tokenizer_path or model.hf_checkpoint",
+        ),
+    ],
+)  # fmt: skip
+def test_cross_field_rules_fail_at_config_time_naming_the_fields(changes, needle):
+    from fp8rl_jax.train.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        experiment_from_config(_config(**changes))
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_cross_field_rules_allow_what_works():
+    exp = experiment_from_config(_config(**{"rl.group_size": 1, "rl.advantage": "gae"}))
+    assert exp.rl.group_size == 1  # a critic's baseline needs no group
+    paged = {"rollout.engine": "paged", "rollout.max_new_tokens": 64,
+             "rollout.paged.page_size": 16, "rollout.paged.num_pages": 6}  # fmt: skip
+    assert experiment_from_config(_config(**paged)).rollout.paged.num_pages == 6
+
+
+@pytest.mark.parametrize("shape", ["file", "dangling link", "read-only"])
+def test_checkpoints_path_of_the_wrong_shape_stops_before_any_work(tmp_path, monkeypatch, shape):
+    from fp8rl_jax.train import run_dir as run_dir_lib
+    from fp8rl_jax.train import trainer as trainer_lib
+    from fp8rl_jax.train.run_dir import RunDirError
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    checkpoints = run_dir / "checkpoints"
+    if shape == "file":
+        checkpoints.write_text("")
+        needle = f"{checkpoints} exists and is not a directory"
+    elif shape == "dangling link":
+        checkpoints.symlink_to(tmp_path / "gone")
+        needle = (
+            f"{checkpoints} is a symbolic link to '{tmp_path / 'gone'}', which does not exist; "
+            "create that directory or remove the link"
+        )
+    else:
+        checkpoints.mkdir()
+        access = os.access  # root may write anywhere: the mode bits alone would not stop it
+        monkeypatch.setattr(
+            run_dir_lib.os, "access", lambda p, m: access(p, m) and str(p) != str(checkpoints)
+        )
+        needle = f"{checkpoints} is not writable by this user"
+
+    def work(*args, **kwargs):
+        raise AssertionError("work began before the run directory was checked")
+
+    monkeypatch.setattr(trainer_lib, "build_task", work)  # the trainer's first piece of work
+    with pytest.raises(RunDirError) as e:
+        trainer_lib.train(experiment_from_config(_config(**{"trainer.run_dir": str(run_dir)})))
+    assert str(e.value) == f"trainer.run_dir={str(run_dir)!r}: {needle}"
+    assert os.listdir(run_dir) == ["checkpoints"]  # no lock, config, metrics written
+
+
+def test_jsonl_errors_name_the_line_and_the_real_column(tmp_path):
+    from fp8rl_jax.tasks.datasets import MathJsonlDataset
+
+    jsonl = tmp_path / "train.jsonl"
+    good = '{"question": "1+1", "answer": 2}\n'
+    for bad, where in [
+        ('{"question": "2+2", "answer": 4\n', "Expecting ',' delimiter at column 32, the end"),
+        ('{"question": "2+2", "answer": 4,}\n', "trailing comma before end of object at column 32"),
+        ('{"question": "2+2" "answer": 4}\r\n', "Expecting ',' delimiter at column 20)"),
+    ]:
+        jsonl.write_text(good + bad, newline="")
+        with pytest.raises(ValueError) as e:
+            MathJsonlDataset(jsonl)
+        assert str(e.value).startswith(f"{jsonl}:2: invalid JSON (") and where in str(e.value)

@@ -140,6 +140,17 @@ def _interruption(e: BaseException) -> Interrupted | None:
 _TRIES = 5  # restore_latest: listings of the steps when a trainer removes the one being read
 
 
+def _listed(list_steps):
+    """Runs orbax's step listing (``list_steps()``), again when a step it lists is removed
+    meanwhile by a trainer's clean-up (orbax then raises FileNotFoundError)."""
+    for _ in range(_TRIES - 1):
+        try:
+            return list_steps()
+        except FileNotFoundError:
+            continue
+    return list_steps()
+
+
 _TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step being written (atomicity_types)
 _READ_ONLY = ocp.CheckpointManagerOptions(  # what orbax's read_only implies, set (no warnings)
     read_only=True,
@@ -187,8 +198,10 @@ class CheckpointManager:
                 ),
             )
         )
-        self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=(_STATE, _META)
+        self._manager = _listed(
+            lambda: ocp.CheckpointManager(
+                self.directory, options=options, item_names=(_STATE, _META)
+            )
         )
 
     def _write_checksums(self) -> None:
@@ -300,7 +313,7 @@ class CheckpointManager:
         """
         self._wait()  # no clean-up first: the older steps are the fallbacks
         for _ in range(_TRIES):
-            self._manager.reload()
+            _listed(self._manager.reload)
             steps = sorted(self._manager.all_steps(), reverse=True)
             try:
                 return self._restore_newest(steps, abstract_state)
