@@ -213,19 +213,31 @@ def _wrapped_interrupt(*args, **kwargs):
         raise ValueError("restore failed") from e
 
 
-@pytest.mark.parametrize(
-    "where, raiser",
-    [
-        ("fp8rl_jax.train.checkpoint.verify_manifest", _interrupt),  # reading the checksums
-        ("orbax.checkpoint.CheckpointManager.restore", _wrapped_interrupt),  # reading the arrays
-    ],
-)
-def test_an_interrupted_restore_moves_nothing_and_propagates(tmp_path, monkeypatch, where, raiser):
+def _once(raiser, original):
+    """``raiser`` on the first call (the newest step: Ctrl-C comes once), then ``original``."""
+    calls = []
+
+    def call(*args, **kwargs):
+        calls.append(1)
+        return raiser() if len(calls) == 1 else original(*args, **kwargs)
+
+    return call
+
+
+@pytest.mark.parametrize("where", ["reading the checksums", "reading the arrays in orbax"])
+def test_an_interrupted_restore_moves_nothing_and_propagates(tmp_path, monkeypatch, where):
+    import orbax.checkpoint as ocp
+
+    import fp8rl_jax.train.checkpoint as checkpoint_lib
     from fp8rl_jax.train.shutdown import Interrupted
 
     _save_steps(tmp_path, [1, 2])
     before = _committed(tmp_path)
-    monkeypatch.setattr(where, raiser)
+    if where == "reading the checksums":
+        target, name, raiser = checkpoint_lib, "verify_manifest", _interrupt
+    else:
+        target, name, raiser = ocp.CheckpointManager, "restore", _wrapped_interrupt
+    monkeypatch.setattr(target, name, _once(raiser, getattr(target, name)))
     with CheckpointManager(tmp_path) as mgr, pytest.raises(Interrupted) as e:
         mgr.restore_latest(jax.eval_shape(lambda: _state(0)))
     assert e.value.exit_code == 130
