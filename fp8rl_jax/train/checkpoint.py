@@ -392,13 +392,21 @@ class CheckpointManager:
         if self.read_only or jax.process_index() != 0:
             return
         old = sorted(self._manager.all_steps())[: -self.max_to_keep]
-        removed = [s for s in old if remove_unleased(os.path.join(self.directory, str(s)))]
+        removed = [s for s in old if self._remove(s)]
         if removed:
             self._manager.reload()
         if len(removed) < len(old):
             logging.info(
                 "keeping checkpoints %s while a reader holds them", sorted(set(old) - set(removed))
             )
+
+    def _remove(self, step: int) -> bool:
+        path = os.path.join(self.directory, str(step))
+        try:
+            return remove_unleased(path)
+        except OSError as e:  # a clean-up failure must not stop training: retried next time
+            logging.warning("could not remove old checkpoint %s: %s", path, e)
+            return False
 
     def close(self) -> None:
         """Waits for the pending save, then releases orbax's background threads, even when the
