@@ -84,22 +84,3 @@ def remove_unleased(step_dir: str) -> bool:
         os.close(fd)
     shutil.rmtree(trash, onexc=lambda *a: log.warning("removing %s: %s", trash, a[2]))
     return True
-
-
-def is_leased(step_dir: str) -> bool:
-    """Whether a reader holds a lease on ``step_dir`` now (False if it is gone)."""
-    try:
-        fd = _open_dir(step_dir)
-    except Vanished:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    except OSError as e:
-        if e.errno in _NO_FLOCK:
-            return False
-        raise
-    finally:
-        os.close(fd)
