@@ -20,7 +20,7 @@ from fp8rl_jax.generation import RolloutConfig, SamplingConfig, token_logprobs
 from fp8rl_jax.models import forward, init_weights
 from fp8rl_jax.rl import RLConfig, init_train_state, jit_steps, policy_entropy
 from fp8rl_jax.rl.scoring import sequence_logprobs
-from fp8rl_jax.train.experiment import ModelSpec
+from fp8rl_jax.train.experiment import Experiment, ModelSpec, TrainerConfig
 from tests.testing import TINY_MODEL, VOCAB, copy_tree, tiny_params, tiny_prompts
 
 B, T = 3, 11  # 10 predicted tokens per row: chunk 5 divides them, 3 and 4 do not
@@ -184,3 +184,17 @@ def test_chunked_programs_hold_no_full_logits():
         chunked = _temp_bytes(jax.jit(fn, static_argnums=1), params, 64)
         assert full >= logits_bytes, (fn.__name__, full)  # the test can fail: today's holds it
         assert chunked < logits_bytes / 4, (fn.__name__, chunked, full)
+
+
+def test_memory_knobs_are_validated_with_their_field_names():
+    with pytest.raises(ValueError, match="remat"):
+        RLConfig(remat="all")
+    for name in ("logprob_chunk", "score_micro_batch"):
+        with pytest.raises(ValueError, match=f"RLConfig.{name}"):
+            RLConfig(**{name: -1})
+    rl = RLConfig(group_size=4, score_micro_batch=3)  # 2 prompts x 4 = 8 rows
+    with pytest.raises(ValueError, match="rl.score_micro_batch=3 must divide the 8 rows"):
+        Experiment(rl=rl, trainer=TrainerConfig(prompts_per_step=2))
+    Experiment(
+        rl=dataclasses.replace(rl, score_micro_batch=4), trainer=TrainerConfig(prompts_per_step=2)
+    )
