@@ -122,12 +122,13 @@ def test_remat_gives_the_gradients_of_no_remat(remat):
     loss = jax.jit(jax.grad(_loss, has_aux=True), static_argnums=(1, 2), static_argnames="remat")
     want, _ = loss(params, MOE, SamplingConfig(), remat="none")
     got, _ = loss(params, MOE, SamplingConfig(), remat=remat)
-    _assert_trees_close(got, want, rtol=1e-6, atol=1e-7)
-
+    _assert_trees_close(got, want, rtol=1e-5, atol=1e-6)
     # The policy is in the program: one checkpoint per block, none without remat.
+    remat_p = jax.make_jaxpr(jax.checkpoint(jnp.sin))(1.0).eqns[0].primitive
+
     def n_checkpoints(r):
         jaxpr = jax.make_jaxpr(lambda p: _loss(p, MOE, SamplingConfig(), remat=r)[0])(params)
-        return sum(e.primitive.name == "checkpoint" for e in jaxpr.eqns)
+        return str(jaxpr).count(f" {remat_p.name}[")
 
     assert (n_checkpoints("none"), n_checkpoints(remat)) == (0, MOE.num_layers)
 
@@ -158,10 +159,11 @@ def _temp_bytes(fn, *args):
 
 
 def test_chunked_programs_hold_no_full_logits():
-    """A 1-layer model with V = 32,768 over B x T = 4 x 512: the full f32 logits are 256 MiB;
-    the chunked scoring and loss-gradient programs stay well under a quarter of that."""
+    """A 1-layer model with V = 32,768 over B x T = 4 x 1,024: the full f32 logits are 512 MiB.
+    Chunks of 32 tokens: the scoring and loss-gradient programs' temporaries fall by far more
+    than 8x and stay under half of one [B, T, V] buffer (a few [B, 32, V] ones)."""
     cfg = dataclasses.replace(TINY_MODEL, num_layers=1, vocab_size=32768)
-    b, t = 4, 512
+    b, t = 4, 1024
     logits_bytes = b * t * cfg.vocab_size * 4
     params = jax.eval_shape(lambda: init_weights(cfg, jax.random.key(0), jnp.float32))
     tokens, pos, seg = _batch(b=b, t=t, vocab=cfg.vocab_size)
@@ -181,9 +183,9 @@ def test_chunked_programs_hold_no_full_logits():
 
     for fn in (score, grad):
         full = _temp_bytes(jax.jit(fn, static_argnums=1), params, 0)
-        chunked = _temp_bytes(jax.jit(fn, static_argnums=1), params, 64)
+        chunked = _temp_bytes(jax.jit(fn, static_argnums=1), params, 32)
         assert full >= logits_bytes, (fn.__name__, full)  # the test can fail: today's holds it
-        assert chunked < logits_bytes / 4, (fn.__name__, chunked, full)
+        assert chunked < min(logits_bytes / 2, full / 8), (fn.__name__, chunked, full)
 
 
 def test_memory_knobs_are_validated_with_their_field_names():
