@@ -23,7 +23,7 @@ from fp8rl_jax.models import (
     load_hf_checkpoint,
     save_fp8_checkpoint,
 )
-from fp8rl_jax.models.hf_fp8 import _read_safetensors
+from fp8rl_jax.models.hf.layout import _read_safetensors
 from fp8rl_jax.quant import QuantRecipe
 from kernels_pallas.qarray import QArray, dequantize_weight
 

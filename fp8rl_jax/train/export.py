@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from fp8rl_jax.generation import cast_floats, rollout_weights
 from fp8rl_jax.models import ModelConfig, init_weights, save_fp8_checkpoint, save_hf_checkpoint
-from fp8rl_jax.models.hf_dir import ExportDirError
+from fp8rl_jax.models.hf import ExportDirError
 from fp8rl_jax.rl import init_train_state
 from fp8rl_jax.train.checkpoint import CheckpointManager
 from fp8rl_jax.train.experiment import Experiment
@@ -31,10 +31,10 @@ def export_hf(
 
     Only shapes are built to restore (no weights are loaded from the base checkpoint); the base
     checkpoint's tokenizer and generation files are copied along. ``out_dir`` must be new, empty
-    or a previous export unless ``overwrite`` (``models.hf_dir``); the run directory is always
+    or a previous export unless ``overwrite`` (``models.hf.dir``); the run directory is always
     refused. The checkpoints are only read (a running trainer may share them). Returns the step.
     ``fmt="fp8"`` writes the rollout policy instead: the weights quantized by ``exp.rollout``'s
-    recipe, as the rollout runs them, in the block-FP8 layout vLLM serves (``models.hf_fp8``).
+    recipe, as the rollout runs them, in the block-FP8 layout vLLM serves (``models.hf.fp8``).
     """
     if fmt not in ("bf16", "fp8"):
         raise ValueError(f"export_hf: fmt must be 'bf16' or 'fp8', got {fmt!r}")

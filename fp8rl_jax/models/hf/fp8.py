@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import struct
 
 import jax
 import jax.numpy as jnp
@@ -32,37 +30,23 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from fp8rl_jax.models import hf_dir
 from fp8rl_jax.models.config import ModelConfig
-from fp8rl_jax.models.hf_io import (
+from fp8rl_jax.models.hf import dir as hf_dir
+from fp8rl_jax.models.hf.layout import (
     _IGNORED,
     INDEX_FILE,
     SINGLE_FILE,
     CheckpointError,
     _get,
+    _read_safetensors,
     _shard_files,
+    copy_tokenizer_files,
     hf_entries,
 )
 from kernels_pallas.qarray import QArray, dequantize_weight
 
 SCALE_SUFFIX = "_scale_inv"  # <m>.weight -> <m>.weight_scale_inv
 QUANT_METHOD = "fp8"
-_COPIED = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-    "chat_template.jinja",
-)
-_DTYPES = {
-    "F8_E4M3": ml_dtypes.float8_e4m3fn,
-    "BF16": ml_dtypes.bfloat16,
-    "F16": np.float16,
-    "F32": np.float32,
-    "F64": np.float64,
-    "I32": np.int32,
-    "I64": np.int64,
-}
 
 
 def quantization_config(block_shape: tuple[int, int], ignored_layers=()) -> dict:
@@ -138,10 +122,8 @@ def save_fp8_checkpoint(
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(_fp8_config(cfg, weights), f, indent=2)
         _write_shards(tmp, cfg, weights, max_shard_bytes)
-        for fname in _COPIED if extra_files_from else ():
-            src = os.path.join(os.fspath(extra_files_from), fname)
-            if os.path.isfile(src):
-                shutil.copyfile(src, os.path.join(tmp, fname))
+        if extra_files_from:
+            copy_tokenizer_files(extra_files_from, tmp)
 
 
 def _write_shards(tmp: str, cfg: ModelConfig, weights: dict, max_shard_bytes: int) -> None:
@@ -168,23 +150,6 @@ def _write_shards(tmp: str, cfg: ModelConfig, weights: dict, max_shard_bytes: in
     if len(shards) > 1:
         with open(os.path.join(tmp, INDEX_FILE), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-
-
-def _read_safetensors(file: str) -> dict[str, np.ndarray]:
-    """All tensors of one safetensors file (memory-mapped), FP8 and BF16 included."""
-    with open(file, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    data = np.memmap(file, np.uint8, "r", offset=8 + n)
-    out = {}
-    for name, info in header.items():
-        if info["dtype"] not in _DTYPES:
-            raise CheckpointError(f"{file}: {name} has unsupported dtype {info['dtype']}")
-        start, stop = info["data_offsets"]
-        dtype = np.dtype(_DTYPES[info["dtype"]])
-        out[name] = data[start:stop].view(dtype).reshape(info["shape"])
-    return out
 
 
 def is_fp8_checkpoint(path) -> bool:
