@@ -25,7 +25,13 @@ def _model_config(exp: Experiment) -> ModelConfig:
 
 
 def export_hf(
-    exp: Experiment, out_dir: str, *, dtype=jnp.bfloat16, fmt: str = "bf16", overwrite: bool = False
+    exp: Experiment,
+    out_dir: str,
+    *,
+    dtype=jnp.bfloat16,
+    fmt: str = "bf16",
+    overwrite: bool = False,
+    unservable: str = "error",
 ) -> int:
     """Writes the params of ``exp``'s newest readable checkpoint to ``out_dir`` in the HF layout.
 
@@ -34,7 +40,9 @@ def export_hf(
     or a previous export unless ``overwrite`` (``models.hf.dir``); the run directory is always
     refused. The checkpoints are only read (a running trainer may share them). Returns the step.
     ``fmt="fp8"`` writes the rollout policy instead: the weights quantized by ``exp.rollout``'s
-    recipe, as the rollout runs them, in the block-FP8 layout vLLM serves (``models.hf.fp8``).
+    recipe, as the rollout runs them, in the block-FP8 layout vLLM serves (``models.hf.fp8``);
+    ``unservable``: what to do with weights vLLM/SGLang would load wrong (``models.hf.serving``).
+    The tokenizer and generation files come from the checkpoint, then ``task.tokenizer_path``.
     """
     if fmt not in ("bf16", "fp8"):
         raise ValueError(f"export_hf: fmt must be 'bf16' or 'fp8', got {fmt!r}")
@@ -64,12 +72,13 @@ def export_hf(
     if restored is None:
         raise FileNotFoundError(f"export_hf: no checkpoint under {ckpt_dir}")
     info = {"run_dir": os.path.abspath(exp.trainer.run_dir), "step": int(restored.step)}
-    extra = exp.model.hf_checkpoint or None
+    extra = [d for d in (exp.model.hf_checkpoint, exp.task.tokenizer_path) if d]
     if fmt == "fp8":
         weights, _ = rollout_weights(restored.state.params, exp.rollout)
         save_fp8_checkpoint(
-            out_dir, cfg, weights, extra_files_from=extra, overwrite=overwrite, info=info
-        )
+            out_dir, cfg, weights, extra_files_from=extra, overwrite=overwrite, info=info,
+            unservable=unservable,
+        )  # fmt: skip
         return int(restored.step)
     save_hf_checkpoint(
         out_dir, cfg, cast_floats(restored.state.params, dtype), extra_files_from=extra,

@@ -9,6 +9,7 @@ from fp8rl_jax.models.hf.dir import ExportDirError
 from fp8rl_jax.models.hf.fp8 import is_fp8_checkpoint, load_fp8_checkpoint, save_fp8_checkpoint
 from fp8rl_jax.models.hf.io import load_hf_checkpoint, save_hf_checkpoint
 from fp8rl_jax.models.hf.layout import CheckpointError, hf_entries
+from fp8rl_jax.models.hf.serving import UnservableExportError
 
 __all__ = [
     "CheckpointError",
@@ -19,4 +20,5 @@ __all__ = [
     "load_hf_checkpoint",
     "save_fp8_checkpoint",
     "save_hf_checkpoint",
+    "UnservableExportError",
 ]

@@ -32,6 +32,7 @@ from safetensors.numpy import save_file
 
 from fp8rl_jax.models.config import ModelConfig
 from fp8rl_jax.models.hf import dir as hf_dir
+from fp8rl_jax.models.hf import serving
 from fp8rl_jax.models.hf.layout import (
     _IGNORED,
     INDEX_FILE,
@@ -42,6 +43,7 @@ from fp8rl_jax.models.hf.layout import (
     _shard_files,
     copy_tokenizer_files,
     hf_entries,
+    with_special_tokens,
 )
 from kernels_pallas.qarray import QArray, dequantize_weight
 
@@ -76,8 +78,8 @@ def _fp8_tensors(cfg: ModelConfig, weights: dict):
             yield name, leaf, lambda x, p=pick: np.ascontiguousarray(p(x).T, ml_dtypes.bfloat16)
 
 
-def _fp8_config(cfg: ModelConfig, weights: dict) -> dict:
-    blocks, ignored = set(), set()
+def _block_shape(cfg: ModelConfig, weights: dict) -> tuple[int, int]:
+    blocks = set()
     for name, e in hf_entries(cfg).items():
         leaf = _get(weights, e.path)
         if isinstance(leaf, QArray):
@@ -87,13 +89,36 @@ def _fp8_config(cfg: ModelConfig, weights: dict) -> dict:
                     f"{leaf.block_shape}; the block-FP8 format needs E4M3 and 2-D blocks"
                 )
             blocks.add(tuple(leaf.block_shape))
-        elif e.kind in ("linear", "expert") and e.path[-1] != "router":
-            ignored.add(name.rsplit(".", 1)[0])
     if len(blocks) != 1:
         raise ValueError(f"save_fp8_checkpoint: need one weight block shape, got {blocks}")
-    ignored.discard("lm_head")  # vLLM never quantizes lm_head (nor the router)
+    return blocks.pop()
+
+
+def _serving_plan(cfg: ModelConfig, weights: dict, unservable: serving.Unservable):
+    """``(weights with demoted layers in BF16 [.., K, N], block, ignored_layers)``."""
+    block = _block_shape(cfg, weights)
+    linears, routers, paths = [], [], {}
+    for name, e in hf_entries(cfg).items():
+        module = name.rsplit(".", 1)[0]
+        if e.path[-1] == "router":
+            routers.append(module)
+        elif e.kind in ("linear", "expert") and module != "lm_head":
+            leaf = _get(weights, e.path)
+            linears.append(serving.Linear(module, e.hf_shape, isinstance(leaf, QArray)))
+            paths[module] = e.path
+    demoted, ignored = serving.plan(linears, block, routers, unservable)
+    if demoted:  # the FP8 policy dequantized: values · scales, in BF16
+        weights = jax.tree.map(lambda x: x, weights, is_leaf=lambda x: isinstance(x, QArray))
+        for path in {paths[m] for m in demoted}:
+            leaf = _get(weights, path)
+            if isinstance(leaf, QArray):
+                _get(weights, path[:-1])[path[-1]] = dequantize_weight(leaf, jnp.bfloat16)
+    return weights, block, ignored
+
+
+def _fp8_config(cfg: ModelConfig, block, ignored) -> dict:
     hf = cfg.to_hf_config(torch_dtype="bfloat16")
-    hf["quantization_config"] = quantization_config(blocks.pop(), ignored)
+    hf["quantization_config"] = quantization_config(block, ignored)
     return hf
 
 
@@ -106,24 +131,33 @@ def save_fp8_checkpoint(
     extra_files_from=None,
     overwrite: bool = False,
     info: dict | None = None,
+    unservable: serving.Unservable = "error",
 ) -> None:
     """Writes the rollout weights (QArray leaves, ``generation.rollout_weights``) in block FP8.
 
     ``weights``: the rollout's pytree: QArray ``[.., N, K]`` leaves (E4M3, one block shape) for
-    the quantized layers, high-precision arrays elsewhere (written in BF16). Shards above
-    ``max_shard_bytes`` with a ``model.safetensors.index.json``. The target rules are the BF16
-    export's (``hf_dir``): a new or empty directory or a previous export; any other non-empty
-    directory raises ``ExportDirError`` unless ``overwrite``; nothing the export did not write is
-    deleted; files get the umask's mode. ``extra_files_from``: a checkpoint directory whose
-    tokenizer and generation files are copied along; ``info``: provenance for the marker file.
+    the quantized layers, high-precision arrays elsewhere (written in BF16 and listed in
+    ``ignored_layers`` with the MoE routers, per projection and fused: ``hf.serving``). A weight
+    that vLLM, SGLang or transformers would load wrong (a partial block, a fused group of mixed
+    precision, BF16 experts) raises ``UnservableExportError`` naming it, unless
+    ``unservable="bf16"``: then it is written in BF16 (values · scales) and listed.
+    Shards above ``max_shard_bytes`` with a ``model.safetensors.index.json``. The target rules
+    are the BF16 export's (``hf.dir``): a new or empty directory or a previous export; any other
+    non-empty directory raises ``ExportDirError`` unless ``overwrite``; nothing the export did not
+    write is deleted; files get the umask's mode. ``extra_files_from``: a checkpoint or tokenizer
+    directory (or a list of them, later ones win) whose tokenizer and generation files are copied
+    along and whose bos/eos ids fill ``config.json`` where ``cfg`` has none; ``info``: provenance
+    for the marker file.
     """
+    weights, block, ignored = _serving_plan(cfg, weights, unservable)
     info = {"weights": "block fp8", **(info or {})}
     with hf_dir.staged(os.path.abspath(os.fspath(path)), overwrite, info) as tmp:
+        copy_tokenizer_files(extra_files_from, tmp)
         with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(_fp8_config(cfg, weights), f, indent=2)
+            json.dump(
+                _fp8_config(with_special_tokens(cfg, extra_files_from), block, ignored), f, indent=2
+            )
         _write_shards(tmp, cfg, weights, max_shard_bytes)
-        if extra_files_from:
-            copy_tokenizer_files(extra_files_from, tmp)
 
 
 def _write_shards(tmp: str, cfg: ModelConfig, weights: dict, max_shard_bytes: int) -> None:

@@ -34,6 +34,7 @@ from fp8rl_jax.models.hf.layout import (
     _tensor_files,
     copy_tokenizer_files,
     hf_entries,
+    with_special_tokens,
 )
 from kernels_pallas.qarray import QArray
 
@@ -231,10 +232,11 @@ def save_hf_checkpoint(
     a temporary sibling directory, then moved to ``path`` (``hf_dir``): a new or empty directory
     or a previous export is fine; any other non-empty directory raises ``ExportDirError`` unless
     ``overwrite``. Nothing the export did not write is deleted. ``extra_files_from``: a directory
-    whose tokenizer/generation files are copied along; ``info``: JSON-able provenance recorded
-    in the export's marker file.
+    (or a list of them, later ones win) whose tokenizer/generation files are copied along and whose
+    bos/eos ids fill ``config.json`` where ``cfg`` has none; ``info``: JSON-able provenance
+    recorded in the export's marker file.
     """
+    cfg = with_special_tokens(cfg, extra_files_from)
     with hf_dir.staged(os.path.abspath(os.fspath(path)), overwrite, info) as tmp:
         _write(tmp, cfg, weights, max_shard_bytes)
-        if extra_files_from:
-            copy_tokenizer_files(extra_files_from, tmp)
+        copy_tokenizer_files(extra_files_from, tmp)

@@ -166,12 +166,69 @@ def _read_safetensors(file: str) -> dict[str, np.ndarray]:
     return out
 
 
+def _dirs(src) -> list[str]:
+    if src is None:
+        return []
+    return [os.fspath(src)] if isinstance(src, str | os.PathLike) else [os.fspath(s) for s in src]
+
+
 def copy_tokenizer_files(src, dst: str) -> list[str]:
-    """Copies the tokenizer and generation files of checkpoint directory ``src`` into ``dst``."""
+    """Copies the tokenizer and generation files of directory ``src`` (or of each directory of a
+    list, later ones replacing earlier ones) into ``dst``."""
     copied = []
-    for fname in TOKENIZER_FILES:
-        path = os.path.join(os.fspath(src), fname)
-        if os.path.isfile(path):
-            shutil.copyfile(path, os.path.join(dst, fname))
-            copied.append(fname)
+    for d in _dirs(src):
+        for fname in TOKENIZER_FILES:
+            path = os.path.join(d, fname)
+            if os.path.isfile(path):
+                shutil.copyfile(path, os.path.join(dst, fname))
+                copied.append(fname)
     return copied
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            out = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def with_special_tokens(cfg: ModelConfig, src) -> ModelConfig:
+    """``cfg`` with the bos/eos ids of the directories ``src`` where ``cfg`` has none."""
+    ids: dict = {}
+    for d in _dirs(src):
+        ids.update(special_token_ids(d))
+    bos, eos = ids.get("bos_token_id"), ids.get("eos_token_id")
+    eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
+    return dataclasses.replace(
+        cfg,
+        bos_token_id=cfg.bos_token_id if cfg.bos_token_id is not None else bos,
+        eos_token_id=cfg.eos_token_id or eos,
+    )
+
+
+def special_token_ids(src) -> dict[str, int]:
+    """``bos_token_id`` / ``eos_token_id`` of a checkpoint or tokenizer directory, where known.
+
+    From ``generation_config.json``, else the ``bos_token`` / ``eos_token`` strings of
+    ``tokenizer_config.json`` looked up in ``tokenizer.json`` (added tokens, then the vocab).
+    """
+    src = os.fspath(src)
+    gen = _read_json(os.path.join(src, "generation_config.json"))
+    tok_cfg = _read_json(os.path.join(src, "tokenizer_config.json"))
+    tok = _read_json(os.path.join(src, "tokenizer.json"))
+    ids = {t["content"]: t["id"] for t in tok.get("added_tokens", []) if "content" in t}
+    vocab = (tok.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict):
+        ids = {**vocab, **ids}
+    out = {}
+    for key in ("bos", "eos"):
+        value = gen.get(f"{key}_token_id")
+        token = tok_cfg.get(f"{key}_token")
+        token = token.get("content") if isinstance(token, dict) else token
+        if value is None and isinstance(token, str):
+            value = ids.get(token)
+        if value is not None:
+            out[f"{key}_token_id"] = value
+    return out
