@@ -196,7 +196,8 @@ def is_fp8_checkpoint(path) -> bool:
     return quant.get("quant_method") == QUANT_METHOD
 
 
-def _read_quant_config(path: str) -> tuple[int, int]:
+def _read_quant_config(path: str) -> tuple[tuple[int, int], set[str]]:
+    """``(weight_block_size, ignored_layers)`` (transformers writes ``modules_to_not_convert``)."""
     with open(os.path.join(path, "config.json")) as f:
         quant = json.load(f).get("quantization_config") or {}
     block = tuple(quant.get("weight_block_size") or ())
@@ -206,7 +207,14 @@ def _read_quant_config(path: str) -> tuple[int, int]:
             f"{path}: quantization_config {quant!r} is not block FP8 (quant_method fp8, fmt "
             "e4m3, activation_scheme dynamic, weight_block_size [bn, bk])"
         )
-    return int(block[0]), int(block[1])
+    ignored = quant.get("ignored_layers") or quant.get("modules_to_not_convert") or ()
+    return (int(block[0]), int(block[1])), set(ignored)
+
+
+def _listed(name: str, ignored: set[str]) -> bool:
+    """Whether the module of HF tensor ``name`` is in ``ignored_layers`` (its own or fused name)."""
+    module = name.rsplit(".", 1)[0]
+    return module in ignored or serving.fused_name(module) in ignored
 
 
 def _check(name: str, arr, scale, e, block) -> None:
@@ -237,11 +245,14 @@ def load_fp8_checkpoint(path, *, dtype=jnp.bfloat16, dequantize: bool = False):
 
     Quantized layers become QArray ``[.., N, K]`` leaves (the rollout's weights: a forward over
     them runs W8A8), or with ``dequantize`` plain ``[.., K, N]`` weights ``weight ·
-    weight_scale_inv`` in ``dtype`` (to train from an FP8 checkpoint). Other tensors: ``dtype``.
-    Missing or extra tensors and wrong shapes raise ``CheckpointError``.
+    weight_scale_inv`` in ``dtype`` (to train from an FP8 checkpoint; DeepSeek-V3's
+    ``weight_dequant``, partial edge blocks included). Other tensors: ``dtype``. Any DeepSeek-V3 /
+    Qwen-FP8-layout checkpoint reads, whoever wrote it; its ``ignored_layers`` (or
+    ``modules_to_not_convert``) must name BF16 tensors only. Missing or extra tensors, wrong
+    shapes and an FP8 tensor of a listed module raise ``CheckpointError``.
     """
     path = os.fspath(path)
-    block = _read_quant_config(path)
+    block, ignored = _read_quant_config(path)
     cfg = ModelConfig.from_hf_config(path)
     tensors: dict[str, np.ndarray] = {}
     for shard in _shard_files(path):
@@ -261,6 +272,11 @@ def load_fp8_checkpoint(path, *, dtype=jnp.bfloat16, dequantize: bool = False):
     for name, e in entries.items():
         arr, scale = tensors[name], tensors.get(name + SCALE_SUFFIX)
         _check(name, arr, scale, e, block)
+        if scale is not None and _listed(name, ignored):
+            raise CheckpointError(
+                f"{path}: {name} is FP8 but its module is in quantization_config.ignored_layers "
+                "(readers would load it as BF16): the checkpoint contradicts its config"
+            )
         if e.kind == "expert":
             experts.setdefault(e.path, [None] * cfg.num_experts)[e.expert] = (arr, scale)
             continue
