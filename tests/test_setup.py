@@ -103,3 +103,39 @@ def test_refuses_a_mismatch_before_installing(tmp_path, args, kwargs, message):
     assert proc.returncode == 2
     assert message in proc.stderr
     assert _commands(proc) == []  # nothing would be installed
+
+
+def _experiment(config_module, **changes):
+    from experiments.configs.defaults import set_path
+    from fp8rl_jax.train.experiment import experiment_from_config
+
+    config = config_module.get_config()
+    for path, value in changes.items():
+        set_path(config, path, value)
+    return experiment_from_config(config)
+
+
+def test_a_config_meant_for_gpus_stops_on_a_cpu_only_jax():
+    import jax
+
+    from experiments.configs import base, qwen3_8b
+    from fp8rl_jax.train.checks import check_devices, device_summary
+    from fp8rl_jax.train.config import ConfigError
+
+    assert jax.default_backend() == "cpu"  # the suite runs on CPU
+    assert device_summary() == f"{jax.device_count()} x cpu (cpu)"
+    fix = REPO / "tests" / "fixtures"
+    paths = {
+        "model.hf_checkpoint": str(fix / "hf" / "qwen3"),
+        "task.jsonl_path": str(fix / "verl" / "dapo_math_tiny.parquet"),
+    }
+    exp = _experiment(qwen3_8b, **paths)
+    assert exp.trainer.allow_cpu is False  # hf_base: the real-model recipe
+    with pytest.raises(ConfigError, match="meant for GPUs/TPUs, but jax found only CPU") as e:
+        check_devices(exp)
+    assert "--config.trainer.allow_cpu=True" in str(e.value) and "\n" not in str(e.value)
+    check_devices(_experiment(qwen3_8b, **paths, **{"trainer.allow_cpu": True}))  # allowed
+    check_devices(_experiment(base))  # the tiny CPU run
+    n = jax.device_count()
+    with pytest.raises(ConfigError, match=rf"data={8 * n},.*found only CPU devices"):
+        check_devices(_experiment(base, **{"mesh.data": 8 * n, "trainer.allow_cpu": True}))
