@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 TORCH_VERSION=2.13.0
 TRANSFORMERS_SPEC="transformers>=5.18,<6"
-want="torch==$TORCH_VERSION $TRANSFORMERS_SPEC"
+want="torch==$TORCH_VERSION $TRANSFORMERS_SPEC accelerate"
 stamp=.hfvenv/.hf_installed
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ ! scripts/setup_hf.sh -nt "$stamp" ]; then
   echo "setup_hf: ready (.hfvenv, $want)"
@@ -51,6 +51,6 @@ fi
 start=$(date +%s)
 # torch alone and first (its CPU wheel; no CUDA libraries), then transformers beside it.
 .hfvenv/bin/python -m pip install -q "torch==$TORCH_VERSION"
-.hfvenv/bin/python -m pip install -q "$TRANSFORMERS_SPEC" safetensors numpy tokenizers jinja2 ml_dtypes
+.hfvenv/bin/python -m pip install -q "$TRANSFORMERS_SPEC" safetensors numpy tokenizers jinja2 ml_dtypes accelerate
 echo "$want" >"$stamp"
 echo "setup_hf: ready (.hfvenv: $(.hfvenv/bin/python -c 'import torch, transformers as t; print("torch", torch.__version__, "transformers", t.__version__)')) in $(($(date +%s) - start)) s"

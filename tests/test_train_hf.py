@@ -30,6 +30,10 @@ FLAGS = {
     "rl.group_size": 2,
     "trainer.eval_size": 2,
     "trainer.loggers": "('jsonl',)",  # W&B has its own test (test_train_logging_wandb.py)
+    "trainer.allow_cpu": True,  # the real-model recipe, here on the CPU
+    # 32-blocks: the fixture's sizes (64, 32, 128) are whole blocks, so the FP8 export is servable
+    "rollout.quant.weight_block": "(32, 32)",
+    "rollout.quant.act_group": 32,
 }
 
 
@@ -78,8 +82,8 @@ def _check_fp8_export(flags, tmp_path):
 
     config = qwen3_8b.get_config()
     for k, v in flags.items():
-        set_path(config, k, ("jsonl",) if k == "trainer.loggers" else
-                 str(v) if isinstance(v, Path) else v)  # fmt: skip
+        set_path(config, k, ("jsonl",) if k == "trainer.loggers" else (32, 32)
+                 if k == "rollout.quant.weight_block" else str(v) if isinstance(v, Path) else v)  # fmt: skip
     exp = experiment_from_config(config)
     assert export_hf(exp, str(tmp_path / "bf16"), fmt="bf16") == 2
     assert export_hf(exp, str(tmp_path / "fp8"), fmt="fp8") == 2
