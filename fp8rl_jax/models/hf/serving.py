@@ -43,8 +43,6 @@ import dataclasses
 import re
 from typing import Literal
 
-from fp8rl_jax.models.config import ModelConfig
-
 Unservable = Literal["error", "bf16"]
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _SHARD = re.compile(r"^(model\.layers\.\d+\.(?:self_attn|mlp))\.(q|k|v|gate|up)_proj$")
@@ -133,14 +131,3 @@ def ignored_layers(kept: set[str], routers: list[str]) -> list[str]:
                 out.add(fused)
     out.discard("lm_head")  # vLLM and SGLang never quantize lm_head
     return sorted(out)
-
-
-def model_linears(cfg: ModelConfig) -> list[str]:
-    """The linear modules of ``cfg`` in the HF layout (per projection, per expert)."""
-    from fp8rl_jax.models.hf.layout import hf_entries
-
-    return [
-        name.rsplit(".", 1)[0]
-        for name, e in hf_entries(cfg).items()
-        if e.kind in ("linear", "expert") and name != "lm_head.weight"
-    ]
