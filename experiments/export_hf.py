@@ -28,6 +28,14 @@ _FORMAT = flags.DEFINE_enum(
     "bf16: the trained weights; fp8: the rollout policy in "
     "block FP8 (weight + weight_scale_inv, quantization_config: vLLM/SGLang load it as is).",
 )
+_UNSERVABLE = flags.DEFINE_enum(
+    "unservable",
+    "error",
+    ["error", "bf16"],
+    "--format=fp8: a weight vLLM/SGLang/transformers would load wrong (sizes not multiples of "
+    "the weight block, a fused q/k/v or gate/up group of mixed precision): error, or write it "
+    "in BF16 and list it in quantization_config.ignored_layers.",
+)
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Write into a non-empty --out that is not a previous export."
 )
@@ -44,7 +52,12 @@ def main(argv):
     exp = experiment_from_config(_CONFIG.value)
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every restore at INFO
     step = export_hf(
-        exp, _OUT.value, dtype=_DTYPE.value, fmt=_FORMAT.value, overwrite=_OVERWRITE.value
+        exp,
+        _OUT.value,
+        dtype=_DTYPE.value,
+        fmt=_FORMAT.value,
+        overwrite=_OVERWRITE.value,
+        unservable=_UNSERVABLE.value,
     )
     print(f"exported step {step} of {exp.trainer.run_dir} to {os.path.abspath(_OUT.value)}")
 

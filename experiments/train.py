@@ -32,6 +32,9 @@ def main(argv):
 
     exp = experiment_from_config(_CONFIG.value)
     maybe_initialize_distributed(exp.distributed)  # before any jax computation
+    from fp8rl_jax.train.checks import device_summary
+
+    print(f"devices: {device_summary()}")
     summary = train(exp)  # writes config.json once it knows the run can start or resume
     print(
         f"outputs in {summary['run_dir']}: metrics.jsonl, events (TensorBoard), "

@@ -17,6 +17,8 @@
 #   moe, engine  HOOK: experiments/bench_moe.py and experiments/bench_engine.py, built in parallel
 #            (grouped MoE GEMM, paged engine): run if the file exists, as
 #            `python <script> [--quick] --out <stages>/bench_<name>.json` (a .md beside it is shown)
+#   serve    experiments/serve_check.py: our block-FP8 export served by vLLM for a few prompts,
+#            when vLLM is installed there (skipped otherwise)
 #   report   experiments/gpu_report.py: summary.md (targets next to measured numbers) + summary.json
 #
 # Output: $OUT when set (the device tool copies back what is written there), else
@@ -152,6 +154,15 @@ else
       record "$hook" skipped 0 0 "experiments/bench_$hook.py not in this tree"
     fi
   done
+fi
+# serve: our block-FP8 export loaded and run by vLLM (only where vLLM is installed)
+if [ ${#QUICK[@]} -eq 0 ] && "$PY" -c 'import vllm' 2>/dev/null; then
+  serve_dir=/tmp/fp8rl_serve_check
+  JAX_PLATFORMS=cpu run_stage serve_export 60 "$PY" experiments/serve_check.py export "$serve_dir"
+  run_stage serve 120 "$PY" experiments/serve_check.py serve "$serve_dir" \
+    --out "$STAGES/serve_check.json"
+else
+  record serve skipped 0 0 "vLLM not installed (or --quick): the FP8 export is not served"
 fi
 
 # ---------------------------------------------------------------------------- report

@@ -134,7 +134,7 @@ def test_export_never_deletes_what_it_did_not_write(reference, tmp_path):
 
 def test_export_replaces_a_previous_export_and_refuses_foreign_weights(tmp_path):
     from fp8rl_jax.models import save_hf_checkpoint
-    from fp8rl_jax.models.hf_dir import ExportDirError
+    from fp8rl_jax.models.hf import ExportDirError
     from tests.testing import TINY_MODEL, tiny_params
 
     out = tmp_path / "hf"
@@ -436,7 +436,7 @@ def test_load_errors_name_the_tensor_file_key_or_line(tmp_path):
     from safetensors.numpy import load_file, save_file
 
     from fp8rl_jax.models import load_hf_checkpoint
-    from fp8rl_jax.models.hf_io import CheckpointError
+    from fp8rl_jax.models.hf import CheckpointError
     from fp8rl_jax.tasks.datasets import MathJsonlDataset
 
     path = _hf_copy(tmp_path)
@@ -519,7 +519,7 @@ def test_files_are_0644_under_umask_022(reference):
 
 
 def test_files_follow_the_umask(tmp_path):
-    from fp8rl_jax.train.files import atomic_write_text
+    from fp8rl_jax.files import atomic_write_text
 
     old = os.umask(0o027)
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures"
@@ -30,6 +31,10 @@ FLAGS = {
     "rl.group_size": 2,
     "trainer.eval_size": 2,
     "trainer.loggers": "('jsonl',)",  # W&B has its own test (test_train_logging_wandb.py)
+    "trainer.allow_cpu": True,  # the real-model recipe, here on the CPU
+    # 32-blocks: the fixture's sizes (64, 32, 128) are whole blocks, so the FP8 export is servable
+    "rollout.quant.weight_block": "(32, 32)",
+    "rollout.quant.act_group": 32,
 }
 
 
@@ -39,7 +44,7 @@ def test_dapo_recipe_trains_on_verl_parquet_and_exports_fp8(tmp_path):
     argv = [sys.executable, "experiments/train.py", "--config=experiments/configs/qwen3_8b.py"]
     argv += [f"--config.{k}={v}" for k, v in flags.items()]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -77,9 +82,9 @@ def _check_fp8_export(flags, tmp_path):
     from fp8rl_jax.train.export import export_hf
 
     config = qwen3_8b.get_config()
+    literal = {"trainer.loggers": ("jsonl",), "rollout.quant.weight_block": (32, 32)}
     for k, v in flags.items():
-        set_path(config, k, ("jsonl",) if k == "trainer.loggers" else
-                 str(v) if isinstance(v, Path) else v)  # fmt: skip
+        set_path(config, k, literal[k] if k in literal else str(v) if isinstance(v, Path) else v)
     exp = experiment_from_config(config)
     assert export_hf(exp, str(tmp_path / "bf16"), fmt="bf16") == 2
     assert export_hf(exp, str(tmp_path / "fp8"), fmt="fp8") == 2
@@ -91,7 +96,7 @@ def _check_fp8_export(flags, tmp_path):
     logits = jax.jit(lambda w, c=cfg: forward(w, tokens, c).logits_BTV)
     np.testing.assert_array_equal(np.asarray(logits(loaded)), np.asarray(logits(in_memory)))
     quant = json.loads((tmp_path / "fp8" / "config.json").read_text())["quantization_config"]
-    assert quant["weight_block_size"] == [128, 128] and quant["activation_scheme"] == "dynamic"
+    assert quant["weight_block_size"] == [32, 32] and quant["activation_scheme"] == "dynamic"
 
 
 def test_real_model_config_requires_a_checkpoint_path():
@@ -99,3 +104,50 @@ def test_real_model_config_requires_a_checkpoint_path():
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "config.model.hf_checkpoint is required" in proc.stderr
+
+
+DIGITS = FIX / "math_digits"  # a tokenizer with digits, a tiny checkpoint, one-digit sums
+DIGITS_FLAGS = {
+    "model.hf_checkpoint": DIGITS,
+    "task.jsonl_path": DIGITS / "sums.parquet",
+    "task.eval_fraction": 0.25,
+    "rollout.max_new_tokens": 6,  # \boxed{7} is 5 tokens, then <|im_end|>
+    "rl.dapo.overlong_buffer": 2,
+    "rl.dapo.gen_prompts": 4,
+    "rl.dapo.max_num_gen_batches": 2,
+    "trainer.steps": 2,
+    "trainer.prompts_per_step": 2,
+    "rl.group_size": 4,
+    "trainer.eval_size": 4,
+    "trainer.loggers": "('jsonl',)",
+    "trainer.allow_cpu": True,
+    "rollout.quant.weight_block": "(32, 32)",
+    "rollout.quant.act_group": 32,
+    # the answer format and some sums (loss 6.1 -> 0.7): rewards neither all 0 nor all 1 (150
+    # steps: every sum right, every group filtered)
+    "sft.steps": 14,
+    "sft.batch_size": 16,
+}
+
+
+@pytest.mark.slow
+def test_dapo_trains_on_nonzero_math_verify_rewards(tmp_path):
+    """The DAPO path on data it can solve: math-verify rewards 1 and 0, groups kept and filtered,
+    slots left empty masked out, and an update that moves the policy (the DAPO test above trains
+    on all-zero rewards: its fixture tokenizer cannot write a digit)."""
+    flags = {**DIGITS_FLAGS, "trainer.run_dir": tmp_path / "run"}
+    argv = [sys.executable, "experiments/train.py", "--config=experiments/configs/qwen3_8b.py"]
+    argv += [f"--config.{k}={v}" for k, v in flags.items()]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines][1:]
+    assert max(r["reward_mean"] for r in rows) > 0  # math-verify said 1 somewhere
+    assert sum(r["dapo_groups_kept"] for r in rows) > 0  # groups with mixed rewards
+    assert sum(r["dapo_groups_filtered"] for r in rows) > 0  # groups all right or all wrong
+    assert max(r["dapo_unfilled_frac"] for r in rows) > 0  # a step with slots left empty
+    for r in rows:
+        assert r["dapo_unfilled_frac"] == 1 - r["dapo_groups_kept"] / 2  # empty slots masked
+        if r["dapo_groups_kept"]:
+            assert r["grad_norm"] > 0 and r["advantage_abs_mean"] > 0 and r["loss"] != 0

@@ -71,4 +71,5 @@ def get_config():
     c.trainer.eval_size = 512
     c.trainer.checkpoint_every = 20
     c.trainer.loggers = ("jsonl", "tensorboard", "wandb")
+    c.trainer.allow_cpu = False  # meant for GPUs/TPUs: a CPU-only jax stops with one line
     return c

@@ -2,8 +2,13 @@
 
 from fp8rl_jax.models.attention import attention
 from fp8rl_jax.models.config import ModelConfig, RopeConfig
-from fp8rl_jax.models.hf_fp8 import load_fp8_checkpoint, save_fp8_checkpoint
-from fp8rl_jax.models.hf_io import CheckpointError, load_hf_checkpoint, save_hf_checkpoint
+from fp8rl_jax.models.hf import (
+    CheckpointError,
+    load_fp8_checkpoint,
+    load_hf_checkpoint,
+    save_fp8_checkpoint,
+    save_hf_checkpoint,
+)
 from fp8rl_jax.models.kv_cache import KVCache, extend_cache, init_cache, reset_rows
 from fp8rl_jax.models.moe import moe_mlp, moe_mlp_dense_reference
 from fp8rl_jax.models.paged_kv_cache import PagedKVCache, init_paged_cache, page_bytes

@@ -14,12 +14,37 @@ from fp8rl_jax.train.experiment import Experiment
 from fp8rl_jax.train.run_dir import CONFIG_FILE, config_changes, read_config
 
 
+def device_summary() -> str:
+    """One line: the devices this process's jax runs on, e.g. ``8 x NVIDIA H100 (gpu)``."""
+    devices = jax.devices()
+    kinds = sorted({d.device_kind for d in devices})
+    where = f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
+    return f"{len(devices)} x {'/'.join(kinds)} ({jax.default_backend()}{where})"
+
+
+_SETUP_HINT = (
+    "jax found only CPU devices: is it installed for the accelerator? "
+    "(bash scripts/setup.sh detects it; --accel=cuda12|cuda13|tpu asks for one)"
+)
+
+
 def check_devices(exp: Experiment) -> None:
-    """The mesh must use every device: ``mesh.data=2`` on one device is an error, not ignored."""
+    """The mesh must use every device: ``mesh.data=2`` on one device is an error, not ignored.
+
+    A config meant for accelerators (``trainer.allow_cpu=False``, the real-model recipes, or a
+    mesh over several devices) that finds only CPUs says so, with how to set jax up.
+    """
+    on_cpu = jax.default_backend() == "cpu"
     try:
         exp.mesh.axis_sizes(jax.device_count())
     except ValueError as e:
-        raise ConfigError(f"config.mesh: {e}") from None
+        hint = f"; {_SETUP_HINT}" if on_cpu else ""
+        raise ConfigError(f"config.mesh: {e}{hint}") from None
+    if on_cpu and not exp.trainer.allow_cpu:
+        raise ConfigError(
+            "config.trainer.allow_cpu=False: this config is meant for GPUs/TPUs, but "
+            f"{_SETUP_HINT}. To run it on the CPU anyway: --config.trainer.allow_cpu=True"
+        )
 
 
 def check_eval_size(exp: Experiment, task: Task) -> None:

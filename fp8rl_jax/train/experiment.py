@@ -135,6 +135,7 @@ class TrainerConfig:
     max_nonfinite_skips: int = 5  # stop when more updates than this were skipped as non-finite
     plots: bool = True  # write PNG plots at the end
     loggers: tuple[str, ...] = ("jsonl", "tensorboard")  # "jsonl" + tensorboard and/or wandb
+    allow_cpu: bool = True  # False: stop when jax finds only CPU devices (GPU/TPU recipes)
 
     def __post_init__(self):
         if "jsonl" not in self.loggers or any(name not in LOGGERS for name in self.loggers):

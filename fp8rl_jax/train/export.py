@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from fp8rl_jax.generation import cast_floats, rollout_weights
 from fp8rl_jax.models import ModelConfig, save_fp8_checkpoint, save_hf_checkpoint
-from fp8rl_jax.models.hf_dir import ExportDirError
+from fp8rl_jax.models.hf import ExportDirError
 from fp8rl_jax.train.checkpoint import CheckpointManager
 from fp8rl_jax.train.experiment import Experiment
 from fp8rl_jax.train.setup import abstract_train_state, build_task
@@ -22,18 +22,26 @@ def _model_config(exp: Experiment) -> ModelConfig:
 
 
 def export_hf(
-    exp: Experiment, out_dir: str, *, dtype=jnp.bfloat16, fmt: str = "bf16", overwrite: bool = False
+    exp: Experiment,
+    out_dir: str,
+    *,
+    dtype=jnp.bfloat16,
+    fmt: str = "bf16",
+    overwrite: bool = False,
+    unservable: str = "error",
 ) -> int:
     """Writes the params of ``exp``'s newest readable checkpoint to ``out_dir`` in the HF layout.
 
     Only shapes are built to restore (no weights are loaded from the base checkpoint); the base
     checkpoint's tokenizer and generation files are copied along. ``out_dir`` must be new, empty
-    or a previous export unless ``overwrite`` (``models.hf_dir``); the run directory is always
+    or a previous export unless ``overwrite`` (``models.hf.dir``); the run directory is always
     refused. The checkpoints are only read, the newest that verifies under a reader lease that a
     running trainer's clean-up respects (``train.lease``), so it may run beside training.
     Returns the step.
     ``fmt="fp8"`` writes the rollout policy instead: the weights quantized by ``exp.rollout``'s
-    recipe, as the rollout runs them, in the block-FP8 layout vLLM serves (``models.hf_fp8``).
+    recipe, as the rollout runs them, in the block-FP8 layout vLLM serves (``models.hf.fp8``);
+    ``unservable``: what to do with weights vLLM/SGLang would load wrong (``models.hf.serving``).
+    The tokenizer and generation files come from the checkpoint, then ``task.tokenizer_path``.
     """
     if fmt not in ("bf16", "fp8"):
         raise ValueError(f"export_hf: fmt must be 'bf16' or 'fp8', got {fmt!r}")
@@ -49,12 +57,13 @@ def export_hf(
     if restored is None:
         raise FileNotFoundError(f"export_hf: no checkpoint under {ckpt_dir}")
     info = {"run_dir": os.path.abspath(exp.trainer.run_dir), "step": int(restored.step)}
-    extra = exp.model.hf_checkpoint or None
+    extra = [d for d in (exp.model.hf_checkpoint, exp.task.tokenizer_path) if d]
     if fmt == "fp8":
         weights, _ = rollout_weights(restored.state.params, exp.rollout)
         save_fp8_checkpoint(
-            out_dir, cfg, weights, extra_files_from=extra, overwrite=overwrite, info=info
-        )
+            out_dir, cfg, weights, extra_files_from=extra, overwrite=overwrite, info=info,
+            unservable=unservable,
+        )  # fmt: skip
         return int(restored.step)
     save_hf_checkpoint(
         out_dir, cfg, cast_floats(restored.state.params, dtype), extra_files_from=extra,

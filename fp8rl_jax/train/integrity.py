@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 
-from fp8rl_jax.train.files import atomic_write_text
+from fp8rl_jax.files import atomic_write_text
 
 CHECKSUMS_FILE = "fp8rl_checksums.json"
 _UNHASHED = {CHECKSUMS_FILE, "_CHECKPOINT_METADATA", "commit_success.txt"}  # at the step root

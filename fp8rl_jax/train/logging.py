@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from fp8rl_jax.train.files import atomic_write_text
+from fp8rl_jax.files import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"

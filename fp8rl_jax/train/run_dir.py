@@ -29,8 +29,8 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
+from fp8rl_jax.files import atomic_write_text, file_mode
 from fp8rl_jax.train import distributed as dist
-from fp8rl_jax.train.files import atomic_write_text, file_mode
 
 log = logging.getLogger(__name__)
 

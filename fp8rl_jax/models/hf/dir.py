@@ -20,6 +20,8 @@ import shutil
 import uuid
 from typing import Any, Literal
 
+from fp8rl_jax.files import file_mode
+
 log = logging.getLogger(__name__)
 
 EXPORT_MARKER = "fp8rl_export.json"
@@ -106,8 +108,6 @@ def commit(tmp: str, path: str, kind: Kind, info: dict[str, Any] | None = None) 
 
     Every file gets the umask's mode (safetensors writes its files 0600).
     """
-    from fp8rl_jax.train.files import file_mode  # here: train/ imports models/
-
     written = set(os.listdir(tmp)) | {EXPORT_MARKER}
     marker = {"format": "fp8rl_jax HF export", **(info or {}), "files": sorted(written)}
     with open(os.path.join(tmp, EXPORT_MARKER), "w", encoding="utf-8") as f:

@@ -10,132 +10,33 @@ transformers v5 in-memory layout).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import os
 import re
-import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from fp8rl_jax.models import hf_dir
 from fp8rl_jax.models.config import ModelConfig
-from fp8rl_jax.models.hf_dir import ExportDirError  # noqa: F401 (re-exported)
-from kernels_pallas.qarray import QArray
-
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
-_IGNORED = re.compile(r"rotary_emb\.inv_freq$")
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-    "chat_template.jinja",
+from fp8rl_jax.models.hf import dir as hf_dir
+from fp8rl_jax.models.hf import fp8 as hf_fp8
+from fp8rl_jax.models.hf.layout import (
+    _IGNORED,
+    INDEX_FILE,
+    SINGLE_FILE,
+    CheckpointError,
+    _Entry,
+    _get,
+    _open_shard,
+    _shard_files,
+    _tensor_files,
+    copy_tokenizer_files,
+    hf_entries,
+    with_special_tokens,
 )
-
-
-class CheckpointError(ValueError):
-    """A checkpoint does not match its config (missing/extra tensor, wrong shape)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Entry:
-    path: tuple  # where the tensor goes in the weights pytree
-    hf_shape: tuple[int, ...]
-    kind: str  # "plain" | "linear" (transpose) | "expert" | "fused_gate_up" | "fused_down"
-    expert: int = -1
-
-
-def _layer_entries(cfg: ModelConfig, i: int, fused: bool) -> dict[str, _Entry]:
-    D, H, K, C = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    pre, L = f"model.layers.{i}.", ("layers", i)
-    out = {
-        pre + "input_layernorm.weight": _Entry((*L, "attn_norm"), (D,), "plain"),
-        pre + "post_attention_layernorm.weight": _Entry((*L, "mlp_norm"), (D,), "plain"),
-    }
-    a = (*L, "attn")
-    for name, ours, n_out in (("q", "wq", H * C), ("k", "wk", K * C), ("v", "wv", K * C)):
-        out[f"{pre}self_attn.{name}_proj.weight"] = _Entry((*a, ours), (n_out, D), "linear")
-        if cfg.qkv_bias:
-            out[f"{pre}self_attn.{name}_proj.bias"] = _Entry(
-                (*a, f"{name}_bias"), (n_out,), "plain"
-            )
-    out[pre + "self_attn.o_proj.weight"] = _Entry((*a, "wo"), (D, H * C), "linear")
-    if cfg.o_bias:
-        out[pre + "self_attn.o_proj.bias"] = _Entry((*a, "o_bias"), (D,), "plain")
-    if cfg.qk_norm:
-        out[pre + "self_attn.q_norm.weight"] = _Entry((*a, "q_norm"), (C,), "plain")
-        out[pre + "self_attn.k_norm.weight"] = _Entry((*a, "k_norm"), (C,), "plain")
-    m = (*L, "mlp")
-    if not cfg.is_moe_layer(i):
-        F = cfg.intermediate_size
-        for name, shape in (("gate", (F, D)), ("up", (F, D)), ("down", (D, F))):
-            out[f"{pre}mlp.{name}_proj.weight"] = _Entry((*m, f"w_{name}"), shape, "linear")
-        return out
-    E, F = cfg.num_experts, cfg.moe_intermediate_size
-    out[pre + "mlp.gate.weight"] = _Entry((*m, "router"), (E, D), "linear")
-    if fused:
-        out[pre + "mlp.experts.gate_up_proj"] = _Entry(m, (E, 2 * F, D), "fused_gate_up")
-        out[pre + "mlp.experts.down_proj"] = _Entry((*m, "w_down"), (E, D, F), "fused_down")
-        return out
-    for e in range(E):
-        for name, shape in (("gate", (F, D)), ("up", (F, D)), ("down", (D, F))):
-            out[f"{pre}mlp.experts.{e}.{name}_proj.weight"] = _Entry(
-                (*m, f"w_{name}"), shape, "expert", e
-            )
-    return out
-
-
-def hf_entries(cfg: ModelConfig, *, fused_experts: bool = False) -> dict[str, _Entry]:
-    """HF tensor name -> where it goes in our pytree and its on-disk shape."""
-    D, V = cfg.hidden_size, cfg.vocab_size
-    out = {"model.embed_tokens.weight": _Entry(("embed",), (V, D), "plain")}
-    for i in range(cfg.num_layers):
-        out.update(_layer_entries(cfg, i, fused_experts))
-    out["model.norm.weight"] = _Entry(("final_norm",), (D,), "plain")
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = _Entry(("lm_head",), (V, D), "linear")
-    return out
-
-
-def _shard_files(path: str) -> list[str]:
-    index = os.path.join(path, INDEX_FILE)
-    if os.path.isfile(index):
-        with open(index) as f:
-            weight_map = json.load(f)["weight_map"]
-        return sorted(set(weight_map.values()))
-    if os.path.isfile(os.path.join(path, SINGLE_FILE)):
-        return [SINGLE_FILE]
-    raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {path}")
-
-
-def _tensor_files(path: str, shards: list[str]) -> dict[str, str]:
-    names: dict[str, str] = {}
-    for shard in shards:
-        file = os.path.join(path, shard)
-        if not os.path.isfile(file):
-            raise FileNotFoundError(f"shard {shard} listed in {INDEX_FILE} not found in {path}")
-        with _open_shard(file) as f:
-            names.update(dict.fromkeys(f.keys(), shard))  # noqa: SIM118 (safe_open is no dict)
-    return names
-
-
-@contextlib.contextmanager
-def _open_shard(file: str):
-    """``safe_open`` whose errors name the file (a truncated download, a full disk)."""
-    try:
-        with safe_open(file, framework="numpy") as f:
-            yield f
-    except SafetensorError as e:
-        raise CheckpointError(
-            f"{file}: not a readable safetensors file (truncated or corrupt?): {e}"
-        ) from None
+from kernels_pallas.qarray import QArray
 
 
 def _check_names(entries: dict[str, _Entry], files: dict[str, str], cfg: ModelConfig) -> None:
@@ -201,8 +102,6 @@ def load_hf_checkpoint(
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
-    from fp8rl_jax.models import hf_fp8
-
     if hf_fp8.is_fp8_checkpoint(path):  # a block-FP8 export: dequantized to training weights
         return hf_fp8.load_fp8_checkpoint(path, dtype=dtype, dequantize=True)
     cfg = ModelConfig.from_hf_config(path)
@@ -262,12 +161,6 @@ def _check_finite(path: str, tree: dict, entries: dict[str, _Entry], files: dict
         + ("; ..." if len(bad) > 6 else "")
         + ". The checkpoint is damaged, or was saved from a diverged run"
     )
-
-
-def _get(tree, path: tuple):
-    for k in path:
-        tree = tree[k]
-    return tree
 
 
 def _hf_tensors(cfg: ModelConfig, weights: dict):
@@ -339,12 +232,11 @@ def save_hf_checkpoint(
     a temporary sibling directory, then moved to ``path`` (``hf_dir``): a new or empty directory
     or a previous export is fine; any other non-empty directory raises ``ExportDirError`` unless
     ``overwrite``. Nothing the export did not write is deleted. ``extra_files_from``: a directory
-    whose tokenizer/generation files are copied along; ``info``: JSON-able provenance recorded
-    in the export's marker file.
+    (or a list of them, later ones win) whose tokenizer/generation files are copied along and whose
+    bos/eos ids fill ``config.json`` where ``cfg`` has none; ``info``: JSON-able provenance
+    recorded in the export's marker file.
     """
+    cfg = with_special_tokens(cfg, extra_files_from)
     with hf_dir.staged(os.path.abspath(os.fspath(path)), overwrite, info) as tmp:
         _write(tmp, cfg, weights, max_shard_bytes)
-        for fname in _TOKENIZER_FILES if extra_files_from else ():
-            src = os.path.join(os.fspath(extra_files_from), fname)
-            if os.path.isfile(src):
-                shutil.copyfile(src, os.path.join(tmp, fname))
+        copy_tokenizer_files(extra_files_from, tmp)

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import struct
 
 import jax
 import jax.numpy as jnp
@@ -32,37 +30,25 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from fp8rl_jax.models import hf_dir
 from fp8rl_jax.models.config import ModelConfig
-from fp8rl_jax.models.hf_io import (
+from fp8rl_jax.models.hf import dir as hf_dir
+from fp8rl_jax.models.hf import serving
+from fp8rl_jax.models.hf.layout import (
     _IGNORED,
     INDEX_FILE,
     SINGLE_FILE,
     CheckpointError,
     _get,
+    _read_safetensors,
     _shard_files,
+    copy_tokenizer_files,
     hf_entries,
+    with_special_tokens,
 )
 from kernels_pallas.qarray import QArray, dequantize_weight
 
 SCALE_SUFFIX = "_scale_inv"  # <m>.weight -> <m>.weight_scale_inv
 QUANT_METHOD = "fp8"
-_COPIED = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-    "chat_template.jinja",
-)
-_DTYPES = {
-    "F8_E4M3": ml_dtypes.float8_e4m3fn,
-    "BF16": ml_dtypes.bfloat16,
-    "F16": np.float16,
-    "F32": np.float32,
-    "F64": np.float64,
-    "I32": np.int32,
-    "I64": np.int64,
-}
 
 
 def quantization_config(block_shape: tuple[int, int], ignored_layers=()) -> dict:
@@ -92,8 +78,8 @@ def _fp8_tensors(cfg: ModelConfig, weights: dict):
             yield name, leaf, lambda x, p=pick: np.ascontiguousarray(p(x).T, ml_dtypes.bfloat16)
 
 
-def _fp8_config(cfg: ModelConfig, weights: dict) -> dict:
-    blocks, ignored = set(), set()
+def _block_shape(cfg: ModelConfig, weights: dict) -> tuple[int, int]:
+    blocks = set()
     for name, e in hf_entries(cfg).items():
         leaf = _get(weights, e.path)
         if isinstance(leaf, QArray):
@@ -103,13 +89,36 @@ def _fp8_config(cfg: ModelConfig, weights: dict) -> dict:
                     f"{leaf.block_shape}; the block-FP8 format needs E4M3 and 2-D blocks"
                 )
             blocks.add(tuple(leaf.block_shape))
-        elif e.kind in ("linear", "expert") and e.path[-1] != "router":
-            ignored.add(name.rsplit(".", 1)[0])
     if len(blocks) != 1:
         raise ValueError(f"save_fp8_checkpoint: need one weight block shape, got {blocks}")
-    ignored.discard("lm_head")  # vLLM never quantizes lm_head (nor the router)
+    return blocks.pop()
+
+
+def _serving_plan(cfg: ModelConfig, weights: dict, unservable: serving.Unservable):
+    """``(weights with demoted layers in BF16 [.., K, N], block, ignored_layers)``."""
+    block = _block_shape(cfg, weights)
+    linears, routers, paths = [], [], {}
+    for name, e in hf_entries(cfg).items():
+        module = name.rsplit(".", 1)[0]
+        if e.path[-1] == "router":
+            routers.append(module)
+        elif e.kind in ("linear", "expert") and module != "lm_head":
+            leaf = _get(weights, e.path)
+            linears.append(serving.Linear(module, e.hf_shape, isinstance(leaf, QArray)))
+            paths[module] = e.path
+    demoted, ignored = serving.plan(linears, block, routers, unservable)
+    if demoted:  # the FP8 policy dequantized: values · scales, in BF16
+        weights = jax.tree.map(lambda x: x, weights, is_leaf=lambda x: isinstance(x, QArray))
+        for path in {paths[m] for m in demoted}:
+            leaf = _get(weights, path)
+            if isinstance(leaf, QArray):
+                _get(weights, path[:-1])[path[-1]] = dequantize_weight(leaf, jnp.bfloat16)
+    return weights, block, ignored
+
+
+def _fp8_config(cfg: ModelConfig, block, ignored) -> dict:
     hf = cfg.to_hf_config(torch_dtype="bfloat16")
-    hf["quantization_config"] = quantization_config(blocks.pop(), ignored)
+    hf["quantization_config"] = quantization_config(block, ignored)
     return hf
 
 
@@ -122,26 +131,33 @@ def save_fp8_checkpoint(
     extra_files_from=None,
     overwrite: bool = False,
     info: dict | None = None,
+    unservable: serving.Unservable = "error",
 ) -> None:
     """Writes the rollout weights (QArray leaves, ``generation.rollout_weights``) in block FP8.
 
     ``weights``: the rollout's pytree: QArray ``[.., N, K]`` leaves (E4M3, one block shape) for
-    the quantized layers, high-precision arrays elsewhere (written in BF16). Shards above
-    ``max_shard_bytes`` with a ``model.safetensors.index.json``. The target rules are the BF16
-    export's (``hf_dir``): a new or empty directory or a previous export; any other non-empty
-    directory raises ``ExportDirError`` unless ``overwrite``; nothing the export did not write is
-    deleted; files get the umask's mode. ``extra_files_from``: a checkpoint directory whose
-    tokenizer and generation files are copied along; ``info``: provenance for the marker file.
+    the quantized layers, high-precision arrays elsewhere (written in BF16 and listed in
+    ``ignored_layers`` with the MoE routers, per projection and fused: ``hf.serving``). A weight
+    that vLLM, SGLang or transformers would load wrong (a partial block, a fused group of mixed
+    precision, BF16 experts) raises ``UnservableExportError`` naming it, unless
+    ``unservable="bf16"``: then it is written in BF16 (values · scales) and listed.
+    Shards above ``max_shard_bytes`` with a ``model.safetensors.index.json``. The target rules
+    are the BF16 export's (``hf.dir``): a new or empty directory or a previous export; any other
+    non-empty directory raises ``ExportDirError`` unless ``overwrite``; nothing the export did not
+    write is deleted; files get the umask's mode. ``extra_files_from``: a checkpoint or tokenizer
+    directory (or a list of them, later ones win) whose tokenizer and generation files are copied
+    along and whose bos/eos ids fill ``config.json`` where ``cfg`` has none; ``info``: provenance
+    for the marker file.
     """
+    weights, block, ignored = _serving_plan(cfg, weights, unservable)
     info = {"weights": "block fp8", **(info or {})}
     with hf_dir.staged(os.path.abspath(os.fspath(path)), overwrite, info) as tmp:
+        copy_tokenizer_files(extra_files_from, tmp)
         with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(_fp8_config(cfg, weights), f, indent=2)
+            json.dump(
+                _fp8_config(with_special_tokens(cfg, extra_files_from), block, ignored), f, indent=2
+            )
         _write_shards(tmp, cfg, weights, max_shard_bytes)
-        for fname in _COPIED if extra_files_from else ():
-            src = os.path.join(os.fspath(extra_files_from), fname)
-            if os.path.isfile(src):
-                shutil.copyfile(src, os.path.join(tmp, fname))
 
 
 def _write_shards(tmp: str, cfg: ModelConfig, weights: dict, max_shard_bytes: int) -> None:
@@ -170,23 +186,6 @@ def _write_shards(tmp: str, cfg: ModelConfig, weights: dict, max_shard_bytes: in
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
-def _read_safetensors(file: str) -> dict[str, np.ndarray]:
-    """All tensors of one safetensors file (memory-mapped), FP8 and BF16 included."""
-    with open(file, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    data = np.memmap(file, np.uint8, "r", offset=8 + n)
-    out = {}
-    for name, info in header.items():
-        if info["dtype"] not in _DTYPES:
-            raise CheckpointError(f"{file}: {name} has unsupported dtype {info['dtype']}")
-        start, stop = info["data_offsets"]
-        dtype = np.dtype(_DTYPES[info["dtype"]])
-        out[name] = data[start:stop].view(dtype).reshape(info["shape"])
-    return out
-
-
 def is_fp8_checkpoint(path) -> bool:
     """Whether ``path/config.json`` declares a block-FP8 ``quantization_config``."""
     config = os.path.join(os.fspath(path), "config.json")
@@ -197,7 +196,8 @@ def is_fp8_checkpoint(path) -> bool:
     return quant.get("quant_method") == QUANT_METHOD
 
 
-def _read_quant_config(path: str) -> tuple[int, int]:
+def _read_quant_config(path: str) -> tuple[tuple[int, int], set[str]]:
+    """``(weight_block_size, ignored_layers)`` (transformers writes ``modules_to_not_convert``)."""
     with open(os.path.join(path, "config.json")) as f:
         quant = json.load(f).get("quantization_config") or {}
     block = tuple(quant.get("weight_block_size") or ())
@@ -207,7 +207,14 @@ def _read_quant_config(path: str) -> tuple[int, int]:
             f"{path}: quantization_config {quant!r} is not block FP8 (quant_method fp8, fmt "
             "e4m3, activation_scheme dynamic, weight_block_size [bn, bk])"
         )
-    return int(block[0]), int(block[1])
+    ignored = quant.get("ignored_layers") or quant.get("modules_to_not_convert") or ()
+    return (int(block[0]), int(block[1])), set(ignored)
+
+
+def _listed(name: str, ignored: set[str]) -> bool:
+    """Whether the module of HF tensor ``name`` is in ``ignored_layers`` (its own or fused name)."""
+    module = name.rsplit(".", 1)[0]
+    return module in ignored or serving.fused_name(module) in ignored
 
 
 def _check(name: str, arr, scale, e, block) -> None:
@@ -238,11 +245,14 @@ def load_fp8_checkpoint(path, *, dtype=jnp.bfloat16, dequantize: bool = False):
 
     Quantized layers become QArray ``[.., N, K]`` leaves (the rollout's weights: a forward over
     them runs W8A8), or with ``dequantize`` plain ``[.., K, N]`` weights ``weight ·
-    weight_scale_inv`` in ``dtype`` (to train from an FP8 checkpoint). Other tensors: ``dtype``.
-    Missing or extra tensors and wrong shapes raise ``CheckpointError``.
+    weight_scale_inv`` in ``dtype`` (to train from an FP8 checkpoint; DeepSeek-V3's
+    ``weight_dequant``, partial edge blocks included). Other tensors: ``dtype``. Any DeepSeek-V3 /
+    Qwen-FP8-layout checkpoint reads, whoever wrote it; its ``ignored_layers`` (or
+    ``modules_to_not_convert``) must name BF16 tensors only. Missing or extra tensors, wrong
+    shapes and an FP8 tensor of a listed module raise ``CheckpointError``.
     """
     path = os.fspath(path)
-    block = _read_quant_config(path)
+    block, ignored = _read_quant_config(path)
     cfg = ModelConfig.from_hf_config(path)
     tensors: dict[str, np.ndarray] = {}
     for shard in _shard_files(path):
@@ -262,6 +272,11 @@ def load_fp8_checkpoint(path, *, dtype=jnp.bfloat16, dequantize: bool = False):
     for name, e in entries.items():
         arr, scale = tensors[name], tensors.get(name + SCALE_SUFFIX)
         _check(name, arr, scale, e, block)
+        if scale is not None and _listed(name, ignored):
+            raise CheckpointError(
+                f"{path}: {name} is FP8 but its module is in quantization_config.ignored_layers "
+                "(readers would load it as BF16): the checkpoint contradicts its config"
+            )
         if e.kind == "expert":
             experts.setdefault(e.path, [None] * cfg.num_experts)[e.expert] = (arr, scale)
             continue
