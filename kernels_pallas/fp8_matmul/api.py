@@ -32,21 +32,29 @@ def _rows(x) -> int:
     return math.prod(x.shape[:-1])
 
 
-def _fused(x, config) -> bool:
-    """Raw BF16/F16 x goes to the fused kernel, except in decode (M <= 64) by default: there the
-    activations are quantized by XLA (fused into their producer) and the swap-AB kernel runs."""
+def fused_default(m: int, n: int, k: int) -> bool:
+    """Whether raw BF16/F16 x [M, K] takes the fused (in-kernel quantization) kernel by default:
+    beyond decode (M > 64); in decode XLA quantizes x (fused into its producer) and the swap-AB
+    kernel runs."""
+    del n, k
+    return m > 64
+
+
+def _fused(x, config, n: int = 0, k: int = 0) -> bool:
+    """Raw BF16/F16 x goes to the fused kernel where ``fused_default`` says (or an explicit
+    non-swap config asks)."""
     if isinstance(x, QArray) or x.dtype not in _RAW_16BIT:
         return False
     if config is not None:
         return not config.swap_ab
-    return _rows(x) > 64
+    return fused_default(_rows(x), n, k)
 
 
 def _mgpu_config(x, w_q, config, out_dtype) -> mgpu.MgpuConfig:
     m, n, k = _rows(x), w_q.shape[0], w_q.shape[1]
     out_itemsize = jnp.dtype(out_dtype).itemsize
     return config or mgpu.default_config(
-        m, n, k, fused=_fused(x, config), out_itemsize=out_itemsize
+        m, n, k, fused=_fused(x, config, n, k), out_itemsize=out_itemsize
     )
 
 
@@ -63,7 +71,7 @@ def _mgpu_supports(x, w_q, *, config, out_dtype, interpret) -> str | None:
         return f"x and w FP8 formats differ ({x.values.dtype} vs {w_q.values.dtype})"
     if not isinstance(x, QArray) and x.dtype not in _RAW_16BIT and x.dtype != jnp.float32:
         return f"raw x must be bfloat16, float16 or float32, got {x.dtype}"
-    fused = _fused(x, config)
+    fused = _fused(x, config, w_q.shape[0], w_q.shape[1])
     cfg = _mgpu_config(x, w_q, config, out_dtype)
     m, n, k = _rows(x), w_q.shape[0], w_q.shape[1]
     return mgpu.supports(m, k, n, cfg, fused=fused, x_itemsize=2 if fused else 1,
@@ -99,7 +107,7 @@ def _run_xla(x, w_q, *, config, out_dtype, interpret):
 
 def _run_mgpu(x, w_q, *, config, out_dtype, interpret):
     cfg = _mgpu_config(x, w_q, config, out_dtype)
-    if _fused(x, config):
+    if _fused(x, config, *w_q.shape):
         return mgpu.fp8_matmul_mgpu_fused(x, w_q, out_dtype=out_dtype, interpret=interpret,
                                           config=cfg)  # fmt: skip
     return mgpu.fp8_matmul_mgpu(_quantized(x, w_q), w_q, out_dtype=out_dtype,

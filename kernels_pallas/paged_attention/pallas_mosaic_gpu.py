@@ -124,6 +124,12 @@ def paged_attention_mgpu(
     return o_BHC.astype(q_BHC.dtype)
 
 
+def default_splits(b: int, s: int, n_kv: int, page_size: int) -> int:
+    """Chunks per row when the config leaves ``num_splits`` unset."""
+    del b, s, n_kv, page_size
+    return 1
+
+
 def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_scale, sm_scale,
              config, interpret) -> str | None:  # fmt: skip
     """None if the Mosaic GPU kernel compiles for these operands (proven shapes), else why not."""

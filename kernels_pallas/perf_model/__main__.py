@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -19,7 +20,8 @@ def run_all(chips=None) -> list[common.Prediction]:
         for case in cases:
             for chip in case.chips:
                 if chips is None or chip in chips:
-                    preds.append(predict(case.op, case.dims, chip))
+                    pred = predict(case.op, case.dims, chip)
+                    preds.append(dataclasses.replace(pred, label=case.label))
     return preds
 
 

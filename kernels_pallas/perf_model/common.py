@@ -42,18 +42,19 @@ class Chip:
     bf16_flops_per_s: float
     fp8_flops_per_s: float  # at the FP8 rate; v5e has no FP8 MXU: its bf16 rate after upcast
     cores: int  # SMs (GPU) or TensorCores (TPU)
-    clock_hz: float
+    clock_hz: float  # the clock the datasheet peaks are computed at
     smem_bytes: int = 0  # GPU: opt-in shared memory per block; TPU: VMEM per core
     notes: str = ""
 
 
 # H100 SXM5 / H200 SXM: NVIDIA H100 datasheet (989.4 TFLOP/s dense BF16, 1978.9 FP8, 3.35 TB/s;
-# boost clock 1.98 GHz x 132 SMs), H200 datasheet (same compute, 4.8 TB/s HBM3e).
+# 1.83 GHz x 132 SMs x 4096 BF16 / 8192 FP8 FLOP per clock per SM), H200 datasheet (same
+# compute, 4.8 TB/s HBM3e).
 # v5e: 197 TFLOP/s bf16, 819 GB/s (cloud.google.com/tpu/docs/v5e). v6e: 918 TFLOP/s bf16,
 # 1640 GB/s (cloud.google.com/tpu/docs/v6e); FP8 into the MXU at the bf16 rate.
 CHIPS: dict[str, Chip] = {
-    "h100": Chip("h100", "gpu", 3.35e12, 989.4e12, 1978.9e12, 132, 1.98e9, 232448, "H100 SXM5"),
-    "h200": Chip("h200", "gpu", 4.8e12, 989.4e12, 1978.9e12, 132, 1.98e9, 232448, "H200 SXM"),
+    "h100": Chip("h100", "gpu", 3.35e12, 989.4e12, 1978.9e12, 132, 1.83e9, 232448, "H100 SXM5"),
+    "h200": Chip("h200", "gpu", 4.8e12, 989.4e12, 1978.9e12, 132, 1.83e9, 232448, "H200 SXM"),
     "v5e": Chip("v5e", "tpu", 819e9, 197e12, 197e12, 1, 1.5e9, 128 << 20, "TPU v5e (v5 lite)"),
     "v6e": Chip("v6e", "tpu", 1640e9, 918e12, 918e12, 1, 1.75e9, 128 << 20, "TPU v6e (v6 lite)"),
 }
