@@ -46,7 +46,9 @@ WGMMA_LATENCY = 128  # cycles from the last wgmma issue to wgmma_wait(0) returni
 # 2024, "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture" (arXiv 2402.13499),
 # measure ~128 cycles for m64n128 wgmma
 DRAM_LATENCY_S = 0.8e-6  # loaded HBM latency seen by a TMA load (unloaded ~0.5 us, ibid.)
-L2_BYTES_PER_S = 7.0e12  # L2 -> SM bandwidth, all SMs (Chips and Cheese measure ~5.5-7 TB/s)
+L2_BYTES_PER_S = 7.0e12  # L2 -> SM bandwidth, all SMs (Chips and Cheese measure ~5.5-7 TB/s;
+# the least certain knob: FP8 128x128 tiles at full MMA rate would need ~15 TB/s)
+L2_BYTES_PER_CLK_PER_SM = 64  # one SM's L2 port (A100-era figure), binds when few SMs run
 HBM_EFF = 0.9  # best streaming fraction of HBM peak (STREAM-like copies reach ~90-93%)
 FILL_S = 1.0e-6  # per wave: pipeline fill (first TMA round trip) + epilogue store
 LAUNCH_S = 2.0e-6  # per kernel (or XLA fusion): launch and grid start; baselines pay it too
@@ -86,18 +88,19 @@ class Loop:
     stages: int
 
 
-def step_cycles(chip: str, loop: Loop, prof: dict, c: int) -> dict:
+def step_cycles(chip: str, loop: Loop, prof: dict, c: int, active_sms: int) -> dict:
     """Cycles for ``c`` co-resident CTAs to each advance one step, with the terms."""
     rate = _tensor_flops_per_clk(chip, loop.fp8)
     main, tma = prof["main_loop"], prof.get("tma_loop") or {"total": 0}
     mma_wg = loop.wg_flops / rate
     per_sched = loop.nwg * main["total"] + tma["total"]
     clk = CHIPS[chip].clock_hz
+    l2_per_sm = min(L2_BYTES_PER_S / active_sms, L2_BYTES_PER_CLK_PER_SM * clk)
     terms = dict(
         mma=c * loop.nwg * mma_wg,
         issue=c * per_sched / ISSUE_EFF,
         chain=mma_wg + loop.waits * WGMMA_LATENCY + (main["total"] - main["mma"]) / ISSUE_EFF,
-        l2=c * loop.step_bytes / (L2_BYTES_PER_S / CHIPS[chip].cores) * clk,
+        l2=c * loop.step_bytes / l2_per_sm * clk,
         latency=DRAM_LATENCY_S * clk / loop.stages,
     )
     return terms
@@ -116,7 +119,7 @@ def grid_time(chip: str, loop: Loop, prof: dict, ctas: int, steps: int) -> tuple
     total, left, first = 0.0, ctas, None
     while left > 0:
         c = min(c_max, math.ceil(left / sms))
-        terms = step_cycles(chip, loop, prof, c)
+        terms = step_cycles(chip, loop, prof, c, min(sms, left))
         first = first or dict(terms, ctas_per_sm=c)
         total += steps * max(terms.values()) / clk + FILL_S
         left -= c * sms
