@@ -17,6 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas import autotune
 from kernels_pallas.backend import Implementation, ImplTable, device_reason, target_device
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.fp8_matmul import pallas_tpu as tpu
@@ -126,6 +127,59 @@ def _run_tpu(x, w_q, *, config, out_dtype, interpret):
                               config=config)  # fmt: skip
 
 
+def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, object]]:
+    """(name, impl, config) the autotuner times at [M, K] x [N, K] on ``platform``: the XLA FP8
+    path, the Pallas kernel's tile configs the support check can accept, and the BF16 floor."""
+    specs = [("xla", "xla", None), (autotune.BF16_FLOOR, autotune.BF16_FLOOR, None)]
+    if platform == "gpu":
+        G = mgpu.MgpuConfig
+        cfgs = [mgpu.default_config(m, n, k)]
+        if m <= 256:
+            cfgs += [G(min(64, -(-m // 16) * 16), 64, 4, True), G(64, 128, 4)]
+        cfgs += [G(128, 128, 4), G(128, 64, 4), G(64, 64, 6)]
+        for cfg in dict.fromkeys(cfgs):
+            if mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None:
+                name = f"pallas_mosaic_gpu:{cfg.block_m}x{cfg.block_n}x{cfg.max_concurrent_steps}"
+                specs.append((name + ("s" if cfg.swap_ab else ""), "pallas_mosaic_gpu", cfg))
+    elif platform == "tpu":
+        specs.append(("pallas_tpu", "pallas_tpu", None))
+    return specs
+
+
+def _autotuned(x2, w_q: QArray, out_dtype):
+    """(impl, config) the on-device autotuner picked for this shape (tuning it now if new)."""
+    dev = target_device()
+    if dev.platform not in ("gpu", "tpu"):
+        return "auto", None
+    m, (n, k) = _rows(x2), w_q.shape
+    specs = tuning_specs(m, n, k, dev.platform)
+    shape = (m, n, k, str(w_q.values.dtype), str(out_dtype), isinstance(x2, QArray))
+    key = autotune.key(dev.device_kind, jax.__version__, "fp8_matmul", shape)
+
+    def candidates():
+        from kernels_pallas.quantize import quantize_weight
+
+        kx, kw = jax.random.split(jax.random.key(0))
+        x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+        w = jax.random.normal(kw, (n, k), jnp.bfloat16)
+        xq, wq = quantize_activations(x, 128, w_q.values.dtype), quantize_weight(w.T)
+        x_in = xq if isinstance(x2, QArray) else x
+        out = []
+        for name, impl, cfg in specs:
+            if impl == autotune.BF16_FLOOR:
+                fn = jax.jit(lambda a, b: jnp.dot(a, b.T, preferred_element_type=out_dtype))
+                run = lambda fn=fn: fn(x, w).block_until_ready()  # noqa: E731
+            else:
+                run = lambda i=impl, c=cfg: fp8_matmul(x_in, wq, out_dtype=out_dtype, impl=i,
+                                                       config=c).block_until_ready()  # noqa: E731
+            out.append(autotune.Candidate(name, impl, cfg, run))
+        return out
+
+    record = autotune.lookup_or_tune(key, candidates)
+    chosen = {name: (impl, cfg) for name, impl, cfg in specs}
+    return chosen.get(record["choice"], ("auto", None))
+
+
 IMPLEMENTATIONS = ImplTable(
     "fp8_matmul",
     [
@@ -172,6 +226,8 @@ def fp8_matmul(
     check_operands(x, w_q)
     out_dtype = jnp.dtype(out_dtype)
     x2 = _flat(x)
+    if impl == "auto" and config is None and not interpret and autotune.enabled():
+        impl, config = _autotuned(x2, w_q, out_dtype)
     chosen = IMPLEMENTATIONS.select(
         impl, x2, w_q, config=config, out_dtype=out_dtype, interpret=interpret
     )
