@@ -129,11 +129,16 @@ def table(preds: list[Prediction]) -> str:
     return "\n".join(rows)
 
 
-def write_results(preds: list[Prediction], path: str, extra: dict | None = None) -> None:
-    """``path`` (.json) and the same name with .md: the predictions and the table."""
+def write_results(preds: list[Prediction], path: str, extra: dict | None = None,
+                  sections: dict | None = None) -> None:  # fmt: skip
+    """``path`` (.json) and the same name with .md: the predictions, the table and ``sections``
+    (title -> markdown text) after it."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     data = dict(extra or {}, predictions=[p.to_json() for p in preds])
     with open(path, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
+    text = "# Performance model (predicted, no device)\n\n" + table(preds) + "\n"
+    for title, body in (sections or {}).items():
+        text += f"\n## {title}\n\n{body}\n"
     with open(os.path.splitext(path)[0] + ".md", "w") as f:
-        f.write("# Performance model (predicted, no device)\n\n" + table(preds) + "\n")
+        f.write(text)

@@ -314,3 +314,59 @@ def predict_gpu(op: str, shape: dict, chip: str, label: str = "") -> Prediction:
         return predict_attention(chip, op, shape["B"], shape["S"], shape["H"], shape["KV"],
                                  shape["D"], shape.get("cache", "fp8"), label=label)  # fmt: skip
     raise ValueError(f"perf_model.gpu: no model for {op}")
+
+
+# --- design changes (before -> after) and the issue-21 targets ------------------------------
+
+
+def design_changes() -> list[tuple[str, Prediction, Prediction]]:
+    """(change, before, after) at every case the change touches, on H100 and H200."""
+    out = []
+    for model, layer, n, k, ms in MATMUL_LAYERS:
+        for m in (m for m in ms if m > 64):
+            for chip in GPU_CHIPS:
+                label = f"{model} {layer} M={m}"
+                before = predict_matmul(chip, m, n, k, "bf16", mode="fused", label=label)
+                after = predict_matmul(chip, m, n, k, "bf16", mode="qarray", label=label)
+                out.append(("x quantized once (QArray kernel for every M)", before, after))
+    for model, b, s, h, n_kv in ATTENTION_SHAPES:
+        for chip in GPU_CHIPS:
+            label = f"{model} B={b} S={s} H/K={h}/{n_kv} fp8 cache"
+            before = predict_attention(chip, "paged_attention", b, s, h, n_kv, 128, splits=1,
+                                       label=label)  # fmt: skip
+            after = predict_attention(chip, "paged_attention", b, s, h, n_kv, 128, label=label)
+            if before.impl != after.impl:
+                out.append(("paged attention: splits for every batch size", before, after))
+    return out
+
+
+def targets(preds: list[Prediction]) -> list[str]:
+    """Issue 21's GPU targets, each judged on the model's predictions (H100)."""
+    h100 = [p for p in preds if p.chip == "h100"]
+    mm = [p for p in h100 if p.op == "fp8_matmul"]
+    big = [p for p in mm if p.label.endswith("M=4096")]
+    small = [p for p in mm if int(p.label.rsplit("M=", 1)[1]) <= 64]
+    att = [p for p in h100 if p.op in ("decode_attention", "paged_attention")]
+    att64 = [p for p in att if _bkv(p.label) >= 64]
+
+    def verdict(name, rows, ok, show):
+        met = [p for p in rows if ok(p)]
+        worst = min(rows, key=show) if rows else None
+        w = f"; worst {worst.label} ({worst.op}): {show(worst):.2f}" if worst else ""
+        return f"- {name}: {'MET' if len(met) == len(rows) else 'NOT MET'} at " \
+               f"{len(met)}/{len(rows)} shapes{w}"  # fmt: skip
+
+    return [
+        verdict("H100 fp8_matmul >= 1.5x BF16 jnp.dot at M = 4096", big,
+                lambda p: p.ratio >= 1.5, lambda p: p.ratio),
+        verdict("H100 fp8_matmul >= 1.6x BF16 at M <= 64", small,
+                lambda p: p.ratio >= 1.6, lambda p: p.ratio),
+        verdict("H100 decode attention >= 80% of HBM, FP8 cache, B x KV >= 64", att64,
+                lambda p: p.hbm_fraction() >= 0.8, lambda p: p.hbm_fraction()),
+    ]  # fmt: skip
+
+
+def _bkv(label: str) -> int:
+    b = int(label.split("B=", 1)[1].split()[0])
+    kv = int(label.split("H/K=", 1)[1].split()[0].split("/")[1])
+    return b * kv
