@@ -13,6 +13,8 @@ predicts, for one SM holding ``c`` CTAs that each advance one loop iteration ("s
     chain   = one warpgroup's serial path: its MMAs + WGMMA_LATENCY per ``wgmma_wait`` + its
               other instructions (the kernels wait for each step's MMA before using it);
     L2      = c x (bytes the step's TMA loads move) / (L2 bandwidth per SM);
+    smem    = c x (bytes the step moves through SMEM by ordinary loads/stores, e.g. the FP8 ->
+              f16 upcast of attention tiles) / 128 B per clock (wgmma operand reads excluded);
     latency = DRAM_LATENCY / stages (Little's law: a ring of ``stages`` loads in flight);
   CTAs per SM = min by registers (65536 / (regs x threads)), SMEM (228 KiB) and 32;
   waves = the grid spread over 132 SMs x CTAs per SM (the last wave with fewer CTAs per SM);
@@ -53,6 +55,7 @@ HBM_EFF = 0.9  # best streaming fraction of HBM peak (STREAM-like copies reach ~
 FILL_S = 1.0e-6  # per wave: pipeline fill (first TMA round trip) + epilogue store
 LAUNCH_S = 2.0e-6  # per kernel (or XLA fusion): launch and grid start; baselines pay it too
 REGS_PER_SM, MAX_CTAS_PER_SM, SMEM_PER_SM = 65536, 32, 233472
+SMEM_BYTES_PER_CLK = 128  # per SM, ordinary shared loads/stores (32 banks x 4 B)
 BF16_GEMM_EFF = 0.70  # XLA/cuBLAS BF16 GEMM at large M: ~600-750 TFLOP/s of 989 on H100 SXM
 # (reference/kernels_wave3.md; NVIDIA's H100 cuBLAS GEMM plots reach ~750 at 8192^3)
 BF16_GEMM_BW_EFF = 0.80  # memory-bound BF16 GEMM (decode M <= 64): Marlin (Frantar et al. 2024,
@@ -86,6 +89,7 @@ class Loop:
     waits: int  # wgmma_wait(0) per step on a warpgroup's serial path
     step_bytes: int  # TMA bytes per step (L2 -> SMEM)
     stages: int
+    smem_bytes: int = 0  # ld/st.shared bytes per step outside wgmma (upcast copies)
 
 
 def step_cycles(chip: str, loop: Loop, prof: dict, c: int, active_sms: int) -> dict:
@@ -101,6 +105,7 @@ def step_cycles(chip: str, loop: Loop, prof: dict, c: int, active_sms: int) -> d
         issue=c * per_sched / ISSUE_EFF,
         chain=mma_wg + loop.waits * WGMMA_LATENCY + (main["total"] - main["mma"]) / ISSUE_EFF,
         l2=c * loop.step_bytes / l2_per_sm * clk,
+        smem=c * loop.smem_bytes / SMEM_BYTES_PER_CLK,
         latency=DRAM_LATENCY_S * clk / loop.stages,
     )
     return terms
@@ -131,7 +136,7 @@ def _finish(op, label, chip, impl, t_compute, terms, hbm_bytes, flops, base, bas
     t_hbm = hbm_bytes / (CHIPS[chip].hbm_bytes_per_s * HBM_EFF)
     t = max(t_compute, t_hbm) + LAUNCH_S + extra_s
     bound = "hbm" if t_hbm >= t_compute else max(
-        ("mma", "issue", "chain", "l2", "latency"), key=lambda k: terms.get(k, 0)
+        ("mma", "issue", "chain", "l2", "smem", "latency"), key=lambda k: terms.get(k, 0)
     )  # fmt: skip
     terms = dict(terms, compute_s=t_compute, hbm_s=t_hbm, extra_s=extra_s)
     return Prediction(op, label, chip, impl, t, base, base_s, bound, terms, int(hbm_bytes),
@@ -189,7 +194,7 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     )  # fmt: skip
     ctas = math.ceil(m / cfg.block_m) * (n // cfg.block_n)
     t, terms = grid_time(chip, loop, prof, ctas, k // 128)
-    return t, dict(terms, registers=prof["registers"], smem=prof["smem_bytes"]), name
+    return t, dict(terms, registers=prof["registers"], smem_alloc=prof["smem_bytes"]), name
 
 
 def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: str = "default",
@@ -249,11 +254,12 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
         name = "decode_fp8" if fp8 else "decode_bf16"
     prof = _nearest_profile(name, load_profiles())
     kv_b = 1 if fp8 else 2
+    upcast = 2 * bs * d * (1 + 2) if fp8 else 0  # read FP8 K and V tiles, write them as f16
     loop = Loop(nwg=1, threads=128, wg_flops=2 * 2 * 64 * bs * d, fp8=False, waits=2,
-                step_bytes=2 * bs * d * kv_b, stages=stages)  # fmt: skip
+                step_bytes=2 * bs * d * kv_b, stages=stages, smem_bytes=upcast)  # fmt: skip
     steps = math.ceil(s / bs / splits)
     t, terms = grid_time(chip, loop, prof, n_kv * b * splits, steps)
-    terms = dict(terms, splits=splits, registers=prof["registers"], smem=prof["smem_bytes"])
+    terms = dict(terms, splits=splits, registers=prof["registers"], smem_alloc=prof["smem_bytes"])
     extra = 0.0 if splits == 1 else b * h * d * 4 * splits * 2 / CHIPS[chip].hbm_bytes_per_s
     extra += LAUNCH_S if splits > 1 else 0.0  # the XLA combine of the chunks
     nbytes = 2 * b * s * n_kv * d * kv_b
