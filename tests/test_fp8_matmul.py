@@ -166,6 +166,7 @@ def test_impl_matches_reference(impl, config, interpret, m, k, n, dtype, raw):
     [  # swapped with two compute warpgroups and 3 M tiles; 64x64 tiles with a 3-stage ring
         (MgpuConfig(block_m=16, block_n=128, max_concurrent_steps=2, swap_ab=True), 40),
         (MgpuConfig(block_m=64, block_n=64, max_concurrent_steps=3), 80),
+        (MgpuConfig(block_m=16, block_n=64, max_concurrent_steps=2, swap_ab=True, split_k=3), 5),
     ],
 )
 def test_mosaic_gpu_explicit_configs(cfg, m):

@@ -8,7 +8,7 @@ once by XLA, then the QArray kernel, at every M), the TPU kernel on v5e and v6e,
 the XLA fallback on H100 (``XLA_LAYERS``: FP8 GEMMs batched over K blocks for M <= 32, BF16
 dequantize + GEMM above). ``EXTRA`` adds E5M2 and F32-output cases (the F32 fused epilogue is
 the tightest SMEM fit); ``TILES`` compiles non-default tile configurations the checks accept
-(both compute-warpgroup counts, swap-AB from 8 to 64 rows, deep rings, N % 128 != 0, K tails of
+(both compute-warpgroup counts, swap-AB from 8 to 64 rows, split-K, deep rings, N % 128 != 0, K tails of
 the ring, big TPU tiles, the opt-in fused kernel: raw x with a non-swap config). Every case is
 one the support check accepts (``fp8_matmul`` raises for an
 explicit impl it rejects), so compiling them all proves the check for these shapes.
@@ -91,6 +91,8 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _G(16, 64, 6, True)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(64, 64, 6)),  # deepest
     ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 16, _G(16, 64, 4, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 1024, 16, _G(16, 64, 4, True, 8)),  # split-K
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 1024, 64, _G(64, 64, 4, True, 2)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 384, 256, 48, _T(block_m=32, block_k=256)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _F32, 4096, 4096, 4096, _T(512, block_k=1024)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 4096, _T(1024, block_k=2048)),

@@ -170,6 +170,7 @@ def _variant_name(cfg, fused: bool) -> str:
 
 
 def _nearest_profile(name: str, profs: dict) -> dict:
+    name = name.split(" ")[0]
     if name in profs:
         return profs[name]
     family = name.rsplit("_", 1)[0]  # e.g. mm_swap_48x64 -> nearest mm_swap_* profiled
@@ -192,13 +193,18 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
         step_bytes=(cfg.block_m * x_b + cfg.block_n) * 128 + cfg.block_m * 4,
         stages=cfg.max_concurrent_steps,
     )  # fmt: skip
-    ctas = math.ceil(m / cfg.block_m) * (n // cfg.block_n)
-    t, terms = grid_time(chip, loop, prof, ctas, k // 128)
+    split = getattr(cfg, "split_k", 1)
+    ctas = math.ceil(m / cfg.block_m) * (n // cfg.block_n) * split
+    t, terms = grid_time(chip, loop, prof, ctas, k // 128 // split)
+    if split > 1:  # the XLA sum of the f32 partials [split, N, M_pad]
+        m_pad = math.ceil(m / cfg.block_m) * cfg.block_m
+        t += (split + 1) * n * m_pad * 4 / CHIPS[chip].hbm_bytes_per_s + LAUNCH_S
+        name += f" split_k={split}"
     return t, dict(terms, registers=prof["registers"], smem_alloc=prof["smem_bytes"]), name
 
 
 def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: str = "default",
-                   label: str = "") -> Prediction:  # fmt: skip
+                   label: str = "", split_k: int | None = None) -> Prediction:  # fmt: skip
     """fp8_matmul on a Hopper GPU. ``x``: how activations arrive ("bf16" pays quantization).
     ``mode``: "default" (what ``api.fp8_matmul`` dispatches today), "fused" (in-kernel
     quantization), "qarray" (quantize once, then the QArray kernel)."""
@@ -210,6 +216,8 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
     else:
         fused = mode == "fused" and x == "bf16"
     cfg = mgpu.default_config(m, n, k, fused=fused)
+    if split_k is not None and cfg.swap_ab:
+        cfg = dataclasses.replace(cfg, split_k=split_k)
     t, terms, name = matmul_kernel(chip, m, n, k, cfg, fused)
     extra = quantize_s(chip, m, k) if (x == "bf16" and not fused) else 0.0
     out_b = 2
@@ -335,6 +343,14 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                 before = predict_matmul(chip, m, n, k, "bf16", mode="fused", label=label)
                 after = predict_matmul(chip, m, n, k, "bf16", mode="qarray", label=label)
                 out.append(("x quantized once (QArray kernel for every M)", before, after))
+    for model, layer, n, k, ms in MATMUL_LAYERS:
+        for m in (m for m in ms if m <= 64):
+            for chip in GPU_CHIPS:
+                label = f"{model} {layer} M={m}"
+                after = predict_matmul(chip, m, n, k, "bf16", label=label)
+                before = predict_matmul(chip, m, n, k, "bf16", label=label, split_k=1)
+                if before.impl != after.impl:
+                    out.append(("decode GEMM: split-K to fill the SMs", before, after))
     for model, b, s, h, n_kv in ATTENTION_SHAPES:
         for chip in GPU_CHIPS:
             label = f"{model} B={b} S={s} H/K={h}/{n_kv} fp8 cache"
