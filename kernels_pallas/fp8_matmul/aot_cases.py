@@ -8,10 +8,10 @@ once by XLA, then the QArray kernel, at every M), the TPU kernel on v5e and v6e,
 the XLA fallback on H100 (``XLA_LAYERS``: FP8 GEMMs batched over K blocks for M <= 32, BF16
 dequantize + GEMM above). ``EXTRA`` adds E5M2 and F32-output cases (the F32 fused epilogue is
 the tightest SMEM fit); ``TILES`` compiles non-default tile configurations the checks accept
-(both compute-warpgroup counts, swap-AB from 8 to 64 rows, split-K, deep rings, N % 128 != 0, K tails of
-the ring, big TPU tiles, the opt-in fused kernel: raw x with a non-swap config). Every case is
-one the support check accepts (``fp8_matmul`` raises for an
-explicit impl it rejects), so compiling them all proves the check for these shapes.
+(both compute-warpgroup counts, swap-AB from 8 to 64 rows, split-K, deep rings, N % 128 != 0,
+K tails of the ring, big TPU tiles, the opt-in fused kernel: raw x with a non-swap config).
+Every case is one the support check accepts (``fp8_matmul`` raises for an explicit impl it
+rejects), so compiling them all proves the check for these shapes.
 """
 
 from __future__ import annotations
