@@ -3,7 +3,10 @@
 Implementations (``backend.ImplTable``; ``impl="auto"`` takes the target's kernel when its
 support check passes, else ``xla`` with one log line; an explicit impl that cannot run raises):
   * ``xla``: ``xla.fp8_matmul_xla`` (any shape; the exact reference on CPU, fast paths on GPU);
-  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x, or BF16/F16 x quantized in-kernel);
+  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16 x quantized once by XLA first,
+    or in-kernel with an explicit non-swap config);
+  * ``impl="auto"`` with ``FP8RL_AUTOTUNE=1`` on a GPU/TPU: the fastest candidate timed on the
+    device (``kernels_pallas.autotune``), cached per device kind, jax version and shape;
   * ``pallas_tpu``: the Mosaic TPU kernel.
 The support checks are pure Python over shapes, dtypes, tile configs and the target device, and
 are exact: ``aot_cases.py`` compiles what they accept at real shapes for H100 and TPU v5e/v6e.
@@ -221,8 +224,8 @@ def fp8_matmul(
     """Blockwise FP8 W8A8 ``y = x · wᵀ`` (``fp8_matmul_reference`` has the formula).
 
     ``x``: a QArray [..., K] with (128,) groups or a plain array [..., K], quantized per token in
-    groups of the weight's K block (in-kernel by the Hopper kernel for BF16/F16 ``x`` beyond
-    decode sizes, by ``quantize_activations`` otherwise); leading axes are flattened into M.
+    groups of the weight's K block once, by ``quantize_activations`` (in-kernel only with an
+    explicit non-swap ``MgpuConfig``: ``fused_default``); leading axes are flattened into M.
     ``w_q``: a QArray [N, K] (``quantize_weight``). ``impl``: "auto" | "xla" |
     "pallas_mosaic_gpu" | "pallas_tpu"; ``config``: the implementation's tile config
     (``XlaConfig``, ``MgpuConfig``, ``TpuConfig``; None: per-shape default).
