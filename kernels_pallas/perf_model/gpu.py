@@ -184,7 +184,8 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     """(seconds, terms, variant) of the Hopper fp8_matmul kernel alone at this config."""
     profs = profs or load_profiles()
     name = _variant_name(cfg, fused)
-    prof = _nearest_profile(name, profs)
+    split_name = f"{name}_k{getattr(cfg, 'split_k', 1)}"
+    prof = profs.get(split_name) or _nearest_profile(name, profs)
     wg_rows, b_blk = 64, (cfg.block_m if cfg.swap_ab else cfg.block_n)
     x_b = 2 if fused else 1
     loop = Loop(

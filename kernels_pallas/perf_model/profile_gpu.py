@@ -50,6 +50,7 @@ def variants() -> dict:
         "mm_swap_16x64": (*mm(16, "fp8", G(16, 64, 4, True)), {}),
         "mm_swap_32x64": (*mm(32, "fp8", G(32, 64, 4, True)), {}),
         "mm_swap_64x64": (*mm(64, "fp8", G(64, 64, 4, True)), {}),
+        "mm_swap_16x64_k4": (*mm(16, "fp8", G(16, 64, 4, True, 4)), {}),
         "decode_fp8": (*dec("fp8_static"), {}),
         "decode_bf16": (*dec("bf16"), {}),
         "paged_fp8": (*paged("fp8_static"), {}),
