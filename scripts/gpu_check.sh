@@ -17,6 +17,9 @@
 #   moe, engine  HOOK: experiments/bench_moe.py and experiments/bench_engine.py, built in parallel
 #            (grouped MoE GEMM, paged engine): run if the file exists, as
 #            `python <script> [--quick] --out <stages>/bench_<name>.json` (a .md beside it is shown)
+#   perf_model  kernels_pallas/perf_model/compare.py: measured matmul rows beside the model's
+#            predictions (issue 21); autotune  kernels_pallas/autotune.py: the on-device
+#            autotuner's chosen table (FP8 candidates vs the BF16 floor)
 #   report   experiments/gpu_report.py: summary.md (targets next to measured numbers) + summary.json
 #
 # Output: $OUT when set (the device tool copies back what is written there), else
