@@ -157,7 +157,7 @@ def _quantize_rows(x, fp8_dtype):
     return xq, s
 
 
-def _pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, k_part, *, cfg, fused, wdt):
+def _pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, k_part=0, *, cfg, fused, wdt):
     """(BlockSpecs, GMEM views) of the K-step pipeline: x [bm, 128], K-major w [bn, 128], and
     the x scales [1, bm] unless fused (transforms keyed on the 128-byte K row)."""
     bm, bn = cfg.block_m, cfg.block_n
