@@ -93,6 +93,8 @@ def supports(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: MgpuConf
         return f"K={k} must be a positive multiple of {GROUP}"
     if any(n % cfg.block_n for n in ns):
         return f"N={'+'.join(map(str, ns))} must be multiples of block_n={cfg.block_n}"
+    if cfg.split_k != 1:
+        return "split_k is a fp8_matmul (dense) option; the grouped kernel runs unsplit"
     if cfg.swap_ab and cfg.block_m * out_itemsize % 32:
         return (
             f"swap_ab block_m={cfg.block_m} makes {cfg.block_m * out_itemsize} B output rows; "
