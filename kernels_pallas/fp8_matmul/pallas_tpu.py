@@ -56,6 +56,9 @@ class TpuConfig:
     # "native": FP8 straight into the MXU (v6e+); "bfloat16" / "float32": upcast in VMEM first
     # (lossless); None: native where the chip has an FP8 MXU, else bfloat16.
     compute_dtype: str | None = None
+    # K groups per MXU dot (1 or 2); 2 stacks two groups' rows block-diagonally into one 256-deep
+    # dot (decode on a 256x256 FP8 MXU); None: 2 for native decode tiles, else 1.
+    pack: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Plan:
     block_n: int
     block_k: int
     compute_dtype: str  # one of COMPUTE_DTYPES
+    pack: int = 1  # K groups per MXU dot
 
     @property
     def fp8_mxu(self) -> bool:
@@ -78,20 +82,20 @@ def has_fp8_mxu(device_kind: str) -> bool:
     return "tpu" in kind and ("v6" in kind or "7x" in kind or "v7" in kind)
 
 
-def _divisor(total: int, cap: int, step: int = GROUP) -> int:
+def largest_divisor(total: int, cap: int, step: int = GROUP) -> int:
     """The largest multiple of ``step`` <= ``cap`` dividing ``total`` (``step`` if none)."""
     return max((b for b in range(step, max(cap, step) + 1, step) if total % b == 0), default=step)
 
 
 def _default_block_n(n: int, k: int, block_m: int, block_k: int, m_tiles: int) -> int:
     if m_tiles > 1 or block_m > 64:
-        return _divisor(n, 1024)  # prefill: 1024-wide tiles (x re-read N/1024 times)
+        return largest_divisor(n, 1024)  # prefill: 1024-wide tiles (x re-read N/1024 times)
     # decode: weight tiles of <= 4 MiB and >= 4 grid steps when N allows (the first DMA is
     # exposed; each step costs ~0.35 us)
     cap = min(2048, max(GROUP, (4 * 2**20) // block_k))
-    bn = _divisor(n, cap)
-    while bn > 256 and (n // bn) * (k // block_k) < 4 and _divisor(n, bn // 2) < bn:
-        bn = _divisor(n, bn // 2)
+    bn = largest_divisor(n, cap)
+    while bn > 256 and (n // bn) * (k // block_k) < 4 and largest_divisor(n, bn // 2) < bn:
+        bn = largest_divisor(n, bn // 2)
     return bn
 
 
@@ -117,7 +121,7 @@ def plan(m: int, k: int, n: int, cfg: TpuConfig | None, *, fp8_mxu: bool,
     m32 = pl.cdiv(m, 32) * 32
     block_m = min(cfg.block_m or 512, m32)
     decode = m32 <= block_m and block_m <= 64
-    block_k = _divisor(k, cfg.block_k or (MAX_GROUPS * GROUP if decode else 1024))
+    block_k = largest_divisor(k, cfg.block_k or (MAX_GROUPS * GROUP if decode else 1024))
     if block_k // GROUP > MAX_GROUPS:
         return f"block_k={block_k} unrolls more than {MAX_GROUPS} K groups per step"
     m_tiles = pl.cdiv(m, block_m)
@@ -127,7 +131,14 @@ def plan(m: int, k: int, n: int, cfg: TpuConfig | None, *, fp8_mxu: bool,
     compute = cfg.compute_dtype or ("native" if fp8_mxu else "bfloat16")
     if compute == "native" and not (fp8_mxu or interpret):
         return "compute_dtype='native' needs a chip with an FP8 MXU (v6e or later)"
-    p = Plan(block_m, block_n, block_k, compute)
+    # Two groups per 256-deep dot pay off while 2 block_m rows fit the 256-row weight-load time.
+    few_rows = m_tiles == 1 and block_m <= 2 * GROUP
+    pack = cfg.pack or (2 if compute == "native" and few_rows and block_k % (2 * GROUP) == 0 else 1)
+    if pack not in (1, 2):
+        return f"pack={pack} must be 1 or 2"
+    if pack == 2 and (m_tiles > 1 or block_k % (2 * GROUP)):
+        return "pack=2 needs one M tile and block_k % 256 == 0"
+    p = Plan(block_m, block_n, block_k, compute, pack)
     if (used := vmem_bytes(p)) > VMEM_BYTES:
         return f"tiles need ~{used} B of VMEM > {VMEM_BYTES} B (smaller blocks)"
     return p
@@ -142,36 +153,54 @@ def vmem_bytes(p: Plan, out_itemsize: int = 4) -> int:
     """VMEM of one grid step, generously: double-buffered x, w, s_x (lanes padded to 128) and
     output blocks, the f32 accumulator, one f32 product and the upcast operands of one group."""
     bm, bn, bk = p.block_m, p.block_n, p.block_k
-    ins = bm * bk + bn * bk + bm * GROUP * 4
+    ins = p.pack**2 * bm * bk + bn * bk + bm * GROUP * 4
     upcast = 0 if p.fp8_mxu else (bm + bn) * GROUP * 4
     return 2 * ins + 2 * bm * bn * out_itemsize + 2 * bm * bn * 4 + upcast
 
 
+def promote(acc_ref, part, sx_g, sw_ref, kg, n_cols: int, k_groups: int):
+    """``acc += part * s_x[:, g] * s_w[c, g]``, one 128-column weight-scale block at a time."""
+    for c in range(n_cols):
+        sl = slice(c * GROUP, (c + 1) * GROUP)
+        acc_ref[:, sl] += part[:, sl] * (sx_g * sw_ref[0, c * k_groups + kg])
+
+
 def _kernel(x_ref, sx_ref, w_ref, sw_ref, out_ref, acc_ref, *, n_groups, n_cols, k_groups,
-            compute_dtype):  # fmt: skip
+            compute_dtype, pack):  # fmt: skip
     k = pl.program_id(2)
+    bm = acc_ref.shape[0]
 
     @pl.when(k == 0)
     def _init():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    for g in range(n_groups):  # static unroll over the 128-wide scale groups of this K tile
-        cols = slice(g * GROUP, (g + 1) * GROUP)
-        x_g, w_g = x_ref[:, cols], w_ref[:, cols]
+    for d in range(n_groups // pack):  # static unroll over the MXU dots of this K tile
+        cols = slice(d * pack * GROUP, (d + 1) * pack * GROUP)
+        # pack 2: x_ref[d] is [[x̂_g, 0], [0, x̂_g+1]] ([2 bm, 256]), so one 256-deep dot yields
+        # both groups' products, stacked by rows (the zeros add exact zeros).
+        x_d, w_d = (x_ref[d] if pack > 1 else x_ref[:, cols]), w_ref[:, cols]
         if compute_dtype is not None:  # no FP8 MXU: lossless upcast in VMEM
-            x_g, w_g = x_g.astype(compute_dtype), w_g.astype(compute_dtype)
+            x_d, w_d = x_d.astype(compute_dtype), w_d.astype(compute_dtype)
         part = jax.lax.dot_general(
-            x_g, w_g, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            x_d, w_d, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
-        sx_g = sx_ref[:, g : g + 1]
-        kg = k * n_groups + g
-        for c in range(n_cols):  # one weight scale per 128 output columns
-            sl = slice(c * GROUP, (c + 1) * GROUP)
-            acc_ref[:, sl] += part[:, sl] * (sx_g * sw_ref[0, c * k_groups + kg])
+        for h in range(pack):
+            g = d * pack + h
+            promote(acc_ref, part[h * bm : (h + 1) * bm], sx_ref[:, g : g + 1], sw_ref,
+                     k * n_groups + g, n_cols, k_groups)  # fmt: skip
 
     @pl.when(k == pl.num_programs(2) - 1)
     def _store():
         out_ref[...] = acc_ref[...].astype(out_ref.dtype)
+
+
+def _block_diagonal_pairs(x_MK: jax.Array) -> jax.Array:
+    """[M, K] -> [K/256, 2M, 256]: pair p holds ``[[x̂_2p, 0], [0, x̂_2p+1]]`` (128-wide groups),
+    built exactly (FP8 values times 1 or 0)."""
+    m, k = x_MK.shape
+    x4 = x_MK.astype(jnp.float32).reshape(m, k // (2 * GROUP), 2, GROUP).transpose(1, 2, 0, 3)
+    pairs = jnp.einsum("phmc,hq->phmqc", x4, jnp.eye(2, dtype=jnp.float32))
+    return pairs.reshape(k // (2 * GROUP), 2 * m, 2 * GROUP).astype(x_MK.dtype)
 
 
 def target_has_fp8_mxu() -> bool:
@@ -207,18 +236,24 @@ def fp8_matmul_tpu(
     m_pad = pl.cdiv(m, bm) * bm
     n_groups, k_groups = bk // GROUP, k // GROUP
     x = jnp.pad(x_q.values, ((0, m_pad - m), (0, 0)))
+    if p.pack > 1:
+        x = _block_diagonal_pairs(x)
     # [M, K/128] -> [K/block_k, M_pad, G]: one (block_m, G) scale tile per grid step.
     sx = jnp.pad(x_q.scales, ((0, m_pad - m), (0, 0)))
     sx = sx.reshape(m_pad, k // bk, n_groups).transpose(1, 0, 2)
     sw = w_q.scales.reshape(n // bn, 1, (bn // GROUP) * k_groups)
     compute = None if p.fp8_mxu else jnp.dtype(p.compute_dtype)
     kernel = functools.partial(_kernel, n_groups=n_groups, n_cols=bn // GROUP, k_groups=k_groups,
-                               compute_dtype=compute)  # fmt: skip
+                               compute_dtype=compute, pack=p.pack)  # fmt: skip
+    if p.pack > 1:
+        x_spec = pl.BlockSpec((bk // (2 * GROUP), 2 * bm, 2 * GROUP), lambda i, j, kk: (kk, 0, 0))
+    else:
+        x_spec = pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk))
     y = pl.pallas_call(
         kernel,
         grid=(m_pad // bm, n // bn, k // bk),
         in_specs=[
-            pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+            x_spec,
             pl.BlockSpec((None, bm, n_groups), lambda i, j, kk: (kk, i, 0)),
             pl.BlockSpec((bn, bk), lambda i, j, kk: (j, kk)),
             pl.BlockSpec(

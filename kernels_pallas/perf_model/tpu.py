@@ -143,6 +143,7 @@ class MatmulTiles:
     block_k: int
     fp8_mxu: bool  # FP8 fed straight to the MXU (else upcast to BF16 in VMEM first)
     out_bytes: int = 2
+    pack: int = 1  # K groups per MXU dot (2: two groups block-diagonal in one 256-deep dot)
 
 
 # The wave-2 kernel (before issue 21): 256 x 128 x 512 tiles, FP8 upcast on every chip.
@@ -165,11 +166,11 @@ def fp8_matmul_step(chip: TpuChip, m: int, k: int, n: int, t: MatmulTiles) -> tu
     upcast = 0 if (t.fp8_mxu and chip.fp8_mxu) else chip.upcast_ops * (bm + bn) * bk
     # x (and its scales) change with every step when K is split, else only with the M tile;
     # the weight changes with every step unless a single (N, K) tile covers it.
-    x_total = m_pad * k * (1 + 4 / SCALE_GROUP) * (nt if kt > 1 else 1)
+    x_total = m_pad * k * (t.pack + 4 / SCALE_GROUP) * (nt if kt > 1 else 1)
     w_total = n * k * (1 + 4 / SCALE_GROUP**2) * (mt if nt * kt > 1 else 1)
     out_total = m_pad * n * t.out_bytes
     step = Step(
-        mxu_cycles=groups * mxu_cycles(chip, bm, SCALE_GROUP, bn),
+        mxu_cycles=groups // t.pack * mxu_cycles(chip, t.pack * bm, t.pack * SCALE_GROUP, bn),
         valu_ops=3 * groups * bm * bn + upcast,
         vst_vregs=_acc_vst(chip, bm, bn, groups),
         dma_bytes=(x_total + w_total + out_total) / steps,
@@ -183,7 +184,7 @@ def fp8_matmul_predict(chip: TpuChip, m: int, k: int, n: int, t: MatmulTiles, ke
     first = (t.block_m + t.block_n) * t.block_k
     last = t.block_m * t.block_n * t.out_bytes
     secs, bound = grid_time(chip, steps, step, first, last)
-    detail = f"bm={t.block_m} bn={t.block_n} bk={t.block_k} " + (
+    detail = f"bm={t.block_m} bn={t.block_n} bk={t.block_k} pack={t.pack} " + (
         "fp8->mxu" if t.fp8_mxu and chip.fp8_mxu else "upcast"
     )
     return Prediction(kernel, chip.name, shape, secs, xla_bf16_matmul_s(chip, m, k, n), bound,
