@@ -4,8 +4,9 @@ design) and now (the block shapes the kernels' own planners pick), on v5e and v6
   PYTHONPATH=$PWD python -m kernels_pallas.perf_model.tpu_table  # prints, writes JSON + markdown
 
 Rows: ``kernel, target, shape, before_us, now_us, baseline_us, ratio_before, ratio_now, bound``
-(ratio = baseline time / kernel time; the baseline is XLA's BF16 matmul for the matmuls and the
-BF16-cache HBM roofline for attention). The shapes come from each op's ``aot_cases.py``.
+(ratio = baseline time / kernel time; the baseline is XLA's BF16 matmul for the matmuls and a
+BF16-cache kernel at the HBM roofline for attention, ``tpu_attention.py``). The shapes come from
+each op's ``aot_cases.py``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def _grouped_tiles(chip: model.TpuChip, rows: int, k: int, ns, e: int) -> model.
     return model.MatmulTiles(p.block_m, p.block_n, p.block_k, fp8_mxu=p.fp8_mxu)
 
 
-def _pair(before: model.Prediction, now: model.Prediction) -> dict:
+def pair(before: model.Prediction, now: model.Prediction) -> dict:
     return dict(
         kernel=now.kernel, target=now.target, shape=now.shape,
         before_us=round(before.time_s * 1e6, 2), now_us=round(now.time_s * 1e6, 2),
@@ -70,7 +71,7 @@ def matmul_rows() -> list[dict]:
                 before = model.fp8_matmul_predict(*args, _legacy_matmul_tiles(m, k),
                                                   "fp8_matmul", shape)  # fmt: skip
                 now = model.fp8_matmul_predict(*args, _matmul_tiles(*args), "fp8_matmul", shape)
-                rows.append(_pair(before, now))
+                rows.append(pair(before, now))
     return rows
 
 
@@ -88,16 +89,18 @@ def grouped_rows() -> list[dict]:
                 pred = model.grouped_fp8_matmul_predict
                 before = pred(chip, r, k, n, E, legacy, "grouped_fp8_matmul", shape)
                 now = pred(chip, r, k, n, E, now_t, "grouped_fp8_matmul", shape)
-                rows.append(_pair(before, now))
+                rows.append(pair(before, now))
     return rows
 
 
 def table() -> list[dict]:
-    return matmul_rows() + grouped_rows()
+    from kernels_pallas.perf_model import tpu_attention
+
+    return matmul_rows() + grouped_rows() + tpu_attention.rows()
 
 
 def markdown(rows: list[dict]) -> str:
-    head = "| kernel | TPU | shape | before us | now us | XLA BF16 us | x before | x now | bound |"
+    head = "| kernel | TPU | shape | before us | now us | BF16 base us | x before | x now | bound |"
     lines = [head, "|" + "---|" * 9]
     for r in rows:
         lines.append(
