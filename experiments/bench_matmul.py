@@ -7,7 +7,7 @@ Rows per shape (M, N, K):
     ``auto`` uses: FP8 GEMMs batched over K blocks for M <= 32, BF16 dequantize + BF16 GEMM
     above; the exact reference on CPU) and the target's kernel (``pallas_mosaic_gpu`` on Hopper);
   * ``fp8:<kernel>+quant``: from BF16 x, as the model calls it (activation quantization timed:
-    in-kernel for M > 64 on Hopper, by XLA before the swap-AB kernel below).
+    once by XLA, then the QArray kernel, at every M).
 Reported per row: median / p20 / p80 time per GEMM (CUPTI kernel time on GPU, else the wall
 clock; see ``bench_common``), TFLOP/s = 2MNK / t, GB/s over the operand bytes (x, w, y at their
 stored widths, scales included), the speedup over ``bf16``, and the relative Frobenius error of

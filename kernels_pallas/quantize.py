@@ -87,9 +87,21 @@ def quantize_blockwise(
 def quantize_activations(x: jax.Array, group_size: int = 128, dtype=jnp.float8_e4m3fn) -> QArray:
     """Dynamic per-token FP8 quantization in groups of ``group_size`` along the last axis (1x128).
 
-    ``s_{t,g} = amax_{c in g} |x_{t,c}| / fp8_max`` (DeepSeek-V3 activation tiles).
+    ``s_{t,g} = amax_{c in g} |x_{t,c}| / fp8_max`` (DeepSeek-V3 activation tiles) and
+    ``x̂ = cast(clamp(x · (fp8_max / max(amax, tiny)), ±fp8_max))``: one division per group, a
+    multiply per element (no IEEE division per element on the hot path; XLA fuses the whole
+    thing, amax reduce included, into the activations' producer or one small fusion). Equal to
+    ``quantize_blockwise(x, (group_size,))`` up to one f32 rounding of the scaled value.
     """
-    return quantize_blockwise(x, (group_size,), dtype)
+    scales_shape(x.shape, (group_size,))  # validates group_size against x
+    _raise_if_nonfinite_eager(x)
+    amax = block_amax(x, (group_size,))
+    scales = amax_to_scale(amax, dtype)
+    inv = fp8_max(dtype) / jnp.maximum(amax.astype(jnp.float32), SCALE_TINY)  # [..., G]
+    x_pad = _pad_trailing(x.astype(jnp.float32), (group_size,))
+    xb = _blocked(x_pad, (group_size,))  # [..., G, group]
+    q = saturating_cast(xb * inv[..., None], dtype).reshape(x_pad.shape)[..., : x.shape[-1]]
+    return QArray(q, scales, (group_size,), jnp.dtype(x.dtype))
 
 
 def quantize_weight(

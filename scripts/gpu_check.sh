@@ -137,6 +137,10 @@ else
     -p no:cacheprovider "${xdist[@]}" --junitxml="$STAGES/pytest.xml" "${gpu_tests[@]}"
   run_stage matmul 90 "$PY" experiments/bench_matmul.py "${QUICK[@]}" \
     --out "$STAGES/bench_matmul.json"
+  # Issue 21: the performance model's prediction beside each measured matmul row, then the
+  # on-device autotuner's chosen table (cache: stages/autotune.json and ~/.cache/fp8rl_jax).
+  run_stage perf_model 20 "$PY" -m kernels_pallas.perf_model.compare "$STAGES/bench_matmul.json"
+  FP8RL_AUTOTUNE_FILE="$STAGES/autotune.json" run_stage autotune 60 "$PY" -m kernels_pallas.autotune
   run_stage decode 50 "$PY" experiments/bench_decode.py "${QUICK[@]}" \
     --out "$STAGES/bench_decode.json"
   run_stage rollout 200 "$PY" experiments/bench_rollout.py "${QUICK[@]}" \

@@ -12,6 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 NVCC_VERSION=12.9.86  # ptxas 12.9: the PTX ISA (8.8) decides which FP8 conversions lower
+# cuobjdump + nvdisasm: SASS of the compiled kernels for the performance model (perf_model/sass.py)
+SASS_TOOLS_VERSION=13.5.37
 
 if [ ! -x .venv/bin/python ]; then
   bash scripts/setup.sh
@@ -25,7 +27,7 @@ else
 fi
 
 stamp=$venv/.aot_installed
-want="jax==$version nvcc==$NVCC_VERSION"
+want="jax==$version nvcc==$NVCC_VERSION sass==$SASS_TOOLS_VERSION"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ ! scripts/setup_aot.sh -nt "$stamp" ] &&
   [ ! pyproject.toml -nt "$stamp" ]; then
   echo "setup_aot: ready ($venv, $want)"
@@ -47,6 +49,8 @@ echo "setup_aot: installing jax $version + CUDA plugin + ptxas $NVCC_VERSION + l
   "jax-cuda12-plugin==$version" \
   "jax-cuda12-pjrt==$version" \
   "nvidia-cuda-nvcc-cu12==$NVCC_VERSION" \
+  "nvidia-cuda-cuobjdump==$SASS_TOOLS_VERSION" \
+  "nvidia-cuda-nvdisasm==$SASS_TOOLS_VERSION" \
   -e .
 "$venv/bin/python" -c "import jax, sys; sys.exit(jax.__version__ != '$version')" || {
   echo "setup_aot: $venv has jax $("$venv/bin/python" -c 'import jax; print(jax.__version__)'), wanted $version" >&2

@@ -276,6 +276,25 @@ def test_kernel_matches_reference(impl, interpret, case):
     np.testing.assert_allclose(out, expect, rtol=0, atol=tol)
 
 
+@pytest.mark.parametrize("k_scale", [3e5, 1e-7])
+def test_mosaic_gpu_static_k_scale_outside_f16_range(k_scale):
+    """A static K scale folded into q before its f16 cast would overflow (3e5 · |q| > 65,504:
+    inf, NaN out) or flush q to f16 subnormals (1e-7 · |q|); folded into the f32 softmax scale
+    the kernel matches the reference. sm_scale compensates so the logits stay O(1)."""
+    q, k, v, _, vs = _operands(7, 1, 128, 2, 4, 64, "head")
+    ks = jnp.full((2,), k_scale, jnp.float32)
+    lengths = jnp.array([128], jnp.int32)
+    kw = dict(starts_B=jnp.zeros((1,), jnp.int32), k_scale=ks, v_scale=vs,
+              sm_scale=64**-0.5 / k_scale)  # fmt: skip
+    expect = decode_attention_reference(q, k, v, lengths, **kw)
+    with _target("pallas_mosaic_gpu", True):
+        out = decode_attention(q, k, v, lengths, **kw, impl="pallas_mosaic_gpu",
+                               config=DecodeBlocks(64, 1), interpret=True)  # fmt: skip
+    assert np.all(np.isfinite(np.asarray(out)))
+    tol = _tolerance("pallas_mosaic_gpu", "head", dequantize_kv(v, vs))
+    np.testing.assert_allclose(out, expect, rtol=0, atol=tol)
+
+
 # ---------------------------------------------------------------------------- support checks
 
 

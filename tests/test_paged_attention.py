@@ -184,3 +184,32 @@ def test_mosaic_gpu_kernel_interpret_matches_reference(dtype, scales, splits, to
         got = _run(c, paged_attention, impl="pallas_mosaic_gpu", interpret=True,
                    config=PagedBlocks(num_splits=splits))  # fmt: skip
     np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("k_scale", [3e5, 1e-7])
+def test_mosaic_gpu_static_k_scale_outside_f16_range(k_scale):
+    """The static K scale goes into the f32 softmax scale, not into q before its f16 cast (which
+    overflows at 3e5 · |q| > 65,504 and flushes 1e-7 · |q| to subnormals)."""
+    from jax.sharding import AbstractDevice, AbstractMesh
+
+    c = _tpu_case(6, [0, 1, 65, 192], F8, "static", y=64, c=64)
+    c["q"] = jnp.concatenate([c["q"]] * 2, axis=1)[:, :4]
+    c["ks"] = jnp.full((1,), k_scale, jnp.float32)
+    args = (c["q"], c["k"], c["v"], c["lengths"], c["table"])
+    kw = dict(k_scale=c["ks"], v_scale=c["vs"], sm_scale=64**-0.5 / k_scale)
+    want = paged_attention_reference(*args, **kw)
+    dev = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132)
+    with jax.sharding.use_abstract_mesh(AbstractMesh((), (), abstract_device=dev)):
+        got = paged_attention(*args, **kw, impl="pallas_mosaic_gpu", interpret=True)
+    assert np.all(np.isfinite(np.asarray(got)))
+    np.testing.assert_allclose(got, want, atol=5e-3, rtol=5e-3)
+
+
+def test_mosaic_gpu_default_splits_fill_a_wave():
+    """Unset num_splits: chunks fill 2 x 132 CTAs over B x K, >= 4 pages each (hand values)."""
+    from kernels_pallas.paged_attention import pallas_mosaic_gpu as mgpu
+
+    assert mgpu.default_splits(1, 512, 8) == 33  # 264 // 8
+    assert mgpu.default_splits(8, 512, 8) == 4
+    assert mgpu.default_splits(32, 512, 8) == 1
+    assert mgpu.default_splits(1, 8, 8) == 2  # 8 pages: at least 4 per chunk

@@ -8,8 +8,10 @@ slots a TMA pipeline brings K/V (and dynamic scales) into SMEM; the scores ``S =
 ``O += P V`` run on the tensor cores in f16 (FP8 caches: tiles upcast FP8 -> f16 in registers,
 exact for E4M3/E5M2, into one SMEM buffer each; ptxas 12.9 cannot convert FP8 -> BF16) or bf16
 (BF16 caches, fed straight from the pipeline buffers), with f32 accumulation and an online
-softmax in base 2. Scales: a static K scale is folded into q, a static V scale multiplies the
-output (outside), dynamic ones multiply the scores' and probabilities' columns.
+softmax in base 2. Scales: a static K scale (per KV head, read as a scalar in the CTA) is
+folded into the softmax scale that multiplies the f32 scores, never into q before its f16 cast
+(which would overflow above 65,504 and lose precision below 6e-5); a static V scale multiplies
+the output (outside); dynamic ones multiply the scores' and probabilities' columns.
 
 Output per chunk: ``o / l`` (f32) and, when the row is split, ``lse = m + log2 l`` for
 ``common.combine_splits``. On hardware P stays in registers (wgmma A operand) and O accumulates
@@ -64,7 +66,7 @@ def _col(x_ref, bs):
 def _tile_step(st: _Static, q_smem, kb_smem, vb_smem, p_smem, bounds, idx, k_smem, v_smem, *rest):
     """One tile of the online softmax: returns the new (acc, m, l)."""
     *scales, (acc, m_i, l_i) = rest
-    t_lo, start, length = bounds
+    t_lo, start, length, qk_scale = bounds
     bs, dt = st.bs, st.mma_dtype
     if st.fp8:  # FP8 -> f16 in registers, into the wgmma-ready buffer
         kb_smem[...] = k_smem[...].astype(dt)
@@ -76,7 +78,7 @@ def _tile_step(st: _Static, q_smem, kb_smem, vb_smem, p_smem, bounds, idx, k_sme
             vb_smem[...] = v_smem[...].astype(dt)
         return acc_ref[...]
 
-    s = pl.run_scoped(qk, plgpu.ACC((_TILE_M, bs), jnp.float32)) * st.score_scale
+    s = pl.run_scoped(qk, plgpu.ACC((_TILE_M, bs), jnp.float32)) * qk_scale
     v_smem = vb_smem if st.fp8 else v_smem
     if st.dynamic:
         s = s * _col(scales[0], bs)
@@ -113,14 +115,14 @@ def _add_pv(st: _Static, acc, p16, v_smem, p_smem):
     return acc + pl.run_scoped(pv, plgpu.ACC(acc.shape, jnp.float32))
 
 
-def _kernel(starts, lengths, lo, cnt, q_gmem, k_gmem, v_gmem, *rest, st: _Static):
+def _kernel(starts, lengths, lo, cnt, k_scale, q_gmem, k_gmem, v_gmem, *rest, st: _Static):
     if st.dynamic:
         ks_gmem, vs_gmem, *outs = rest
     else:
         outs = rest
     kh, row, j = lax.axis_index("kv"), lax.axis_index("row"), lax.axis_index("split")
     c, bs, dt = q_gmem.shape[-1], st.bs, st.mma_dtype
-    bounds = (lo[row, j], starts[row], lengths[row])
+    bounds = (lo[row, j], starts[row], lengths[row], st.score_scale * k_scale[kh])
     n_tiles = cnt[row, j]
     # The q window starts at a multiple of 8 rows (TMA into the tiled buffer); the group sits
     # at row offset ``off`` inside it.
@@ -195,6 +197,14 @@ def _lse_rows(n_kv: int, group: int) -> np.ndarray:
     return kh * _TILE_M + (kh * group) % 8 + h % group
 
 
+def static_k_scale(k_scale, n_kv: int) -> jax.Array:
+    """[K] f32: the static per-KV-head K scale the kernel folds into its score scale (ones when
+    there is none or it is per slot)."""
+    if k_scale is None or common.is_slot_scale(k_scale):
+        return jnp.ones((n_kv,), jnp.float32)
+    return common.per_kv_head(k_scale, n_kv).astype(jnp.float32)
+
+
 def mma_dtype(kv_dtype) -> jnp.dtype:
     """The tensor-core input type for a cache dtype: bf16 for BF16, f16 otherwise (FP8, F16)."""
     return jnp.dtype(jnp.bfloat16 if jnp.dtype(kv_dtype) == jnp.bfloat16 else jnp.float16)
@@ -218,11 +228,9 @@ def decode_attention_mgpu(
     lo, cnt = common.split_ranges(
         starts_B, lengths_B, block_s=bs, num_splits=splits, num_tiles=s // bs
     )
-    q = q_BHC.astype(jnp.float32)
-    if k_scale is not None and not common.is_slot_scale(k_scale):
-        q = q * jnp.repeat(common.per_kv_head(k_scale, n_kv), group)[None, :, None]
     # The last head's 64-row window reads past H: zero rows, whose outputs are dropped.
-    q = jnp.pad(q.astype(dt), ((0, 0), (0, _q_rows(n_kv, group) - h), (0, 0)))
+    q = jnp.pad(q_BHC.astype(dt), ((0, 0), (0, _q_rows(n_kv, group) - h), (0, 0)))
+    k_scale_K = static_k_scale(k_scale, n_kv)
     dynamic = common.is_slot_scale(k_scale)
     st = _Static(
         bs=bs, group=group, splits=splits, stages=blocks.num_stages, mma_dtype=dt,
@@ -242,7 +250,7 @@ def decode_attention_mgpu(
         grid_names=("kv", "row", "split"),
         compiler_params=plgpu.CompilerParams(approx_math=True),  # fast exp2 / log2
         interpret=plgpu.InterpretGPUParams() if interpret else None,
-    )(starts_B, lengths_B.astype(jnp.int32), lo, cnt, q, k_BSKC, v_BSKC, *scales)
+    )(starts_B, lengths_B.astype(jnp.int32), lo, cnt, k_scale_K, q, k_BSKC, v_BSKC, *scales)
     if splits > 1:
         lse_BJH = outs[1].reshape(b, splits, n_kv * _TILE_M)[:, :, _lse_rows(n_kv, group)]
         o_BHC = common.combine_splits(outs[0], lse_BJH)

@@ -4,13 +4,14 @@ Each row of ``LAYERS`` is one linear layer (K = in, N = out; the rollout weight 
 ``[N, K]``) and the token counts M it is compiled at: decode (M <= 64: swap-AB on Hopper) and
 prefill (M >= 128). Every row runs for each entry of ``KINDS``: the Hopper kernel with FP8
 activations (a QArray) and with BF16 activations (the path ``quant.matmul`` takes: quantized
-in-kernel for M > 64, by XLA then the swap-AB kernel below), the TPU kernel on v5e and v6e, and
+once by XLA, then the QArray kernel, at every M), the TPU kernel on v5e and v6e, and
 the XLA fallback on H100 (``XLA_LAYERS``: FP8 GEMMs batched over K blocks for M <= 32, BF16
 dequantize + GEMM above). ``EXTRA`` adds E5M2 and F32-output cases (the F32 fused epilogue is
 the tightest SMEM fit); ``TILES`` compiles non-default tile configurations the checks accept
-(both compute-warpgroup counts, swap-AB from 8 to 64 rows, deep rings, N % 128 != 0, K tails of
-the ring, big TPU tiles). Every case is one the support check accepts (``fp8_matmul`` raises for an
-explicit impl it rejects), so compiling them all proves the check for these shapes.
+(both compute-warpgroup counts, swap-AB from 8 to 64 rows, split-K, deep rings, N % 128 != 0,
+K tails of the ring, big TPU tiles, the opt-in fused kernel: raw x with a non-swap config).
+Every case is one the support check accepts (``fp8_matmul`` raises for an explicit impl it
+rejects), so compiling them all proves the check for these shapes.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ _E4, _E5, _BF, _F32 = "float8_e4m3fn", "float8_e5m2", "bfloat16", "float32"
 EXTRA = (
     ("pallas_mosaic_gpu", "h100", "fp8", _E5, _BF, *_Q8, 16),
     ("pallas_mosaic_gpu", "h100", "fp8", _E5, _BF, *_Q8, 4096),
-    ("pallas_mosaic_gpu", "h100", "bf16", _E4, _F32, *_G8, 4096),  # 226 KiB of 227
+    ("pallas_mosaic_gpu", "h100", "bf16", _E4, _F32, *_G8, 4096),  # quantize once, F32 out
     ("pallas_mosaic_gpu", "h100", "fp8", _E4, _F32, *_G8, 16),
     ("pallas_tpu", "v6e", "fp8", _E5, _BF, *_Q8, 16),
     ("pallas_tpu", "v5e", "bf16", _E4, _BF, *_G8, 4096),
@@ -83,12 +84,15 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(64, 64)),  # one WG
     ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 64, _G(64, 128)),  # fused decode
     ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 4096, _G(128, 64, 3)),
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _F32, 4096, 12288, 4096, _G(128, 128, 3)),  # 226 KiB
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 32, _G(32, 128, 4, True)),  # 2 WGs
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 5, _G(8, 64, 4, True)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 48, _G(48, 64, 6, True)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _G(16, 64, 6, True)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(64, 64, 6)),  # deepest
     ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 16, _G(16, 64, 4, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 1024, 16, _G(16, 64, 4, True, 8)),  # split-K
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 1024, 64, _G(64, 64, 4, True, 2)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 384, 256, 48, _T(block_m=32, block_k=256)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _F32, 4096, 4096, 4096, _T(512, block_k=1024)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 4096, _T(1024, block_k=2048)),

@@ -3,7 +3,10 @@
 Implementations (``backend.ImplTable``; ``impl="auto"`` takes the target's kernel when its
 support check passes, else ``xla`` with one log line; an explicit impl that cannot run raises):
   * ``xla``: ``xla.fp8_matmul_xla`` (any shape; the exact reference on CPU, fast paths on GPU);
-  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x, or BF16/F16 x quantized in-kernel);
+  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16 x quantized once by XLA first,
+    or in-kernel with an explicit non-swap config);
+  * ``impl="auto"`` with ``FP8RL_AUTOTUNE=1`` on a GPU/TPU: the fastest candidate timed on the
+    device (``kernels_pallas.autotune``), cached per device kind, jax version and shape;
   * ``pallas_tpu``: the Mosaic TPU kernel.
 The support checks are pure Python over shapes, dtypes, tile configs and the target device, and
 are exact: ``aot_cases.py`` compiles what they accept at real shapes for H100 and TPU v5e/v6e.
@@ -17,6 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas import autotune
 from kernels_pallas.backend import Implementation, ImplTable, device_reason, target_device
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.fp8_matmul import pallas_tpu as tpu
@@ -32,21 +36,36 @@ def _rows(x) -> int:
     return math.prod(x.shape[:-1])
 
 
-def _fused(x, config) -> bool:
-    """Raw BF16/F16 x goes to the fused kernel, except in decode (M <= 64) by default: there the
-    activations are quantized by XLA (fused into their producer) and the swap-AB kernel runs."""
+def fused_default(m: int, n: int, k: int) -> bool:
+    """Whether raw BF16/F16 x [M, K] takes the fused (in-kernel quantization) kernel by default.
+
+    Never: x is quantized once per 1x128 group (``quantize_activations``, one XLA fusion with
+    its producer) and the QArray kernel runs, at every M. The fused kernel re-quantizes its x
+    slice in every CTA (N/128 times over): its K loop is 725 SASS instructions per warp against
+    128 for the QArray kernel (``experiments/results/perf_model_sass.json``), issue-bound at a
+    predicted 0.57-0.66x the quantize-once time on H100 at every shape of
+    ``perf_model.gpu.MATMUL_LAYERS`` (M 65-8192). It stays available with an explicit
+    non-swap ``MgpuConfig`` and raw x.
+    """
+    del m, n, k
+    return False
+
+
+def _fused(x, config, n: int = 0, k: int = 0) -> bool:
+    """Raw BF16/F16 x goes to the fused kernel where ``fused_default`` says (or an explicit
+    non-swap config asks)."""
     if isinstance(x, QArray) or x.dtype not in _RAW_16BIT:
         return False
     if config is not None:
         return not config.swap_ab
-    return _rows(x) > 64
+    return fused_default(_rows(x), n, k)
 
 
 def _mgpu_config(x, w_q, config, out_dtype) -> mgpu.MgpuConfig:
     m, n, k = _rows(x), w_q.shape[0], w_q.shape[1]
     out_itemsize = jnp.dtype(out_dtype).itemsize
     return config or mgpu.default_config(
-        m, n, k, fused=_fused(x, config), out_itemsize=out_itemsize
+        m, n, k, fused=_fused(x, config, n, k), out_itemsize=out_itemsize
     )
 
 
@@ -63,7 +82,7 @@ def _mgpu_supports(x, w_q, *, config, out_dtype, interpret) -> str | None:
         return f"x and w FP8 formats differ ({x.values.dtype} vs {w_q.values.dtype})"
     if not isinstance(x, QArray) and x.dtype not in _RAW_16BIT and x.dtype != jnp.float32:
         return f"raw x must be bfloat16, float16 or float32, got {x.dtype}"
-    fused = _fused(x, config)
+    fused = _fused(x, config, w_q.shape[0], w_q.shape[1])
     cfg = _mgpu_config(x, w_q, config, out_dtype)
     m, n, k = _rows(x), w_q.shape[0], w_q.shape[1]
     return mgpu.supports(m, k, n, cfg, fused=fused, x_itemsize=2 if fused else 1,
@@ -99,7 +118,7 @@ def _run_xla(x, w_q, *, config, out_dtype, interpret):
 
 def _run_mgpu(x, w_q, *, config, out_dtype, interpret):
     cfg = _mgpu_config(x, w_q, config, out_dtype)
-    if _fused(x, config):
+    if _fused(x, config, *w_q.shape):
         return mgpu.fp8_matmul_mgpu_fused(x, w_q, out_dtype=out_dtype, interpret=interpret,
                                           config=cfg)  # fmt: skip
     return mgpu.fp8_matmul_mgpu(_quantized(x, w_q), w_q, out_dtype=out_dtype,
@@ -109,6 +128,63 @@ def _run_mgpu(x, w_q, *, config, out_dtype, interpret):
 def _run_tpu(x, w_q, *, config, out_dtype, interpret):
     return tpu.fp8_matmul_tpu(_quantized(x, w_q), w_q, out_dtype=out_dtype, interpret=interpret,
                               config=config)  # fmt: skip
+
+
+def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, object]]:
+    """(name, impl, config) the autotuner times at [M, K] x [N, K] on ``platform``: the XLA FP8
+    path, the Pallas kernel's tile configs the support check can accept, and the BF16 floor."""
+    specs = [("xla", "xla", None), (autotune.BF16_FLOOR, autotune.BF16_FLOOR, None)]
+    if platform == "gpu":
+        G = mgpu.MgpuConfig
+        cfgs = [mgpu.default_config(m, n, k)]
+        if m <= 64:
+            bm = -(-m // 16) * 16
+            cfgs += [G(bm, 64, 4, True, split) for split in (1, 2, 4, 8)]
+        if m <= 256:
+            cfgs += [G(min(64, -(-m // 16) * 16), 64, 4, True), G(64, 128, 4)]
+        cfgs += [G(128, 128, 4), G(128, 64, 4), G(64, 64, 6)]
+        for cfg in dict.fromkeys(cfgs):
+            if mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None:
+                name = f"pallas_mosaic_gpu:{cfg.block_m}x{cfg.block_n}x{cfg.max_concurrent_steps}"
+                name += f"s/k{cfg.split_k}" if cfg.swap_ab else ""
+                specs.append((name, "pallas_mosaic_gpu", cfg))
+    elif platform == "tpu":
+        specs.append(("pallas_tpu", "pallas_tpu", None))
+    return specs
+
+
+def _autotuned(x2, w_q: QArray, out_dtype):
+    """(impl, config) the on-device autotuner picked for this shape (tuning it now if new)."""
+    dev = target_device()
+    if dev.platform not in ("gpu", "tpu"):
+        return "auto", None
+    m, (n, k) = _rows(x2), w_q.shape
+    specs = tuning_specs(m, n, k, dev.platform)
+    shape = (m, n, k, str(w_q.values.dtype), str(out_dtype), isinstance(x2, QArray))
+    key = autotune.key(dev.device_kind, jax.__version__, "fp8_matmul", shape)
+
+    def candidates():
+        from kernels_pallas.quantize import quantize_weight
+
+        kx, kw = jax.random.split(jax.random.key(0))
+        x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+        w = jax.random.normal(kw, (n, k), jnp.bfloat16)
+        xq, wq = quantize_activations(x, 128, w_q.values.dtype), quantize_weight(w.T)
+        x_in = xq if isinstance(x2, QArray) else x
+        out = []
+        for name, impl, cfg in specs:
+            if impl == autotune.BF16_FLOOR:
+                fn = jax.jit(lambda a, b: jnp.dot(a, b.T, preferred_element_type=out_dtype))
+                run = lambda fn=fn: fn(x, w).block_until_ready()  # noqa: E731
+            else:
+                run = lambda i=impl, c=cfg: fp8_matmul(x_in, wq, out_dtype=out_dtype, impl=i,
+                                                       config=c).block_until_ready()  # noqa: E731
+            out.append(autotune.Candidate(name, impl, cfg, run))
+        return out
+
+    record = autotune.lookup_or_tune(key, candidates)
+    chosen = {name: (impl, cfg) for name, impl, cfg in specs}
+    return chosen.get(record["choice"], ("auto", None))
 
 
 IMPLEMENTATIONS = ImplTable(
@@ -148,8 +224,8 @@ def fp8_matmul(
     """Blockwise FP8 W8A8 ``y = x · wᵀ`` (``fp8_matmul_reference`` has the formula).
 
     ``x``: a QArray [..., K] with (128,) groups or a plain array [..., K], quantized per token in
-    groups of the weight's K block (in-kernel by the Hopper kernel for BF16/F16 ``x`` beyond
-    decode sizes, by ``quantize_activations`` otherwise); leading axes are flattened into M.
+    groups of the weight's K block once, by ``quantize_activations`` (in-kernel only with an
+    explicit non-swap ``MgpuConfig``: ``fused_default``); leading axes are flattened into M.
     ``w_q``: a QArray [N, K] (``quantize_weight``). ``impl``: "auto" | "xla" |
     "pallas_mosaic_gpu" | "pallas_tpu"; ``config``: the implementation's tile config
     (``XlaConfig``, ``MgpuConfig``, ``TpuConfig``; None: per-shape default).
@@ -157,6 +233,8 @@ def fp8_matmul(
     check_operands(x, w_q)
     out_dtype = jnp.dtype(out_dtype)
     x2 = _flat(x)
+    if impl == "auto" and config is None and not interpret and autotune.enabled():
+        impl, config = _autotuned(x2, w_q, out_dtype)
     chosen = IMPLEMENTATIONS.select(
         impl, x2, w_q, config=config, out_dtype=out_dtype, interpret=interpret
     )

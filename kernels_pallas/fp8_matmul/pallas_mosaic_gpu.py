@@ -51,6 +51,7 @@ _SMEM_ALIGN = 1024  # Mosaic GPU rounds every SMEM scratch buffer up to this (SM
 _MAX_STAGES = 6  # deepest ring that compiled without spills for every tile shape tried
 _MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 - 1)
 _REDUCTION_SCRATCH = 2048  # SMEM a kernel with a reduction reserves (CompilerParams default)
+_NUM_SMS = 132  # H100 SXM / H200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,7 @@ class MgpuConfig:
     block_n: int = 128  # w rows (output columns) per CTA: 64 or 128 (swap_ab: 64 per compute WG)
     max_concurrent_steps: int = 4  # SMEM ring depth of the TMA pipeline (K steps in flight), <= 6
     swap_ab: bool = False  # compute yᵀ = w xᵀ so that M is the wgmma N (decode)
+    split_k: int = 1  # swap_ab only: K split over this many CTAs, f32 partials summed by XLA
 
     @property
     def num_compute_wgs(self) -> int:
@@ -75,6 +77,8 @@ class MgpuConfig:
             return f"swap_ab block_m must be a multiple of 8 in [8, 64], got {self.block_m}"
         if not self.swap_ab and self.block_m not in (64, 128):
             return f"block_m must be 64 or 128, got {self.block_m}"
+        if self.split_k < 1 or (self.split_k > 1 and not self.swap_ab):
+            return f"split_k must be 1, or > 1 with swap_ab, got {self.split_k}"
         if not 2 <= self.max_concurrent_steps <= _MAX_STAGES:
             # Deeper rings spill registers (ptxas, H100: 64x64 tiles spill from 8 stages).
             steps = self.max_concurrent_steps
@@ -92,14 +96,29 @@ def smem_bytes(cfg: MgpuConfig, k: int, x_itemsize: int, out_itemsize: int, fuse
     one per stage), and the reduction scratch the fused row amax reserves. Equals the
     ``smem_bytes`` of ``mosaic/gpu/core.py`` for every case in ``aot_cases.py`` (jax 0.11.2 and
     0.12.0.1)."""
-    stages = min(cfg.max_concurrent_steps, k // GROUP)  # the pipeline never holds more
+    stages = min(cfg.max_concurrent_steps, k // GROUP // cfg.split_k)  # never holds more
     ring = [cfg.block_m * GROUP * x_itemsize, cfg.block_n * GROUP]
     ring += [] if fused else [cfg.block_m * 4]
     total = sum(_align(stages * b) for b in ring) + 2 * stages * 8
+    out_itemsize = 4 if cfg.split_k > 1 else out_itemsize  # f32 partials
     total += _align(cfg.block_m * cfg.block_n * out_itemsize)  # epilogue tile
     if fused:
         total += _align(cfg.block_m * GROUP) + _REDUCTION_SCRATCH  # x̂ tile, amax scratch
     return total
+
+
+def default_split_k(ctas: int, k_steps: int) -> int:
+    """K chunks for a decode grid of ``ctas`` CTAs (one per SM at 255 registers): the largest
+    power of two with ``ctas · split <= 66`` (half the SMs) and >= 8 K steps per chunk. The
+    performance model (``perf_model.gpu``, H100) predicts: k/v_proj (16 CTAs, split 4) 1.3x
+    faster; grids of 64+ CTAs unsplit (at M = 64 a split is slower: the f32 partials' XLA sum
+    and the 64-row x tile re-read per chunk cost more than the SMs gained). The on-device
+    autotuner (``kernels_pallas.autotune``) also times split 2-8."""
+    split = 1
+    while ctas * split * 2 <= _NUM_SMS // 2 and k_steps % (split * 2) == 0 and \
+            k_steps // (split * 2) >= 8:  # fmt: skip
+        split *= 2
+    return split
 
 
 def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2):
@@ -108,7 +127,8 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     compute warpgroups (64x128 if N % 128). The ring is as deep as fits the SMEM budget (<= 4
     stages; the fused variant's BF16 x tiles allow 3)."""
     if m <= 64 and not fused:
-        cfg = MgpuConfig(block_m=-(-m // 16) * 16, block_n=64, swap_ab=True)
+        cfg = MgpuConfig(block_m=-(-m // 16) * 16, block_n=64, swap_ab=True,
+                         split_k=default_split_k(n // 64, k // GROUP))  # fmt: skip
     elif m <= 64:
         cfg = MgpuConfig(block_m=64, block_n=64 if n % 128 else 128)
     else:
@@ -137,7 +157,7 @@ def _quantize_rows(x, fp8_dtype):
     return xq, s
 
 
-def _pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, *, cfg, fused, wdt):
+def _pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, k_part, *, cfg, fused, wdt):
     """(BlockSpecs, GMEM views) of the K-step pipeline: x [bm, 128], K-major w [bn, 128], and
     the x scales [1, bm] unless fused (transforms keyed on the 128-byte K row)."""
     bm, bn = cfg.block_m, cfg.block_n
@@ -147,10 +167,12 @@ def _pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, *, cfg, fused,
         ),
         plgpu.BlockSpec((bn, GROUP), lambda kk: (0, kk), transforms=_smem_transforms(wdt, GROUP)),
     ]
-    gmem_in = [x_gmem.at[m_slice, :], w_gmem.at[n_slice, :]]
+    steps = w_gmem.shape[1] // GROUP // cfg.split_k
+    k_cols, k_rows = pl.ds(k_part * steps * GROUP, steps * GROUP), pl.ds(k_part * steps, steps)
+    gmem_in = [x_gmem.at[m_slice, k_cols], w_gmem.at[n_slice, k_cols]]
     if not fused:
         in_specs.append(plgpu.BlockSpec((1, bm), lambda kk: (kk, 0)))
-        gmem_in.append(sx_gmem.at[:, m_slice])
+        gmem_in.append(sx_gmem.at[k_rows, m_slice])
     return in_specs, gmem_in
 
 
@@ -186,16 +208,18 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
     bm, bn, swap, tm = cfg.block_m, cfg.block_n, cfg.swap_ab, _WGMMA_M
     a_blk, b_blk = (bn, bm) if swap else (bm, bn)  # rows of the A and B operand tiles
     a_idx, b_idx = lax.axis_index("a"), lax.axis_index("b")
+    k_part = lax.axis_index("s") if cfg.split_k > 1 else 0
+    steps = w_gmem.shape[1] // GROUP // cfg.split_k
     m_idx, n_idx = (b_idx, a_idx) if swap else (a_idx, b_idx)
     in_specs, gmem_in = _pipeline_operands(
-        x_gmem, sx_gmem, w_gmem, pl.ds(m_idx * bm, bm), pl.ds(n_idx * bn, bn),
+        x_gmem, sx_gmem, w_gmem, pl.ds(m_idx * bm, bm), pl.ds(n_idx * bn, bn), k_part,
         cfg=cfg, fused=fused, wdt=wdt,
     )  # fmt: skip
 
     def get_pipeline(body, compute_context):
         return plgpu.emit_pipeline_warp_specialized(
             body,
-            grid=(w_gmem.shape[1] // GROUP,),
+            grid=(steps,),
             memory_registers=40,
             in_specs=in_specs,
             wg_axis="wg",
@@ -226,13 +250,14 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
             acc0 = plgpu.layout_cast(jnp.zeros((tm, b_blk), jnp.float32), plgpu.Layout.WGMMA)
             out_smem[wg] = eval_pipeline(acc0).astype(out_dtype)
             plgpu.commit_smem()
-            dst = out_gmem.at[pl.ds(a_idx * a_blk, a_blk), pl.ds(b_idx * b_blk, b_blk)]
+            rows = pl.ds(k_part * (out_gmem.shape[0] // cfg.split_k) + a_idx * a_blk, a_blk)
+            dst = out_gmem.at[rows, pl.ds(b_idx * b_blk, b_blk)]
             plgpu.copy_smem_to_gmem(out_smem.at[wg], dst.at[pl.ds(wg * tm, tm)])
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
         def body(idx, x_smem, w_smem, *rest):
             *sx_ref, acc = rest
-            sw = sw_gmem[nb, idx[0]]  # issued before the wgmma so its latency overlaps it
+            sw = sw_gmem[nb, k_part * steps + idx[0]]  # issued early: its latency overlaps
             sx_ref = sx_ref[0] if sx_ref else None
             step = functools.partial(_k_step, cfg=cfg, fused=fused, wdt=wdt)
             return step(x_smem, w_smem, sx_ref, acc, sw, xq_smem)
@@ -253,9 +278,12 @@ def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize
         return "the fused (BF16 x) kernel has no swap_ab variant"
     if k % GROUP or k == 0:
         return f"K={k} must be a positive multiple of {GROUP}"
-    if cfg.swap_ab and cfg.block_m * out_itemsize % 32:
+    if (k // GROUP) % cfg.split_k:
+        return f"split_k={cfg.split_k} must divide the {k // GROUP} K steps"
+    out_row = cfg.block_m * (4 if cfg.split_k > 1 else out_itemsize)
+    if cfg.swap_ab and out_row % 32:
         return (
-            f"swap_ab block_m={cfg.block_m} makes {cfg.block_m * out_itemsize} B output rows; "
+            f"swap_ab block_m={cfg.block_m} makes {out_row} B output rows; "
             "the epilogue tile needs a multiple of 32 B (its smallest swizzle)"
         )
     if n % cfg.block_n:
@@ -295,17 +323,24 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
     m_pad, n = x.shape[0], w_q.shape[0]
     a_rows, b_rows = (n, m_pad) if cfg.swap_ab else (m_pad, n)
     a_blk, b_blk = (cfg.block_n, cfg.block_m) if cfg.swap_ab else (cfg.block_m, cfg.block_n)
+    split = cfg.split_k
+    grid, names = (a_rows // a_blk, b_rows // b_blk), ("a", "b")
+    if split > 1:  # K chunks: f32 partials [split · N, M_pad], summed below
+        grid, names = (*grid, split), ("a", "b", "s")
     kern = plgpu.kernel(
         functools.partial(_kernel, cfg=cfg, fused=fused, wdt=w_q.values.dtype),
-        out_type=jax.ShapeDtypeStruct((a_rows, b_rows), out_dtype),
-        grid=(a_rows // a_blk, b_rows // b_blk),
-        grid_names=("a", "b"),
+        out_type=jax.ShapeDtypeStruct((split * a_rows, b_rows),
+                                      jnp.float32 if split > 1 else out_dtype),  # fmt: skip
+        grid=grid,
+        grid_names=names,
         num_threads=cfg.num_compute_wgs + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         **({"interpret": plgpu.InterpretGPUParams()} if interpret else {}),
     )
     y = kern(x, sx_t, w_q.values, w_q.scales)
+    if split > 1:
+        y = y.reshape(split, a_rows, b_rows).sum(0).astype(out_dtype)
     return y.T if cfg.swap_ab else y
 
 

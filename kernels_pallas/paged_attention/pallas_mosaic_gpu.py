@@ -2,8 +2,9 @@
 
 One CTA per (KV head, row, chunk of the row's page-table entries); the body is
 ``decode_attention.pallas_mosaic_gpu``'s tile step (wgmma QKᵀ and PV in f16/bf16, FP8 pages
-upcast to f16 in registers, online softmax in base 2, a static K scale folded into q and a
-static V scale on the output). Only the TMA pipeline's source changes: the pool viewed as
+upcast to f16 in registers, online softmax in base 2, a static K scale folded into the softmax
+scale (not into q before its f16 cast) and a static V scale on the output). Only the TMA
+pipeline's source changes: the pool viewed as
 ``[X·Y, K, C]`` (a free reshape), head kh's ``[X·Y, C]`` slice, and the index map of step i
 ``page_table[row, lo + i]`` (a page is one ``Y``-row tile). The pipeline's grid is the chunk's
 live page count, so only the pages a row holds are read. Dynamic (per-slot) page scales are
@@ -28,10 +29,10 @@ PAGE_SIZES = (64,)  # the dense kernel's block_s proven for FP8 and 16-bit cache
 _STAGES = (2, 3)
 
 
-def _kernel(lengths, lo, cnt, table, q_gmem, k_gmem, v_gmem, *outs, st):
+def _kernel(lengths, lo, cnt, table, k_scale, q_gmem, k_gmem, v_gmem, *outs, st):
     kh, row, j = jax.lax.axis_index("kv"), jax.lax.axis_index("row"), jax.lax.axis_index("split")
     c, bs, dt = q_gmem.shape[-1], st.bs, st.mma_dtype
-    bounds = (lo[row, j], 0, lengths[row])
+    bounds = (lo[row, j], 0, lengths[row], st.score_scale * k_scale[kh])
     q0 = pl.multiple_of((kh * st.group) // 8 * 8, 8)
     off = kh * st.group - q0
 
@@ -92,10 +93,8 @@ def paged_attention_mgpu(
     lo, cnt = common.split_ranges(
         jnp.zeros_like(lengths_B), lengths_B, block_s=y, num_splits=splits, num_tiles=w
     )
-    q = q_BHC.astype(jnp.float32)
-    if k_scale is not None:
-        q = q * jnp.repeat(common.per_kv_head(k_scale, n_kv), group)[None, :, None]
-    q = jnp.pad(q.astype(dt), ((0, 0), (0, dense._q_rows(n_kv, group) - h), (0, 0)))  # noqa: SLF001
+    q = jnp.pad(q_BHC.astype(dt), ((0, 0), (0, dense._q_rows(n_kv, group) - h), (0, 0)))  # noqa: SLF001
+    k_scale_K = dense.static_k_scale(k_scale, n_kv)
     st = dense._Static(  # noqa: SLF001
         bs=y, group=group, splits=splits, stages=stages, mma_dtype=dt,
         fp8=jnp.dtype(k_pages_XYKC.dtype).itemsize == 1, dynamic=False,
@@ -113,7 +112,7 @@ def paged_attention_mgpu(
         grid_names=("kv", "row", "split"),
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=plgpu.InterpretGPUParams() if interpret else None,
-    )(lengths_B, lo, cnt, page_table_BW.astype(jnp.int32), q, k_flat, v_flat)
+    )(lengths_B, lo, cnt, page_table_BW.astype(jnp.int32), k_scale_K, q, k_flat, v_flat)
     if splits > 1:
         rows = dense._lse_rows(n_kv, group)  # noqa: SLF001
         o_BHC = common.combine_splits(outs[0], outs[1].reshape(b, splits, -1)[:, :, rows])
@@ -122,6 +121,14 @@ def paged_attention_mgpu(
     if v_scale is not None:
         o_BHC = o_BHC * jnp.repeat(common.per_kv_head(v_scale, n_kv), group)[None, :, None]
     return o_BHC.astype(q_BHC.dtype)
+
+
+def default_splits(b: int, num_pages: int, n_kv: int) -> int:
+    """Chunks per row when the config leaves ``num_splits`` unset: as many as fill one wave of
+    2 CTAs x 132 SMs over the B x K (row, KV head) pairs, at least 4 pages per chunk (the dense
+    kernel's rule, ``common.resolve_splits``): B=1 gets 33 chunks, B >= 32 (K = 8) gets 1."""
+    units = dense.NUM_SMS * dense._CTAS_PER_SM  # noqa: SLF001
+    return common.resolve_splits(None, b * n_kv, units, num_pages)
 
 
 def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_scale, sm_scale,
@@ -153,7 +160,8 @@ def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_sc
 
 def run(q, k, v, lengths_B, table, *, config: PagedBlocks | None, interpret, **kw):
     config = config or PagedBlocks()
+    splits = config.num_splits or default_splits(q.shape[0], table.shape[1], k.shape[2])
     return paged_attention_mgpu(
-        q, k, v, lengths_B, table, **kw, num_splits=config.num_splits or 1,
+        q, k, v, lengths_B, table, **kw, num_splits=splits,
         stages=config.num_stages or 2, interpret=interpret,
     )  # fmt: skip

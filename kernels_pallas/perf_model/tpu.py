@@ -207,3 +207,55 @@ def grouped_fp8_matmul_predict(chip: TpuChip, rows: int, k: int, n: int, experts
         "fp8->mxu" if t.fp8_mxu and chip.fp8_mxu else "upcast"
     )
     return Prediction(kernel, chip.name, shape, secs, base, bound, tiles * steps1, detail)
+
+
+# ------------------------------------------------------------------ the shared model's interface
+# ``common``: ``CASES`` and ``predict_tpu(op, shape, chip)`` feed ``python -m
+# kernels_pallas.perf_model``'s joint table; ``tpu_table`` prints the TPU before -> now table.
+
+
+def _to_common(op: str, p: Prediction, baseline: str, nbytes: int, flops: int):
+    from kernels_pallas.perf_model import common
+
+    return common.Prediction(
+        op=op, label=p.shape, chip=p.target, impl=f"pallas_tpu {p.detail}", time_s=p.time_s,
+        baseline=baseline, baseline_s=p.baseline_s, bound=p.bound, terms=dict(steps=p.steps),
+        bytes=int(nbytes), flops=int(flops),
+    )  # fmt: skip
+
+
+_XLA = f"XLA BF16 jnp.dot at {XLA_MXU_EFFICIENCY:.0%} MXU / {HBM_EFFICIENCY:.0%} HBM"
+_ROOF = "a BF16-cache kernel at the HBM roofline"
+
+
+def predict_tpu(op: str, shape: dict, chip: str):
+    """One case (``common`` names the dims) on "v5e" / "v6e", as a ``common.Prediction``."""
+    from kernels_pallas.perf_model import tpu_attention, tpu_table
+
+    c, label = CHIPS[chip], ""
+    if op == "fp8_matmul":
+        m, n, k = shape["M"], shape["N"], shape["K"]
+        p = fp8_matmul_predict(c, m, k, n, tpu_table.matmul_tiles(c, m, k, n), op, label)
+        return _to_common(op, p, _XLA, m * k + n * k + 2 * m * n, 2 * m * n * k)
+    if op == "grouped_fp8_matmul":
+        m, n, k, e = shape["M"], shape["N"], shape["K"], shape["E"]
+        t = tpu_table.grouped_tiles(c, m, k, (n,), e)
+        p = grouped_fp8_matmul_predict(c, m, k, n, e, t, op, label)
+        return _to_common(op, p, _XLA, m * k + min(e, m) * n * k + 2 * m * n, 2 * m * n * k)
+    if op in ("decode_attention", "paged_attention"):
+        b, s, h, kv, d = shape["B"], shape["S"], shape["H"], shape["KV"], shape["D"]
+        kv_bytes = 1 if shape.get("cache", "fp8") == "fp8" else 2
+        slots = tpu_attention.slots_per_step(op, s, shape.get("Y", 128))
+        p = tpu_attention.predict(c, op, label, b, s, slots, kv, h // kv, d, kv_bytes, False)
+        return _to_common(op, p, _ROOF, 2 * b * s * kv * d * kv_bytes, 4 * b * s * h * d)
+    raise ValueError(f"perf_model.tpu: unknown op {op!r}")
+
+
+def _cases():
+    from kernels_pallas.perf_model.common import Case
+    from kernels_pallas.perf_model.tpu_table import case_shapes
+
+    return [Case.make(op, label, tuple(CHIPS), **dims) for op, label, dims in case_shapes()]
+
+
+CASES = _cases()

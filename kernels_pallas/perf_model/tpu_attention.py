@@ -42,11 +42,19 @@ def predict(chip: model.TpuChip, kernel: str, shape: str, b: int, live: int, slo
     return model.Prediction(kernel, chip.name, shape, secs, base, bound, steps, detail)
 
 
+def slots_per_step(op: str, s: int, page_size: int = 128) -> int:
+    """Cache slots a grid step takes now: block_s (dense), pages x page size (paged)."""
+    if op == "paged_attention":
+        from kernels_pallas.paged_attention import pallas_tpu as paged
+
+        return page_size * paged.pages_per_step(page_size, s // page_size)
+    return next(x for x in (512, 256, 128) if s % x == 0)
+
+
 def rows() -> list[dict]:
     """Dense decode (block_s 512 before and now) and paged (one page a step before, 512 slots
     a step now) with FP8 (static scales) caches."""
     from kernels_pallas.decode_attention.aot_cases import SHAPES as DENSE
-    from kernels_pallas.paged_attention import pallas_tpu as paged
     from kernels_pallas.paged_attention.aot_cases import SHAPES as PAGED
     from kernels_pallas.perf_model.tpu_table import pair
 
@@ -54,13 +62,14 @@ def rows() -> list[dict]:
     for chip in model.CHIPS.values():
         for name, b, s, h, k in DENSE:
             shape = f"{name} B={b} S={s} H/K={h}/{k} fp8 cache"
-            bs = next(x for x in (512, 256, 128) if s % x == 0)
+            bs = slots_per_step("decode_attention", s)
             p = predict(chip, "decode_attention", shape, b, s, bs, k, h // k, 128, 1, False)
             out.append(pair(p, p))
         for name, b, _, y, w, h, k in PAGED:
             shape = f"{name} B={b} pages {w}x{y} H/K={h}/{k} fp8 cache"
             args = (chip, "paged_attention", shape, b, w * y)
             before = predict(*args, y, k, h // k, 128, 1, False)
-            now = predict(*args, y * paged.pages_per_step(y, w), k, h // k, 128, 1, False)
+            now = predict(*args, slots_per_step("paged_attention", w * y, y), k, h // k, 128, 1,
+                          False)  # fmt: skip
             out.append(pair(before, now))
     return out

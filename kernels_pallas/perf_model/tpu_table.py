@@ -35,14 +35,14 @@ def _legacy_grouped_tiles(rows: int, k: int, experts: int) -> model.MatmulTiles:
     return model.MatmulTiles(bm, 128, bk, fp8_mxu=False)
 
 
-def _matmul_tiles(chip: model.TpuChip, m: int, k: int, n: int) -> model.MatmulTiles:
+def matmul_tiles(chip: model.TpuChip, m: int, k: int, n: int) -> model.MatmulTiles:
     from kernels_pallas.fp8_matmul import pallas_tpu as tpu
 
     p = tpu.plan(m, k, n, None, fp8_mxu=chip.fp8_mxu)
     return model.MatmulTiles(p.block_m, p.block_n, p.block_k, fp8_mxu=p.fp8_mxu, pack=p.pack)
 
 
-def _grouped_tiles(chip: model.TpuChip, rows: int, k: int, ns, e: int) -> model.MatmulTiles:
+def grouped_tiles(chip: model.TpuChip, rows: int, k: int, ns, e: int) -> model.MatmulTiles:
     from kernels_pallas.grouped_fp8_matmul import pallas_tpu as tpu
 
     p = tpu.plan(rows, k, ns, e, None, fp8_mxu=chip.fp8_mxu)
@@ -70,7 +70,7 @@ def matmul_rows() -> list[dict]:
                 args = (chip, m, k, n)
                 before = model.fp8_matmul_predict(*args, _legacy_matmul_tiles(m, k),
                                                   "fp8_matmul", shape)  # fmt: skip
-                now = model.fp8_matmul_predict(*args, _matmul_tiles(*args), "fp8_matmul", shape)
+                now = model.fp8_matmul_predict(*args, matmul_tiles(*args), "fp8_matmul", shape)
                 rows.append(pair(before, now))
     return rows
 
@@ -85,12 +85,37 @@ def grouped_rows() -> list[dict]:
             for r in ALL_ROWS:
                 shape = f"Qwen3-30B-A3B {layer} rows={r} K={k} N={n} E={E}"
                 legacy = _legacy_grouped_tiles(r, k, E)
-                now_t = _grouped_tiles(chip, r, k, ns, E)
+                now_t = grouped_tiles(chip, r, k, ns, E)
                 pred = model.grouped_fp8_matmul_predict
                 before = pred(chip, r, k, n, E, legacy, "grouped_fp8_matmul", shape)
                 now = pred(chip, r, k, n, E, now_t, "grouped_fp8_matmul", shape)
                 rows.append(pair(before, now))
     return rows
+
+
+def case_shapes() -> list[tuple[str, str, dict]]:
+    """(op, label, dims) of every TPU case, in ``common``'s dim names, from the aot_cases."""
+    from kernels_pallas.decode_attention.aot_cases import SHAPES as DENSE
+    from kernels_pallas.fp8_matmul.aot_cases import LAYERS
+    from kernels_pallas.grouped_fp8_matmul.aot_cases import ALL_ROWS, E
+    from kernels_pallas.grouped_fp8_matmul.aot_cases import LAYERS as MOE
+    from kernels_pallas.paged_attention.aot_cases import SHAPES as PAGED
+
+    out = []
+    for name, layer, k, n, ms in LAYERS:
+        for m in ms:
+            out.append(("fp8_matmul", f"{name} {layer} M={m}", dict(M=m, N=n, K=k, x="fp8")))
+    for layer, k, ns in MOE:
+        for r in ALL_ROWS:
+            dims = dict(M=r, N=sum(ns), K=k, E=E, x="fp8")
+            out.append(("grouped_fp8_matmul", f"Qwen3-30B-A3B {layer} rows={r}", dims))
+    for name, b, s, h, kv in DENSE:
+        dims = dict(B=b, S=s, H=h, KV=kv, D=128, cache="fp8")
+        out.append(("decode_attention", f"{name} B={b} S={s}", dims))
+    for name, b, _, y, w, h, kv in PAGED:
+        dims = dict(B=b, S=w * y, H=h, KV=kv, D=128, cache="fp8", Y=y)
+        out.append(("paged_attention", f"{name} B={b} pages {w}x{y}", dims))
+    return out
 
 
 def table() -> list[dict]:

@@ -1,0 +1,147 @@
+"""Autotuning on the device: time the candidates of an op at a shape once, cache the fastest.
+
+The first time ``fp8_matmul(..., impl="auto")`` meets a shape on a real GPU/TPU with autotuning
+on (``FP8RL_AUTOTUNE=1``; off by default, and always off in interpret mode and on CPU), it times
+each candidate (the Pallas kernel's tile configs, the XLA FP8 path, and BF16 ``jnp.dot`` as the
+floor) on random operands of that shape and records the choice under
+``(device kind, jax version, op, shape)`` in a JSON cache: ``$FP8RL_AUTOTUNE_FILE`` (a file
+beside the run) and the user cache ``~/.cache/fp8rl_jax/autotune.json``. Later calls read it.
+The timer is injectable (``tune(..., timer=)``), so choosing and caching are deterministic and
+tested on CPU. If the BF16 floor beats every FP8 candidate the record says so
+(``fp8_slower_than_bf16``): the op still runs its fastest FP8 candidate (its weights are FP8),
+and the caller (a model config) learns that BF16 weights would be faster for that layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+
+USER_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "fp8rl_jax", "autotune.json")
+BF16_FLOOR = "bf16_floor"
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One way to run the op: ``impl`` and ``config`` for the dispatcher, ``run`` to time it."""
+
+    name: str  # unique, e.g. "pallas_mosaic_gpu:128x128x4"
+    impl: str  # "pallas_mosaic_gpu" | "xla" | ... | BF16_FLOOR (timed, never chosen)
+    config: object  # the impl's config (hashable) or None
+    run: Callable[[], object]  # one call on prepared operands, result blocked on
+
+
+def enabled() -> bool:
+    return os.environ.get("FP8RL_AUTOTUNE", "0") == "1"
+
+
+def cache_paths() -> list[str]:
+    """Where records are read (first hit wins) and written (all)."""
+    run_file = os.environ.get("FP8RL_AUTOTUNE_FILE")
+    return [p for p in (run_file, USER_CACHE) if p]
+
+
+def key(device_kind: str, jax_version: str, op: str, shape: tuple) -> str:
+    return f"{device_kind}|jax {jax_version}|{op}|" + ",".join(map(str, shape))
+
+
+def load(paths: list[str]) -> dict:
+    """Merged records of the cache files (earlier paths win)."""
+    merged: dict = {}
+    for path in reversed(paths):
+        try:
+            with open(path) as f:
+                merged.update(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return merged
+
+
+def save(paths: list[str], k: str, record: dict) -> None:
+    for path in paths:
+        data = load([path])
+        data[k] = record
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+
+
+def wall_timer(cand: Candidate, reps: int = 10) -> float:
+    """Median wall seconds of ``reps`` calls after one warm-up (which also compiles)."""
+    cand.run()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        cand.run()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def tune(candidates: list[Candidate], timer: Callable[[Candidate], float] = wall_timer) -> dict:
+    """Times every candidate (one that raises is recorded, not chosen); returns the record."""
+    times, errors = {}, {}
+    for cand in candidates:
+        try:
+            times[cand.name] = float(timer(cand))
+        except Exception as e:  # noqa: BLE001 - a candidate that fails is out, not fatal
+            errors[cand.name] = f"{type(e).__name__}: {str(e)[:200]}"
+    fp8 = {c.name: c for c in candidates if c.impl != BF16_FLOOR and c.name in times}
+    if not fp8:
+        raise RuntimeError(f"autotune: no candidate ran: {errors}")
+    best = min(fp8, key=lambda n: (times[n], n))  # ties: by name, deterministic
+    floor = times.get(next((c.name for c in candidates if c.impl == BF16_FLOOR), ""))
+    return dict(
+        choice=best, impl=fp8[best].impl, config=repr(fp8[best].config), times_s=times,
+        errors=errors, fp8_slower_than_bf16=floor is not None and times[best] > floor,
+    )  # fmt: skip
+
+
+def lookup_or_tune(k: str, make_candidates: Callable[[], list[Candidate]], *, timer=wall_timer,
+                   paths: list[str] | None = None) -> dict:  # fmt: skip
+    """The cached record of ``k``, or tune now and cache it."""
+    paths = cache_paths() if paths is None else paths
+    if (hit := load(paths).get(k)) is not None:
+        return hit
+    record = tune(make_candidates(), timer)
+    save(paths, k, record)
+    return record
+
+
+def main() -> int:
+    """``python -m kernels_pallas.autotune``: tune fp8_matmul at the target shapes on this
+    device (``gpu_check.sh``'s autotune stage) and print the chosen table."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernels_pallas.fp8_matmul.api import fp8_matmul
+    from kernels_pallas.quantize import quantize_weight
+
+    os.environ["FP8RL_AUTOTUNE"] = "1"
+    shapes = [(m, n, k) for (n, k) in ((4096, 4096), (12288, 4096), (7168, 16384))
+              for m in (16, 64, 4096)]  # fmt: skip
+    print("| M | N | K | choice | fastest FP8 (us) | BF16 floor (us) | FP8 slower than BF16 |")
+    print("|---|---|---|---|---|---|---|")
+    for m, n, k in shapes:
+        wq = quantize_weight(jnp.ones((k, n), jnp.bfloat16))
+        fp8_matmul(jnp.ones((m, k), jnp.bfloat16), wq)  # tunes on first use
+        dev = jax.devices()[0]
+        shape = (m, n, k, str(wq.values.dtype), "bfloat16", False)
+        rec = load(cache_paths()).get(key(dev.device_kind, jax.__version__, "fp8_matmul", shape))
+        if rec is None:
+            print(f"| {m} | {n} | {k} | (not tuned on {dev.platform}) | | | |")
+            continue
+        t = rec["times_s"]
+        print(
+            f"| {m} | {n} | {k} | {rec['choice']} | {t[rec['choice']] * 1e6:.1f} | "
+            f"{t.get(BF16_FLOOR, float('nan')) * 1e6:.1f} | {rec['fp8_slower_than_bf16']} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

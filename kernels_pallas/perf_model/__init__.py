@@ -1,0 +1,10 @@
+"""A hardware-free performance model of the Pallas kernels (issue 21 item 1).
+
+``common``: chips, cases, ``Prediction``, the table and its JSON/markdown; ``gpu``: Mosaic GPU
+(H100/H200) predictions from the compiled kernels' SASS; ``tpu``: Mosaic TPU (v5e/v6e)
+predictions from block shapes. ``python -m kernels_pallas.perf_model`` prints the table.
+"""
+
+from kernels_pallas.perf_model.common import CHIPS, Case, Chip, Prediction
+
+__all__ = ["CHIPS", "Case", "Chip", "Prediction"]

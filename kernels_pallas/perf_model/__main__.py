@@ -1,0 +1,65 @@
+"""``python -m kernels_pallas.perf_model [--out PATH]``: predict, print, write JSON + md."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+from kernels_pallas.perf_model import common, gpu, tpu
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "perf_model.json")
+
+
+def run_all(chips=None) -> list[common.Prediction]:
+    """Predictions of both halves' cases on the chips they name (``chips`` filters)."""
+    preds = []
+    for cases, predict in ((gpu.CASES, gpu.predict_gpu), (tpu.CASES, tpu.predict_tpu)):
+        for case in cases:
+            for chip in case.chips:
+                if chips is None or chip in chips:
+                    pred = predict(case.op, case.dims, chip)
+                    preds.append(dataclasses.replace(pred, label=case.label))
+    return preds
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--chip", action="append", help="only these chips (repeatable)")
+    args = ap.parse_args(argv)
+    preds = run_all(args.chip)
+    changes = gpu.design_changes()
+    goals = gpu.targets(preds)
+    sections = {
+        "Design changes, before -> after (predicted)": change_table(changes),
+        "Issue-21 targets (predicted, H100)": "\n".join(goals),
+        "GPU model and its assumptions": gpu.__doc__.strip(),
+    }
+    print(common.table(preds))
+    for title, text in sections.items():
+        print(f"\n## {title}\n\n{text}")
+    extra = dict(
+        targets=goals,
+        design_changes=[
+            dict(change=c, before=b.to_json(), after=a.to_json()) for c, b, a in changes
+        ],
+    )
+    common.write_results(preds, args.out, extra, sections)
+    return 0
+
+
+def change_table(changes) -> str:
+    rows = ["| change | case | chip | before | after | before (us) | after (us) | BF16 (us) "
+            "| ratio vs BF16 before -> after |", "|" + "---|" * 9]  # fmt: skip
+    for c, b, a in changes:
+        rows.append(f"| {c} | {a.label} | {a.chip} | {b.impl} | {a.impl} | {b.time_s * 1e6:.1f} "
+                    f"| {a.time_s * 1e6:.1f} | {a.baseline_s * 1e6:.1f} | "
+                    f"{b.ratio:.2f}x -> {a.ratio:.2f}x |")  # fmt: skip
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Measured beside predicted: ``python -m kernels_pallas.perf_model.compare BENCH_JSON...``.
+
+Reads ``experiments/bench_matmul.py`` / ``bench_decode.py`` output (``meta.device_kind``, rows
+with ``m, n, k, impl, median_us``) and prints, per fp8_matmul row, the measured time beside the
+model's prediction for the same arm (``fp8:<impl>``: QArray x; ``+quant``: BF16 x quantized
+once; ``bf16``: the BF16 baseline), and measured / predicted: the calibration of the model's
+knobs (``gpu.py`` constants) the first time it runs on a device.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from kernels_pallas.perf_model import gpu
+
+
+def chip_of(device_kind: str) -> str | None:
+    kind = device_kind.lower()
+    return "h200" if "h200" in kind else "h100" if "h100" in kind else None
+
+
+def predicted_us(chip: str, row: dict) -> float | None:
+    m, n, k, impl = row.get("m"), row.get("n"), row.get("k"), row.get("impl", "")
+    if None in (m, n, k) or k % 128 or n % 64:
+        return None
+    if impl == "bf16":
+        return gpu.bf16_gemm_s(chip, m, n, k) * 1e6
+    if impl.startswith("fp8:pallas_mosaic_gpu"):
+        x = "bf16" if impl.endswith("+quant") else "fp8"
+        return gpu.predict_matmul(chip, m, n, k, x).time_s * 1e6
+    return None
+
+
+def rows_beside(paths: list[str]) -> list[str]:
+    out = ["| bench | shape | impl | measured (us) | predicted (us) | measured/predicted |",
+           "|---|---|---|---|---|---|"]  # fmt: skip
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        chip = chip_of(data.get("meta", {}).get("device_kind", ""))
+        if chip is None:
+            out.append(f"| {path} | (device {data.get('meta', {}).get('device_kind')}: no model) |")
+            continue
+        for row in data.get("rows", []):
+            pred, meas = predicted_us(chip, row), row.get("median_us")
+            if pred is None or meas is None:
+                continue
+            shape = f"M={row['m']} N={row['n']} K={row['k']}"
+            out.append(f"| {path.rsplit('/', 1)[-1]} | {shape} | {row['impl']} | {meas:.1f} | "
+                       f"{pred:.1f} | {meas / pred:.2f} |")  # fmt: skip
+    return out
+
+
+def main(argv=None) -> int:
+    paths = list(argv if argv is not None else sys.argv[1:])
+    print("\n".join(rows_beside(paths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Compile each Mosaic GPU kernel variant for H100 (no device) and record its SASS profile.
+
+``python -m kernels_pallas.perf_model.profile_gpu`` (AOT venv: ``scripts/setup_aot.sh``) writes
+``experiments/results/perf_model_sass.json``: per variant, ptxas registers and spills, Mosaic's
+SMEM, and the instruction counts of the compute warpgroup's main loop and of the TMA warpgroup's
+loop (``sass.py``). ``gpu.py`` predicts from that file, so the model itself runs anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import glob
+import json
+import os
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "perf_model_sass.json")
+
+
+def variants() -> dict:
+    """name -> (fn, args, meta): one representative compile per kernel variant (the loop body
+    depends on the tile configuration, not on M, N, K)."""
+    from kernels_pallas.decode_attention import aot_cases as dac
+    from kernels_pallas.fp8_matmul import aot_cases as mac
+    from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
+    from kernels_pallas.paged_attention import aot_cases as pac
+
+    def mm(m, x_kind, cfg=None):
+        fn = functools.partial(mac._call, impl="pallas_mosaic_gpu", out_dtype="bfloat16",
+                               config=cfg)  # fmt: skip
+        return fn, mac._operands(m, 4096, 4096, x_kind)
+
+    def dec(cache):
+        fn = functools.partial(dac._call, impl="pallas_mosaic_gpu", config=None)
+        return fn, dac._operands(32, 8192, 32, 8, cache)
+
+    def paged(cache):
+        fn = functools.partial(pac._call, impl="pallas_mosaic_gpu", config=None)
+        return fn, pac._operands(32, 16384, 64, 320, 32, 8, cache)
+
+    G = mgpu.MgpuConfig
+    out = {
+        "mm_qarray_128x128": (*mm(4096, "fp8", G(128, 128, 4)), {}),
+        "mm_qarray_64x128": (*mm(4096, "fp8", G(64, 128, 4)), {}),
+        "mm_fused_128x128": (*mm(4096, "bf16", G(128, 128, 3)), {}),
+        "mm_swap_16x64": (*mm(16, "fp8", G(16, 64, 4, True)), {}),
+        "mm_swap_32x64": (*mm(32, "fp8", G(32, 64, 4, True)), {}),
+        "mm_swap_64x64": (*mm(64, "fp8", G(64, 64, 4, True)), {}),
+        "mm_swap_16x64_k4": (*mm(16, "fp8", G(16, 64, 4, True, 4)), {}),
+        "decode_fp8": (*dec("fp8_static"), {}),
+        "decode_bf16": (*dec("bf16"), {}),
+        "paged_fp8": (*paged("fp8_static"), {}),
+    }
+    return out
+
+
+def profile(fn, args) -> dict:
+    """Compile ``fn(*args)`` for H100 with Mosaic GPU's PTX dump kept; profile each kernel."""
+    import jax
+
+    from kernels_pallas import aot
+    from kernels_pallas.perf_model import sass
+
+    with tempfile.TemporaryDirectory(prefix="perf_model_") as d:
+        old = {k: os.environ.get(k) for k in ("MOSAIC_GPU_DUMP_TO", "MOSAIC_GPU_DUMP_PTX")}
+        os.environ.update(MOSAIC_GPU_DUMP_TO=d, MOSAIC_GPU_DUMP_PTX="1")
+        try:
+            mesh = aot.target_mesh("h100")
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                jax.jit(fn).lower(*aot.abstract_args("h100", *args)).compile()
+        finally:
+            for k, v in old.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        kernels = []
+        for ptx in sorted(glob.glob(os.path.join(d, "*.ptx"))):
+            text, report = sass.ptx_to_sass(ptx, d)
+            reps = aot.parse_ptxas(report)
+            res = ptx[: -len(".ptx")] + ".resources.txt"
+            smem = 0
+            if os.path.exists(res):
+                with open(res) as f:
+                    smem = aot.parse_resources(f.read())
+            instrs = sass.parse_sass(text)
+            main = sass.main_loop(instrs)
+            mem = sass.tma_loop(instrs)
+            kernels.append(dict(
+                registers=reps[0].registers if reps else None,
+                spill_bytes=(reps[0].spill_stores + reps[0].spill_loads) if reps else None,
+                smem_bytes=smem, instructions=len(instrs),
+                main_loop=dataclasses.asdict(main) if main else None,
+                tma_loop=dataclasses.asdict(mem) if mem else None,
+            ))  # fmt: skip
+    return dict(kernels=kernels)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--only", action="append", help="variant names (repeatable)")
+    args = ap.parse_args(argv)
+    from kernels_pallas import aot
+
+    aot.prepare_environment()
+    import jax
+
+    data = {}
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            data = json.load(f)
+    data.setdefault("variants", {})
+    data["jax"] = jax.__version__
+    for name, (fn, fargs, meta) in variants().items():
+        if args.only and name not in args.only:
+            continue
+        try:
+            rec = dict(profile(fn, fargs), **meta)
+        except Exception as e:  # a variant that does not compile is reported, not fatal
+            rec = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+        data["variants"][name] = rec
+        k = (rec.get("kernels") or [{}])[0]
+        ml = k.get("main_loop") or {}
+        line = f"{name:22s} regs={k.get('registers')} spills={k.get('spill_bytes')} "
+        line += f"smem={k.get('smem_bytes')} main loop: {ml.get('total')} instr, "
+        line += f"{ml.get('mma')} MMA {ml.get('mma_shape')} {rec.get('error', '')}"
+        print(line, flush=True)
+        jax.clear_caches()
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, REPO)
+    sys.exit(main())

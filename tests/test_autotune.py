@@ -1,0 +1,72 @@
+"""Autotuning: choice, caching and the BF16 floor with an injected timer (CPU, no device)."""
+
+import json
+
+import pytest
+
+from kernels_pallas import autotune
+from kernels_pallas.autotune import BF16_FLOOR, Candidate
+
+
+def _cands(names_impls):
+    return [Candidate(n, i, None, lambda: None) for n, i in names_impls]
+
+
+def _timer(times):
+    calls = []
+
+    def timer(c):
+        calls.append(c.name)
+        if times[c.name] is None:
+            raise ValueError("does not compile")
+        return times[c.name]
+
+    return timer, calls
+
+
+def test_tune_picks_fastest_fp8_and_flags_bf16_floor():
+    cands = _cands(
+        [("xla", "xla"), ("k:128", "pallas"), ("k:64", "pallas"), (BF16_FLOOR, BF16_FLOOR)]
+    )
+    timer, _ = _timer({"xla": 3.0, "k:128": 1.5, "k:64": None, BF16_FLOOR: 2.0})
+    rec = autotune.tune(cands, timer)
+    assert rec["choice"] == "k:128" and rec["impl"] == "pallas"
+    assert not rec["fp8_slower_than_bf16"] and "k:64" in rec["errors"]
+    timer, _ = _timer({"xla": 3.0, "k:128": 2.5, "k:64": 2.5, BF16_FLOOR: 2.0})
+    rec = autotune.tune(cands, timer)
+    assert rec["choice"] == "k:128"  # a tie goes to the smaller name: deterministic
+    assert rec["fp8_slower_than_bf16"]  # never chosen, but reported
+
+
+def test_lookup_or_tune_caches_per_key(tmp_path):
+    paths = [str(tmp_path / "run.json"), str(tmp_path / "user.json")]
+    timer, calls = _timer({"a": 2.0, "b": 1.0})
+    make = lambda: _cands([("a", "xla"), ("b", "pallas")])  # noqa: E731
+    k = autotune.key("NVIDIA H100 80GB HBM3", "0.12.0.1", "fp8_matmul", (16, 4096, 4096))
+    assert autotune.lookup_or_tune(k, make, timer=timer, paths=paths)["choice"] == "b"
+    assert autotune.lookup_or_tune(k, make, timer=timer, paths=paths)["choice"] == "b"
+    assert calls == ["a", "b"]  # timed once; the second call read the cache
+    for p in paths:
+        with open(p) as f:
+            assert json.load(f)[k]["choice"] == "b"
+    k2 = autotune.key("NVIDIA H200", "0.12.0.1", "fp8_matmul", (16, 4096, 4096))
+    autotune.lookup_or_tune(k2, make, timer=timer, paths=paths)
+    assert len(calls) == 4  # another device kind is another key
+
+
+def test_no_candidate_runs_raises():
+    timer, _ = _timer({"a": None})
+    with pytest.raises(RuntimeError, match="no candidate"):
+        autotune.tune(_cands([("a", "xla")]), timer)
+
+
+def test_off_by_default_and_gpu_specs_pass_the_support_check(monkeypatch):
+    from kernels_pallas.fp8_matmul import api
+
+    monkeypatch.delenv("FP8RL_AUTOTUNE", raising=False)
+    assert not autotune.enabled()
+    specs = api.tuning_specs(16, 4096, 4096, "gpu")
+    names = [s[0] for s in specs]
+    assert "xla" in names and BF16_FLOOR in names
+    assert any(s[1] == "pallas_mosaic_gpu" and s[2].swap_ab for s in specs)
+    assert len(set(names)) == len(names)

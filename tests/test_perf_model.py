@@ -1,0 +1,54 @@
+"""The performance model: SASS parsing on a hand-written listing, the step formula's terms
+against hand-computed cycles, and the table's invariants (no device, no compiler)."""
+
+import pytest
+
+from kernels_pallas.perf_model import common, gpu, sass
+
+LISTING = """
+        /*0100*/                   MOV R1, R2 ;
+        /*0110*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24 ;
+        /*0120*/                   FFMA R3, R4, R5, R3 ;
+        /*0130*/               @P0 BRA 0x100 ;
+        /*0140*/                   UTMALDG.2D [UR8], [UR10] ;
+        /*0150*/                   BRA 0x140 ;
+        /*0160*/                   EXIT ;
+"""
+
+
+def test_sass_main_loop_and_tma_loop():
+    instrs = sass.parse_sass(LISTING)
+    assert [i.op for i in instrs] == ["MOV", "QGMMA", "FFMA", "BRA", "UTMALDG", "BRA", "EXIT"]
+    main = sass.main_loop(instrs)
+    assert (main.start, main.end, main.total, main.mma, main.mma_shape) == (
+        0x100,
+        0x130,
+        4,
+        1,
+        "64x128x32",
+    )
+    assert sass.tma_loop(instrs).total == 2
+
+
+def test_step_terms_hand_computed():
+    """128x128 FP8 tile, 2 compute warpgroups: 2 x 64x128x128 MMAs at 8192 FLOP/clk = 512
+    cycles; issue = (2 x 128 + 134) / 0.7; chain = 256 + 128 + 124 / 0.7."""
+    prof = {"main_loop": {"total": 128, "mma": 4}, "tma_loop": {"total": 134}}
+    loop = gpu.Loop(nwg=2, threads=384, wg_flops=2 * 64 * 128 * 128, fp8=True, waits=1,
+                    step_bytes=256 * 128, stages=4)  # fmt: skip
+    t = gpu.step_cycles("h100", loop, prof, c=1, active_sms=132)
+    assert t["mma"] == pytest.approx(512, rel=1e-3)
+    assert t["issue"] == pytest.approx((2 * 128 + 134) / gpu.ISSUE_EFF)
+    assert t["chain"] == pytest.approx(256 + gpu.WGMMA_LATENCY + 124 / gpu.ISSUE_EFF, rel=1e-3)
+
+
+def test_predictions_are_consistent():
+    p = gpu.predict_matmul("h100", 4096, 4096, 4096, "fp8")
+    q = gpu.predict_matmul("h200", 4096, 4096, 4096, "fp8")
+    assert p.ratio == pytest.approx(p.baseline_s / p.time_s)
+    assert q.time_s <= p.time_s  # same compute, more bandwidth
+    a = gpu.predict_attention("h100", "decode_attention", 32, 32768, 32, 8, 128)
+    assert 0 < a.hbm_fraction() <= gpu.HBM_EFF + 1e-9  # never above the streaming ceiling
+    assert "h100" in common.CHIPS and common.CHIPS["h100"].kind == "gpu"
+    md = common.table([p, a])
+    assert md.count("\n") == 3 and "fp8_matmul" in md
