@@ -165,15 +165,10 @@ def promote(acc_ref, part, sx_g, sw_ref, kg, n_cols: int, k_groups: int):
         acc_ref[:, sl] += part[:, sl] * (sx_g * sw_ref[0, c * k_groups + kg])
 
 
-def _kernel(x_ref, sx_ref, w_ref, sw_ref, out_ref, acc_ref, *, n_groups, n_cols, k_groups,
-            compute_dtype, pack):  # fmt: skip
-    k = pl.program_id(2)
+def accumulate(x_ref, sx_ref, w_ref, sw_ref, acc_ref, k, *, n_groups, n_cols, k_groups,
+               compute_dtype, pack):  # fmt: skip
+    """One K tile into the f32 accumulator: an MXU dot per ``pack`` K groups, then promotion."""
     bm = acc_ref.shape[0]
-
-    @pl.when(k == 0)
-    def _init():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
     for d in range(n_groups // pack):  # static unroll over the MXU dots of this K tile
         cols = slice(d * pack * GROUP, (d + 1) * pack * GROUP)
         # pack 2: x_ref[d] is [[x̂_g, 0], [0, x̂_g+1]] ([2 bm, 256]), so one 256-deep dot yields
@@ -187,14 +182,24 @@ def _kernel(x_ref, sx_ref, w_ref, sw_ref, out_ref, acc_ref, *, n_groups, n_cols,
         for h in range(pack):
             g = d * pack + h
             promote(acc_ref, part[h * bm : (h + 1) * bm], sx_ref[:, g : g + 1], sw_ref,
-                     k * n_groups + g, n_cols, k_groups)  # fmt: skip
+                    k * n_groups + g, n_cols, k_groups)  # fmt: skip
+
+
+def _kernel(x_ref, sx_ref, w_ref, sw_ref, out_ref, acc_ref, **static):
+    k = pl.program_id(2)
+
+    @pl.when(k == 0)
+    def _init():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    accumulate(x_ref, sx_ref, w_ref, sw_ref, acc_ref, k, **static)
 
     @pl.when(k == pl.num_programs(2) - 1)
     def _store():
         out_ref[...] = acc_ref[...].astype(out_ref.dtype)
 
 
-def _block_diagonal_pairs(x_MK: jax.Array) -> jax.Array:
+def block_diagonal_pairs(x_MK: jax.Array) -> jax.Array:
     """[M, K] -> [K/256, 2M, 256]: pair p holds ``[[x̂_2p, 0], [0, x̂_2p+1]]`` (128-wide groups),
     built exactly (FP8 values times 1 or 0)."""
     m, k = x_MK.shape
@@ -237,7 +242,7 @@ def fp8_matmul_tpu(
     n_groups, k_groups = bk // GROUP, k // GROUP
     x = jnp.pad(x_q.values, ((0, m_pad - m), (0, 0)))
     if p.pack > 1:
-        x = _block_diagonal_pairs(x)
+        x = block_diagonal_pairs(x)
     # [M, K/128] -> [K/block_k, M_pad, G]: one (block_m, G) scale tile per grid step.
     sx = jnp.pad(x_q.scales, ((0, m_pad - m), (0, 0)))
     sx = sx.reshape(m_pad, k // bk, n_groups).transpose(1, 0, 2)

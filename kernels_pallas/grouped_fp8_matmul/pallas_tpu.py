@@ -38,8 +38,9 @@ from kernels_pallas.fp8_matmul.pallas_tpu import (
     VMEM_BYTES,
     VMEM_LIMIT_BYTES,
     Plan,
+    accumulate,
+    block_diagonal_pairs,
     largest_divisor,
-    promote,
     target_has_fp8_mxu,
     vmem_bytes,
 )
@@ -58,6 +59,9 @@ class TpuConfig:
     # "native": FP8 straight into the MXU (v6e+); "bfloat16" / "float32": upcast in VMEM first
     # (lossless); None: native where the chip has an FP8 MXU, else bfloat16.
     compute_dtype: str | None = None
+    # K groups per MXU dot (1 or 2, as the dense kernel's ``pack``); None: 2 for native FP8
+    # tiles of <= 128 rows (decode), else 1.
+    pack: int | None = None
 
 
 def tile_m(m: int, num_groups: int, cfg: TpuConfig) -> int:
@@ -94,7 +98,11 @@ def plan(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig | 
     compute = cfg.compute_dtype or ("native" if fp8_mxu else "bfloat16")
     if compute == "native" and not (fp8_mxu or interpret):
         return "compute_dtype='native' needs a chip with an FP8 MXU (v6e or later)"
-    p = Plan(bm, bn, block_k, compute)
+    few_rows = bm <= 2 * GROUP and block_k % (2 * GROUP) == 0
+    pack = cfg.pack or (2 if compute == "native" and few_rows else 1)
+    if pack not in (1, 2) or (pack == 2 and block_k % (2 * GROUP)):
+        return f"pack={pack} must be 1, or 2 with block_k % 256 == 0"
+    p = Plan(bm, bn, block_k, compute, pack)
     if (used := vmem_bytes(p)) > VMEM_BYTES:
         return f"tiles need ~{used} B of VMEM > {VMEM_BYTES} B (smaller block_m or block_k)"
     return p
@@ -106,8 +114,7 @@ def tiles(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig |
     return plan(m, k, ns, num_groups, cfg, fp8_mxu=target_has_fp8_mxu(), interpret=interpret)
 
 
-def _kernel(meta_ref, x_ref, sx_ref, *refs, n_groups, n_cols, k_groups, compute_dtype,
-            stack_tiles):  # fmt: skip
+def _kernel(meta_ref, x_ref, sx_ref, *refs, stack_tiles, **static):
     *w_refs, out_ref, acc_ref = refs
     t, j, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
@@ -115,22 +122,13 @@ def _kernel(meta_ref, x_ref, sx_ref, *refs, n_groups, n_cols, k_groups, compute_
     def _init():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    def accumulate(w_ref, sw_ref):
-        for g in range(n_groups):  # static unroll over the 128-wide scale groups of this K tile
-            cols = slice(g * GROUP, (g + 1) * GROUP)
-            x_g, w_g = x_ref[:, cols], w_ref[:, cols]
-            if compute_dtype is not None:  # no FP8 MXU: lossless upcast in VMEM
-                x_g, w_g = x_g.astype(compute_dtype), w_g.astype(compute_dtype)
-            part = jax.lax.dot_general(
-                x_g, w_g, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-            )
-            promote(acc_ref, part, sx_ref[:, g : g + 1], sw_ref, k * n_groups + g, n_cols,
-                     k_groups)  # fmt: skip
+    def tile(w_ref, sw_ref):
+        accumulate(x_ref, sx_ref, w_ref, sw_ref, acc_ref, k, **static)
 
     lo = 0
     for s, hi in enumerate(itertools.accumulate(stack_tiles)):  # the stack of this N tile
         cond = (meta_ref[2, t] != 0) & (j >= lo) & (j < hi)
-        pl.when(cond)(functools.partial(accumulate, w_refs[2 * s], w_refs[2 * s + 1]))
+        pl.when(cond)(functools.partial(tile, w_refs[2 * s], w_refs[2 * s + 1]))
         lo = hi
 
     @pl.when(k == pl.num_programs(2) - 1)
@@ -186,11 +184,16 @@ def _call(meta, x, sx, ws: tuple[QArray, ...], t: int, p: Plan, out_dtype, inter
             pl.BlockSpec((None, None, 1, sw.shape[3]), sw_map, memory_space=pltpu.SMEM),
         ]
         w_args += [w.values, sw]
+    if p.pack > 1:  # x as [M_pad/bm, K/256, 2 bm, 256] block-diagonal pairs per row block
+        x_spec = pl.BlockSpec((None, block_k // (2 * GROUP), 2 * bm, 2 * GROUP),
+                              lambda *a: (*x_map(*a), 0, 0))  # fmt: skip
+    else:
+        x_spec = pl.BlockSpec((bm, block_k), x_map)
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1,
         grid=(t, n // bn, k // block_k),
         in_specs=[
-            pl.BlockSpec((bm, block_k), x_map),
+            x_spec,
             pl.BlockSpec((None, bm, n_groups), sx_map),
             *w_specs,
         ],  # fmt: skip
@@ -199,7 +202,8 @@ def _call(meta, x, sx, ws: tuple[QArray, ...], t: int, p: Plan, out_dtype, inter
     )
     compute = None if p.fp8_mxu else jnp.dtype(p.compute_dtype)
     kernel = functools.partial(_kernel, n_groups=n_groups, n_cols=bn // GROUP, k_groups=k_groups,
-                               compute_dtype=compute, stack_tiles=stack_tiles)  # fmt: skip
+                               compute_dtype=compute, stack_tiles=stack_tiles,
+                               pack=p.pack)  # fmt: skip
     return pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
@@ -238,6 +242,8 @@ def grouped_fp8_matmul_tpu(
     t = num_tiles(m, e, bm)
     m_pad = pl.cdiv(m, bm) * bm
     x = jnp.pad(x_q.values, ((0, m_pad - m), (0, 0)))
+    if p.pack > 1:
+        x = jax.vmap(block_diagonal_pairs)(x.reshape(m_pad // bm, bm, k))
     # [M, K/128] -> [K/block_k, M_pad, G]: one (block_m, G) scale tile per grid step.
     sx = jnp.pad(x_q.scales, ((0, m_pad - m), (0, 0)))
     sx = sx.reshape(m_pad, k // block_k, block_k // GROUP).transpose(1, 0, 2)
