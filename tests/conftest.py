@@ -49,7 +49,8 @@ def _has_tpu() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    marked = [i for i in items if "gpu" in i.keywords or "tpu" in i.keywords]
+    # Markers, not keywords: keywords also hold directory names (a checkout in .../tpu/).
+    marked = [i for i in items if i.get_closest_marker("gpu") or i.get_closest_marker("tpu")]
     if not marked:
         return
     skips = {}
@@ -61,5 +62,5 @@ def pytest_collection_modifyitems(config, items):
         skips["tpu"] = pytest.mark.skip(reason="needs a TPU")
     for item in marked:
         for name, mark in skips.items():
-            if name in item.keywords:
+            if item.get_closest_marker(name):
                 item.add_marker(mark)

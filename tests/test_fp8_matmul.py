@@ -215,6 +215,32 @@ def test_tpu_interpret_params_and_small_block_k():
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
 
 
+@pytest.mark.parametrize(
+    "m,k,n,cfg",
+    [  # two K groups per 256-deep dot (block-diagonal x), FP8 into the dot, 2 K steps, N=384;
+        # 3 M x 2 N tiles x 2 K steps with FP8 into the dot
+        (40, 512, 384, TpuConfig(block_n=384, block_k=256, compute_dtype="native", pack=2)),
+        (72, 512, 512, TpuConfig(block_m=32, block_n=256, block_k=256, compute_dtype="native")),
+    ],
+)
+def test_tpu_wide_tiles_native_fp8_and_packed_groups(m, k, n, cfg):
+    _, _, xq, wq = _operands(m, k, n, seed=11)
+    ref = np.asarray(fp8_matmul_reference(xq, wq, out_dtype=jnp.float32))
+    y = tpu.fp8_matmul_tpu(xq, wq, out_dtype=jnp.float32, interpret=True, config=cfg)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
+
+
+def test_tpu_plan_picks_mxu_sized_tiles():
+    plan = tpu.plan
+    # decode on v6e: whole K, 4 N tiles of 1024, two groups per dot; v5e: upcast, no pairs
+    assert plan(16, 4096, 4096, None, fp8_mxu=True) == tpu.Plan(32, 1024, 4096, "native", 2)
+    assert plan(16, 4096, 4096, None, fp8_mxu=False) == tpu.Plan(32, 1024, 4096, "bfloat16", 1)
+    assert plan(4096, 4096, 12288, None, fp8_mxu=True) == tpu.Plan(512, 1024, 1024, "native", 1)
+    assert plan(16, 2048, 512, None, fp8_mxu=True).block_n == 256  # >= 2 steps for small N
+    assert "FP8 MXU" in plan(16, 256, 256, TpuConfig(compute_dtype="native"), fp8_mxu=False)
+    assert "pack=2" in plan(4096, 4096, 4096, TpuConfig(pack=2), fp8_mxu=True)
+
+
 @pytest.mark.parametrize("impl", ["xla", "pallas_mosaic_gpu", "pallas_tpu"])
 def test_leading_dims_and_square_weight_orientation(impl):
     """[2, 3, K] x; a square weight with distinct rows and columns catches a transposed use."""

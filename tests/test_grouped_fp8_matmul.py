@@ -226,6 +226,17 @@ def test_kernel_explicit_configs_bf16_out(impl, cfg):
     )
 
 
+def test_tpu_native_fp8_packed_groups_two_n_and_k_steps():
+    """FP8 into the dot, two K groups per 256-deep dot (block-diagonal x per row tile), 2 N
+    tiles x 2 K steps, an empty group, f32 out."""
+    _, gs, xq, wq = _operands(72, 512, 256, (30, 0, 22, 20), seed=6)
+    ref = np.asarray(_reference(xq, wq, gs, out_dtype=jnp.float32))
+    cfg = TpuConfig(block_m=32, block_n=128, block_k=256, compute_dtype="native", pack=2)
+    y = grouped_fp8_matmul(xq, wq, gs, out_dtype=jnp.float32, impl="pallas_tpu", config=cfg,
+                           interpret=True)  # fmt: skip
+    np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-5, atol=1e-5 * abs(ref).max())
+
+
 def test_stacks_equal_the_concatenated_weight():
     """A tuple of stacks is one product over their concatenation along N; with N blocks that
     are not whole (F=96), the XLA path multiplies stack by stack."""

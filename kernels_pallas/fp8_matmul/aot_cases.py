@@ -97,6 +97,10 @@ TILES = (
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _F32, 4096, 4096, 4096, _T(512, block_k=1024)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 4096, _T(1024, block_k=2048)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 16, _T(compute_dtype="float32")),
+    ("pallas_tpu", ("v6e",), "fp8", _BF, 4096, 4096, 16, _T(compute_dtype="bfloat16")),
+    ("pallas_tpu", ("v5e",), "fp8", _BF, 4096, 4096, 16, _T(pack=2)),  # pairs, upcast
+    ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 8192, 28672, 64, _T(block_n=2048)),
+    ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 4096, _T(1024, 2048, 512)),
 )
 
 

@@ -98,7 +98,7 @@ def _tpu_supports(x, w_q, *, config, out_dtype, interpret) -> str | None:
         return f"weight blocks must be (128, 128), got {w_q.block_shape}"
     if isinstance(x, QArray) and x.values.dtype != w_q.values.dtype:
         return f"x and w FP8 formats differ ({x.values.dtype} vs {w_q.values.dtype})"
-    t = tpu.tiles(_rows(x), w_q.shape[1], w_q.shape[0], config or tpu.TpuConfig())
+    t = tpu.tiles(_rows(x), w_q.shape[1], w_q.shape[0], config, interpret=interpret)
     return t if isinstance(t, str) else None
 
 

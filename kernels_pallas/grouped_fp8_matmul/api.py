@@ -57,7 +57,7 @@ def _tpu_supports(x, w_q, gs, *, config, out_dtype, interpret) -> str | None:
     if (reason := device_reason("tpu", interpret) or _common_reason(x, w_q, out_dtype)) is not None:
         return reason
     (m, k), e, ns = x.shape, stacks(w_q)[0].shape[0], tuple(w.shape[1] for w in stacks(w_q))
-    t = tpu.tiles(m, k, ns, e, config or tpu.TpuConfig())
+    t = tpu.tiles(m, k, ns, e, config, interpret=interpret)
     return t if isinstance(t, str) else None
 
 

@@ -3,9 +3,10 @@
 Grid ``(tile, n, k)`` over the tile map of ``tiles.py`` (megablox ``gmm``'s ``group_ids`` /
 ``m_tile_ids``), the N tiles and the K tiles; the (group, row block, live) triples arrive by
 scalar prefetch, so the index maps pick the row block of ``x`` and the expert of ``w``. The math
-per grid step is the dense TPU kernel's (``fp8_matmul/pallas_tpu.py``): FP8 tiles upcast in
-VMEM to BF16 (lossless), one MXU product per 128-wide K group promoted into an f32 accumulator,
-``acc += (x̂_g · ŵ_gᵀ) * s_x[:, g] * s_w[e, j, g]``. Each tile writes its own output tile
+per grid step is the dense TPU kernel's (``fp8_matmul/pallas_tpu.py``): one MXU product per
+128-wide K group (FP8 straight into the MXU on v6e+, upcast in VMEM to BF16 elsewhere: lossless)
+promoted into an f32 accumulator per 128-column weight-scale block,
+``acc[:, c] += (x̂_g · ŵ_{c,g}ᵀ) * s_x[:, g] * s_w[e, c, g]``. Each tile writes its own output tile
 (``[T·tm, N]``); the wrapper gathers rows from their group's tile.
 
 Dead tiles (past the live ones) skip the math and clamp their block indices to the last grid
@@ -15,7 +16,8 @@ the N tiles run over their concatenation, each stack is its own operand, and out
 tiles a stack's block index stays put (no DMA) while the kernel accumulates from the active one.
 
 Layouts as in the dense kernel: ``s_x`` as ``[K/block_k, M_pad, block_k/128]`` in VMEM, ``s_w``
-as ``[E, N/128, 1, K/128]`` in SMEM (the tile's row of block scales, read as scalars).
+as ``[E, N/block_n, 1, (block_n/128)(K/128)]`` in SMEM (the N tile's block scales, read as
+scalars), so ``block_n`` is any multiple of 128 dividing every stack's N (up to 1024).
 """
 
 from __future__ import annotations
@@ -29,7 +31,19 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels_pallas.fp8_matmul.pallas_tpu import GROUP, VMEM_BYTES, vmem_bytes
+from kernels_pallas.fp8_matmul.pallas_tpu import (
+    COMPUTE_DTYPES,
+    GROUP,
+    MAX_GROUPS,
+    VMEM_BYTES,
+    VMEM_LIMIT_BYTES,
+    Plan,
+    accumulate,
+    block_diagonal_pairs,
+    largest_divisor,
+    target_has_fp8_mxu,
+    vmem_bytes,
+)
 from kernels_pallas.grouped_fp8_matmul.reference import stacks
 from kernels_pallas.grouped_fp8_matmul.tiles import gather_rows, make_tile_map, num_tiles
 from kernels_pallas.qarray import QArray
@@ -40,9 +54,14 @@ class TpuConfig:
     """Tile configuration of the TPU kernel (a static argument)."""
 
     block_m: int | None = None  # rows per tile, a multiple of 32; None: pow2 >= M/E in [32, 512]
-    block_n: int = 128  # must equal the weight N block: one weight scale per (K group, tile)
-    block_k: int = 512  # K per grid step, a multiple of 128 (the largest one <= it dividing K)
-    compute_dtype: str = "bfloat16"  # dtype FP8 tiles are upcast to for the MXU (lossless)
+    block_n: int | None = None  # a multiple of 128 dividing every N; None: the largest <= 1024
+    block_k: int = 1024  # K per grid step, a multiple of 128 (the largest one <= it dividing K)
+    # "native": FP8 straight into the MXU (v6e+); "bfloat16" / "float32": upcast in VMEM first
+    # (lossless); None: native where the chip has an FP8 MXU, else bfloat16.
+    compute_dtype: str | None = None
+    # K groups per MXU dot (1 or 2, as the dense kernel's ``pack``); None: 2 for native FP8
+    # tiles of <= 128 rows (decode), else 1.
+    pack: int | None = None
 
 
 def tile_m(m: int, num_groups: int, cfg: TpuConfig) -> int:
@@ -52,31 +71,50 @@ def tile_m(m: int, num_groups: int, cfg: TpuConfig) -> int:
     return min(max(1 << (mean - 1).bit_length(), 32), 512)
 
 
-def tiles(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig):
-    """(block_m, block_k) for this problem (``ns``: N of each weight stack), or why the kernel
-    cannot take it."""
+def plan(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig | None, *,
+         fp8_mxu: bool, interpret: bool = False) -> Plan | str:  # fmt: skip
+    """The block shapes for this problem (``ns``: N of each weight stack), or why the kernel
+    cannot take it. ``fp8_mxu``: the target's MXU takes FP8 (the default compute is "native")."""
+    cfg = cfg or TpuConfig()
     bm = tile_m(m, num_groups, cfg)
-    if cfg.block_n != GROUP:
-        return f"block_n must be {GROUP} (one weight scale per tile), got {cfg.block_n}"
     if bm % 32 or bm <= 0:
         return f"block_m={bm} must be a positive multiple of 32 (8-bit sublane tiles)"
     if cfg.block_k % GROUP or cfg.block_k <= 0:
         return f"block_k={cfg.block_k} must be a positive multiple of {GROUP}"
-    if cfg.compute_dtype not in ("bfloat16", "float32"):
-        return f"compute_dtype must be bfloat16 or float32, got {cfg.compute_dtype!r}"
+    if cfg.compute_dtype not in (None, *COMPUTE_DTYPES):
+        return f"compute_dtype must be one of {COMPUTE_DTYPES}, got {cfg.compute_dtype!r}"
     if k % GROUP or k == 0:
         return f"K={k} must be a positive multiple of {GROUP}"
-    if any(n % cfg.block_n for n in ns):
-        return f"N={'+'.join(map(str, ns))} must be multiples of {cfg.block_n}"
+    if any(n % GROUP for n in ns):
+        return f"N={'+'.join(map(str, ns))} must be multiples of {GROUP}"
     if m < 1:
         return "M must be >= 1"
-    block_k = max(b for b in range(GROUP, cfg.block_k + 1, GROUP) if k % b == 0)
-    if (used := vmem_bytes(bm, cfg.block_n, block_k)) > VMEM_BYTES:
+    if cfg.block_n is not None and (cfg.block_n % GROUP or any(n % cfg.block_n for n in ns)):
+        return f"block_n={cfg.block_n} must be a multiple of {GROUP} dividing every N"
+    bn = cfg.block_n or min(largest_divisor(n, 1024) for n in ns)
+    while any(n % bn for n in ns):  # the largest common divisor of every stack's N
+        bn -= GROUP
+    block_k = largest_divisor(k, min(cfg.block_k, MAX_GROUPS * GROUP))
+    compute = cfg.compute_dtype or ("native" if fp8_mxu else "bfloat16")
+    if compute == "native" and not (fp8_mxu or interpret):
+        return "compute_dtype='native' needs a chip with an FP8 MXU (v6e or later)"
+    few_rows = bm <= 2 * GROUP and block_k % (2 * GROUP) == 0
+    pack = cfg.pack or (2 if compute == "native" and few_rows else 1)
+    if pack not in (1, 2) or (pack == 2 and block_k % (2 * GROUP)):
+        return f"pack={pack} must be 1, or 2 with block_k % 256 == 0"
+    p = Plan(bm, bn, block_k, compute, pack)
+    if (used := vmem_bytes(p)) > VMEM_BYTES:
         return f"tiles need ~{used} B of VMEM > {VMEM_BYTES} B (smaller block_m or block_k)"
-    return bm, block_k
+    return p
 
 
-def _kernel(meta_ref, x_ref, sx_ref, *refs, n_groups, compute_dtype, stack_tiles):
+def tiles(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig | None,
+          interpret: bool = False) -> Plan | str:  # fmt: skip
+    """``plan`` for the target device (the support check's half that reads shapes)."""
+    return plan(m, k, ns, num_groups, cfg, fp8_mxu=target_has_fp8_mxu(), interpret=interpret)
+
+
+def _kernel(meta_ref, x_ref, sx_ref, *refs, stack_tiles, **static):
     *w_refs, out_ref, acc_ref = refs
     t, j, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
@@ -84,22 +122,13 @@ def _kernel(meta_ref, x_ref, sx_ref, *refs, n_groups, compute_dtype, stack_tiles
     def _init():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    def accumulate(w_ref, sw_ref):
-        acc = acc_ref[...]
-        for g in range(n_groups):  # static unroll over the 128-wide scale groups of this K tile
-            cols = slice(g * GROUP, (g + 1) * GROUP)
-            x_g = x_ref[:, cols].astype(compute_dtype)
-            w_g = w_ref[:, cols].astype(compute_dtype)
-            part = jax.lax.dot_general(
-                x_g, w_g, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-            )
-            acc = acc + part * (sx_ref[:, g : g + 1] * sw_ref[0, k * n_groups + g])
-        acc_ref[...] = acc
+    def tile(w_ref, sw_ref):
+        accumulate(x_ref, sx_ref, w_ref, sw_ref, acc_ref, k, **static)
 
     lo = 0
     for s, hi in enumerate(itertools.accumulate(stack_tiles)):  # the stack of this N tile
         cond = (meta_ref[2, t] != 0) & (j >= lo) & (j < hi)
-        pl.when(cond)(functools.partial(accumulate, w_refs[2 * s], w_refs[2 * s + 1]))
+        pl.when(cond)(functools.partial(tile, w_refs[2 * s], w_refs[2 * s + 1]))
         lo = hi
 
     @pl.when(k == pl.num_programs(2) - 1)
@@ -142,38 +171,46 @@ def _index_maps(stack_tiles: tuple[int, ...], nk: int):
     return x_map, sx_map, [stack_maps(lo, n_s) for lo, n_s in zip(los, stack_tiles, strict=True)]
 
 
-def _call(meta, x, sx, ws: tuple[QArray, ...], t: int, bm: int, block_k: int, cfg: TpuConfig,
-          out_dtype, interpret):  # fmt: skip
-    (e, _, k), bn = ws[0].shape, cfg.block_n
-    n_groups, n = block_k // GROUP, sum(w.shape[1] for w in ws)
+def _call(meta, x, sx, ws: tuple[QArray, ...], t: int, p: Plan, out_dtype, interpret):
+    (e, _, k), bm, bn, block_k = ws[0].shape, p.block_m, p.block_n, p.block_k
+    n_groups, n, k_groups = block_k // GROUP, sum(w.shape[1] for w in ws), k // GROUP
     stack_tiles = tuple(w.shape[1] // bn for w in ws)
     x_map, sx_map, maps = _index_maps(stack_tiles, k // block_k)
     w_specs, w_args = [], []
     for w, (w_map, sw_map) in zip(ws, maps, strict=True):
+        sw = w.scales.reshape(e, w.shape[1] // bn, 1, (bn // GROUP) * k_groups)
         w_specs += [
             pl.BlockSpec((None, bn, block_k), w_map),
-            pl.BlockSpec((None, None, 1, k // GROUP), sw_map, memory_space=pltpu.SMEM),
+            pl.BlockSpec((None, None, 1, sw.shape[3]), sw_map, memory_space=pltpu.SMEM),
         ]
-        w_args += [w.values, w.scales.reshape(e, w.shape[1] // GROUP, 1, k // GROUP)]
+        w_args += [w.values, sw]
+    if p.pack > 1:  # x as [M_pad/bm, K/256, 2 bm, 256] block-diagonal pairs per row block
+        x_spec = pl.BlockSpec((None, block_k // (2 * GROUP), 2 * bm, 2 * GROUP),
+                              lambda *a: (*x_map(*a), 0, 0))  # fmt: skip
+    else:
+        x_spec = pl.BlockSpec((bm, block_k), x_map)
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1,
         grid=(t, n // bn, k // block_k),
         in_specs=[
-            pl.BlockSpec((bm, block_k), x_map),
+            x_spec,
             pl.BlockSpec((None, bm, n_groups), sx_map),
             *w_specs,
         ],  # fmt: skip
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk, meta: (i, j)),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
     )
-    kernel = functools.partial(_kernel, n_groups=n_groups, stack_tiles=stack_tiles,
-                               compute_dtype=jnp.dtype(cfg.compute_dtype))  # fmt: skip
+    compute = None if p.fp8_mxu else jnp.dtype(p.compute_dtype)
+    kernel = functools.partial(_kernel, n_groups=n_groups, n_cols=bn // GROUP, k_groups=k_groups,
+                               compute_dtype=compute, stack_tiles=stack_tiles,
+                               pack=p.pack)  # fmt: skip
     return pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct((t * bm, n), out_dtype),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=VMEM_LIMIT_BYTES,
         ),
         interpret=interpret,
     )(meta, x, sx, *w_args)
@@ -190,7 +227,6 @@ def grouped_fp8_matmul_tpu(
     with (128, 128) blocks, or a tuple of them (one call over their concatenation along N);
     ``group_sizes_E``: int [E]. Needs K % 128 == 0 and every N % 128 == 0.
     """
-    cfg = config or TpuConfig()
     ws = stacks(w_q)
     if tuple(ws[0].block_shape) != (GROUP, GROUP) or tuple(x_q.block_shape) != (GROUP,):
         raise ValueError(
@@ -198,16 +234,18 @@ def grouped_fp8_matmul_tpu(
             f"weight blocks, got {x_q.block_shape} and {ws[0].block_shape}"
         )
     (m, k), e = x_q.shape, ws[0].shape[0]
-    tl = tiles(m, k, tuple(w.shape[1] for w in ws), e, cfg)
-    if isinstance(tl, str):
-        raise ValueError(f"grouped_fp8_matmul_tpu: {tl}")
-    bm, block_k = tl
+    p = tiles(m, k, tuple(w.shape[1] for w in ws), e, config, interpret=bool(interpret))
+    if isinstance(p, str):
+        raise ValueError(f"grouped_fp8_matmul_tpu: {p}")
+    bm, block_k = p.block_m, p.block_k
     tmap = make_tile_map(group_sizes_E, m, bm)
     t = num_tiles(m, e, bm)
     m_pad = pl.cdiv(m, bm) * bm
     x = jnp.pad(x_q.values, ((0, m_pad - m), (0, 0)))
+    if p.pack > 1:
+        x = jax.vmap(block_diagonal_pairs)(x.reshape(m_pad // bm, bm, k))
     # [M, K/128] -> [K/block_k, M_pad, G]: one (block_m, G) scale tile per grid step.
     sx = jnp.pad(x_q.scales, ((0, m_pad - m), (0, 0)))
     sx = sx.reshape(m_pad, k // block_k, block_k // GROUP).transpose(1, 0, 2)
-    out = _call(tmap.meta_3T, x, sx, ws, t, bm, block_k, cfg, jnp.dtype(out_dtype), interpret)
+    out = _call(tmap.meta_3T, x, sx, ws, t, p, jnp.dtype(out_dtype), interpret)
     return gather_rows(out, tmap, out_dtype)

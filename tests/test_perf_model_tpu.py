@@ -1,0 +1,53 @@
+"""The TPU performance model against hand-computed cycle counts and times, and its table."""
+
+import pytest
+
+from kernels_pallas.perf_model import tpu as model
+from kernels_pallas.perf_model import tpu_table
+
+V5E, V6E = model.CHIPS["v5e"], model.CHIPS["v6e"]
+
+
+def test_clocks_follow_from_the_published_peaks():
+    # 197e12 / (4 MXUs * 2 * 128^2) and 918e12 / (4 * 2 * 256^2)
+    assert V5E.clock_hz == pytest.approx(1.503e9, rel=1e-3)
+    assert V6E.clock_hz == pytest.approx(1.751e9, rel=1e-3)
+
+
+def test_mxu_cycles_count_weight_tiles_and_streamed_rows():
+    # [512, 128] x [128, 1024]: v5e 1 x 8 tiles of 128^2, 512 rows each, over 4 MXUs
+    assert model.mxu_cycles(V5E, 512, 128, 1024) == 1 * 8 * 512 / 4
+    # v6e: 1 x 4 tiles of 256^2 (the 128-deep contraction fills half of each)
+    assert model.mxu_cycles(V6E, 512, 128, 1024) == 1 * 4 * 512 / 4
+    # 32 rows cannot hide the 256-cycle weight load; two groups packed into one 256-deep dot
+    # cost what one 128-deep dot does
+    one = model.mxu_cycles(V6E, 32, 128, 1024)
+    assert one == 4 * 256 / 4 and model.mxu_cycles(V6E, 64, 256, 1024) == one
+
+
+def test_xla_baseline_at_4096_cubed_on_v5e():
+    # 32 x 32 tiles x 4096 rows / 4 MXUs at 1.503 GHz, at 84%: the guide's XLA figure
+    want = 32 * 32 * 4096 / 4 / V5E.clock_hz / 0.84
+    assert model.xla_bf16_matmul_s(V5E, 4096, 4096, 4096) == pytest.approx(want)
+    assert want == pytest.approx(2 * 4096**3 / (197e12 * 0.84), rel=1e-3)
+
+
+def test_grid_time_adds_overhead_per_step_and_the_exposed_first_dma():
+    step = model.Step(mxu_cycles=0, valu_ops=0, vst_vregs=0, dma_bytes=1e6)
+    secs, bound = model.grid_time(V6E, 10, step, first_bytes=1e6, last_bytes=0)
+    dma = 1e6 / (1640e9 * 0.85)
+    assert secs == pytest.approx(10 * (0.35e-6 + dma) + dma)
+    assert bound == "hbm"
+
+
+def test_table_before_and_now():
+    rows = tpu_table.table()
+    assert {r["kernel"] for r in rows} == {
+        "fp8_matmul", "grouped_fp8_matmul", "decode_attention", "paged_attention"
+    }  # fmt: skip
+    assert all(r["now_us"] > 0 and r["baseline_us"] > 0 for r in rows)
+    mm = {(r["target"], r["shape"]): r for r in rows if r["kernel"] == "fp8_matmul"}
+    decode = mm[("v6e", "Qwen3-8B q_proj|o_proj M=16 K=4096 N=4096")]
+    assert "pack=2 fp8->mxu" in decode["detail_now"] and decode["steps_now"] == 4
+    assert decode["steps_before"] == 256  # 32 N tiles x 8 K tiles of the wave-2 kernel
+    assert decode["ratio_now"] > 5 * decode["ratio_before"]
