@@ -177,8 +177,9 @@ def _autotuned(x2, w_q: QArray, out_dtype):
                 fn = jax.jit(lambda a, b: jnp.dot(a, b.T, preferred_element_type=out_dtype))
                 run = lambda fn=fn: fn(x, w).block_until_ready()  # noqa: E731
             else:
-                run = lambda i=impl, c=cfg: fp8_matmul(x_in, wq, out_dtype=out_dtype, impl=i,
-                                                       config=c).block_until_ready()  # noqa: E731
+                run = lambda i=impl, c=cfg: fp8_matmul(
+                    x_in, wq, out_dtype=out_dtype, impl=i, config=c
+                ).block_until_ready()  # noqa: E731
             out.append(autotune.Candidate(name, impl, cfg, run))
         return out
 

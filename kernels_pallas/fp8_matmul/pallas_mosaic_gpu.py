@@ -329,8 +329,9 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
         grid, names = (*grid, split), ("a", "b", "s")
     kern = plgpu.kernel(
         functools.partial(_kernel, cfg=cfg, fused=fused, wdt=w_q.values.dtype),
-        out_type=jax.ShapeDtypeStruct((split * a_rows, b_rows),
-                                      jnp.float32 if split > 1 else out_dtype),  # fmt: skip
+        out_type=jax.ShapeDtypeStruct(
+            (split * a_rows, b_rows), jnp.float32 if split > 1 else out_dtype
+        ),  # fmt: skip
         grid=grid,
         grid_names=names,
         num_threads=cfg.num_compute_wgs + 1,
