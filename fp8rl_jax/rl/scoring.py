@@ -30,12 +30,14 @@ def sequence_logprobs(
     with_amax=False,
     with_hidden=False,
     expert_ids_BTLK=None,
+    kv_quant=None,
 ):
     """``logp[b, t] = log q(tokens[b, t] | tokens[b, :t])`` under ``sampling``'s processing.
 
     Position 0 has no prediction and gets 0. Also returns the forward outputs (logits, Q/K/V amax
     when ``with_amax``, final-norm hidden states when ``with_hidden``, router aux loss).
     ``expert_ids_BTLK``: MoE routing replay (the rollout's experts, ``models.forward``).
+    ``kv_quant``: FP8 K/V rounding of ``rl.train_precision="fp8_rollout"`` (``rl.precision``).
     """
     out = forward(
         params,
@@ -46,6 +48,7 @@ def sequence_logprobs(
         return_qkv_amax=with_amax,
         return_hidden=with_hidden,
         expert_ids_BTLK=expert_ids_BTLK,
+        kv_quant=kv_quant,
     )
     logp = token_logprobs(out.logits_BTV[:, :-1], tokens_BT[:, 1:], sampling)
     logp_BT = jnp.pad(logp, ((0, 0), (1, 0)))
