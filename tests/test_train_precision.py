@@ -72,8 +72,8 @@ def _reference_logp(params, model_cfg, ro_cfg, kv_scales):
             model_cfg, B, T, dtype=ro_cfg.kv_cache_dtype, mode=ro_cfg.kv_scale_mode,
             k_scale=kv_scales.k if static else None, v_scale=kv_scales.v if static else None,
         )  # fmt: skip
-    else:
-        cache = init_cache(model_cfg, B, T, dtype=ro_cfg.compute_dtype)
+    else:  # an F32 cache: the f32 attention math of the decode steps that made the response
+        cache = init_cache(model_cfg, B, T, dtype=jnp.float32)
     out = forward(weights, tokens, model_cfg, positions_BT=pos, segment_ids_BT=seg, cache=cache)
     logp = token_logprobs(out.logits_BTV[:, :-1], tokens[:, 1:], ro_cfg.sampling)
     return jnp.pad(logp, ((0, 0), (1, 0)))

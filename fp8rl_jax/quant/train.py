@@ -163,10 +163,13 @@ class KVFakeQuant:
     k_scale_LK: jax.Array | None  # static mode: the rollout's per-layer, per-head scales
     v_scale_LK: jax.Array | None
     dtype: str = dataclasses.field(default="float8_e4m3fn", metadata=dict(static=True))
-    mode: str = dataclasses.field(default="static", metadata=dict(static=True))  # | dynamic
+    # static | dynamic | none (a BF16/F32 cache: K/V only upcast to f32)
+    mode: str = dataclasses.field(default="static", metadata=dict(static=True))
 
     def _one(self, x_BTKC, scale_K):
         x = x_BTKC.astype(jnp.float32)
+        if self.mode == "none":  # a BF16/F32 cache: the decode attention's f32 math
+            return x
         if self.mode == "static":
             x_hat = dequantize_kv(saturating_cast(x / scale_K[:, None], self.dtype), scale_K)
         else:  # per written vector: s = max(amax_C |x|, tiny) / fp8_max (kv_cache.quantize_kv)
@@ -182,10 +185,15 @@ class KVFakeQuant:
         return self._one(k_BTKC, ks), self._one(v_BTKC, vs)
 
 
-def kv_fake_quant(kv_cache_dtype: str, kv_scale_mode: str, kv_scales) -> KVFakeQuant | None:
-    """The ``KVFakeQuant`` of a rollout's KV-cache settings (None for a BF16/F32 cache)."""
+def kv_fake_quant(kv_cache_dtype: str, kv_scale_mode: str, kv_scales) -> KVFakeQuant:
+    """The ``KVFakeQuant`` of a rollout's KV-cache settings.
+
+    A BF16/F32 cache gives ``mode="none"``: K/V upcast to f32, because the rollout's response
+    tokens come from the decode attention, which computes ``softmax(q Kᵀ) V`` in f32 (its XLA
+    reference; the jnp attention of a BF16 forward rounds the probabilities to BF16).
+    """
     if not kv_cache_dtype.startswith("float8"):
-        return None
+        return KVFakeQuant(None, None, kv_cache_dtype, "none")
     fp8_dtype(kv_cache_dtype)
     if kv_scale_mode == "static":
         if kv_scales is None:

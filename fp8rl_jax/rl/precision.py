@@ -3,7 +3,8 @@
 ``rl.train_precision="fp8_rollout"`` (``quant.train``): the weights ``quantize_params`` would
 quantize multiply as their rollout FP8 copies (W8A8, 1x128 activation groups, the same matmul),
 K/V are rounded through the rollout's FP8 cache (its static scales, or dynamic per-token ones),
-and the log-probs take the same logits processing; gradients pass straight through every
+and the log-probs take the same logits processing (K/V of a BF16 cache are upcast to f32, the
+decode attention's math); gradients pass straight through every
 quantizer to the FP32 master weights.
 """
 

@@ -53,6 +53,7 @@ class TrainMatmulConfig:
     per_tensor: bool = False  # one weight scale per matrix (overrides weight_block)
     backward: str = "bf16"  # bf16: BF16 backward GEMMs | fp8: DeepSeek-V3 FP8 dgrad and wgrad
     impl: str = "auto"  # fp8_matmul implementation of the forward and dgrad GEMMs
+    interpret: bool = False  # run an explicit Pallas impl in interpret mode (CPU tests)
 
     def __post_init__(self):
         if self.backward not in BACKWARDS:
@@ -77,7 +78,8 @@ def _flat(x):
 
 def _forward(x, w_KN, cfg: TrainMatmulConfig):
     w_q = quantize_train_weight(w_KN, cfg)
-    return fp8_matmul(x, w_q, out_dtype=x.dtype, impl=cfg.impl), w_q
+    y = fp8_matmul(x, w_q, out_dtype=x.dtype, impl=cfg.impl, interpret=cfg.interpret)
+    return y, w_q
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -110,7 +112,8 @@ def fp8_grads(x, w_q: QArray, dy, cfg: TrainMatmulConfig, *, impl=None):
     """``(dx, dw)`` by DeepSeek-V3's FP8 GEMMs (module docstring), f32 accumulation."""
     x2, dy2 = _flat(x), _flat(dy)
     dy_q = quantize_activations(dy2, GROUP, cfg.dtype)  # 1x128 along N
-    dx = fp8_matmul(dy_q, transpose_weight(w_q), out_dtype=jnp.float32, impl=impl or cfg.impl)
+    dx = fp8_matmul(dy_q, transpose_weight(w_q), out_dtype=jnp.float32, impl=impl or cfg.impl,
+                    interpret=cfg.interpret)  # fmt: skip
     x_t = quantize_activations(x2.T, GROUP, cfg.dtype)  # [K, M]: 128-token groups
     dy_t = quantize_blockwise(dy2.T, (1, GROUP), cfg.dtype)  # [N, M]: 128-token groups
     dw = fp8_matmul(x_t, dy_t, out_dtype=jnp.float32, impl="xla")
