@@ -49,8 +49,12 @@ _ARCH = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim
 MODELS = {
     "dense": ModelSpec(**_ARCH, intermediate_size=128).tiny_config(VOCAB),
     "moe": ModelSpec(
-        **_ARCH, intermediate_size=128, architecture="Qwen3MoeForCausalLM", num_experts=4,
-        num_experts_per_tok=2, moe_intermediate_size=64,
+        **_ARCH,
+        intermediate_size=128,
+        architecture="Qwen3MoeForCausalLM",
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
     ).tiny_config(VOCAB),  # fmt: skip
 }
 PRECISIONS = ("bf16", "fp8_rollout")
@@ -95,10 +99,10 @@ def measure(model_name, replay, ro_cfg, prompts):
         scores = {}
         for p, cfg in step_cfgs.items():
             weights, kv_quant = policy_weights(params, cfg, kv)
-            scores[p], _ = sequence_logprobs(
+            scores[p] = sequence_logprobs(
                 weights, ro.tokens_BT, pos, seg, model_cfg, ro_cfg.sampling,
                 expert_ids_BTLK=ro.expert_ids_BTLK, kv_quant=kv_quant,
-            )  # fmt: skip
+            ).logp_BT  # fmt: skip
         return ro.logp_BT, ro.response_mask_BT, scores
 
     logp_roll, mask, scores = run(params, prompts, kv)

@@ -82,10 +82,9 @@ def _reference_logp(params, model_cfg, ro_cfg, kv_scales):
 def _scored(params, model_cfg, ro_cfg, rl_cfg, kv_scales):
     prompts, tokens, pos, seg = _sequences()
     weights, kv_quant = policy_weights(params, StepConfig(model_cfg, ro_cfg, rl_cfg), kv_scales)
-    logp, _ = sequence_logprobs(
+    return sequence_logprobs(
         weights, tokens, pos, seg, model_cfg, ro_cfg.sampling, kv_quant=kv_quant
-    )
-    return logp
+    ).logp_BT
 
 
 def _setup(model_cfg, kv_mode):
