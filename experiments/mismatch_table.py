@@ -128,7 +128,12 @@ def main(argv=None):
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--out", default=OUT)
+    ap.add_argument("--markdown", action="store_true", help="print --out's table as markdown")
     args = ap.parse_args(argv)
+    if args.markdown:
+        with open(args.out) as f:
+            print(markdown(json.load(f)["rows"]))
+        return
     prompts = _prompts(args.prompts)
     table = []
     for model, replay, engine, kv, dec in rows(args):
@@ -151,6 +156,25 @@ def main(argv=None):
     with open(args.out, "w") as f:
         json.dump(dict(prompts=args.prompts, new_tokens=args.new_tokens, rows=table), f, indent=1)
     print(f"wrote {args.out}")
+
+
+def markdown(table) -> str:
+    """The README table: one row per (model, replay, engine, KV cache, decode attention)."""
+    out = [
+        "| model | replay | engine | KV cache | decode attn | k3 BF16 | k3 fp8_rollout "
+        "| max BF16 | max fp8_rollout |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table:
+        head = (f"| {r['model']} | {r['replay']} | {r['engine']} | {r['kv_cache']} "
+                f"| {r['decode_attention']} ")  # fmt: skip
+        if "unsupported" in r:
+            out.append(head + "| not supported | | | |")
+            continue
+        b, f = r["bf16"], r["fp8_rollout"]
+        out.append(head + f"| {b['k3_kl']:.1e} | {f['k3_kl']:.1e} | {b['max_abs_log_ratio']:.2f} "
+                   f"| {f['max_abs_log_ratio']:.1e} |")  # fmt: skip
+    return "\n".join(out)
 
 
 def _fmt(row) -> str:
