@@ -115,11 +115,13 @@ def measure(model_name, replay, ro_cfg, prompts):
 def rows(args):
     """(model, replay, engine, kv, decode attention) of every row of the table."""
     out = []
-    for model, replay in (("dense", "none"), ("moe", "none"), ("moe", "replay")):
+    arms = (("dense", "none"), ("moe", "none"), ("moe", "replay"))
+    for model, replay in [a for a in arms if not args.arm or "-".join(a) in args.arm]:
         for engine in ("static", "paged"):
             for kv in ("bfloat16", "float8_e4m3fn"):
                 out.append((model, replay, engine, kv, "auto"))
-        out.append((model, replay, "static", "float8_e4m3fn", None))
+        if not args.no_jnp_row:
+            out.append((model, replay, "static", "float8_e4m3fn", None))
     return out
 
 
@@ -129,6 +131,10 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--markdown", action="store_true", help="print --out's table as markdown")
+    ap.add_argument(
+        "--arm", action="append", default=[], help="only dense-none|moe-none|moe-replay"
+    )
+    ap.add_argument("--no-jnp-row", action="store_true", help="skip the jnp decode-attention row")
     args = ap.parse_args(argv)
     if args.markdown:
         with open(args.out) as f:
