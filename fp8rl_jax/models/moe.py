@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8rl_jax.models.config import ModelConfig
+from fp8rl_jax.quant import TrainQWeight, grouped_train_matmul
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
 from kernels_pallas.grouped_fp8_matmul import grouped_fp8_matmul
 from kernels_pallas.qarray import QArray, dequantize, dequantize_weight
@@ -151,6 +152,11 @@ def experts(p: dict, x_ND: jax.Array, d: Dispatch, kernels: KernelImpls = DEFAUL
     With FP8 weights ``x_ND`` may be a QArray already quantized per token in 1x128 groups.
     """
     gs = d.group_sizes_E
+    if isinstance(p["w_gate"], TrainQWeight):  # fp8_rollout training: the QArray path below
+        xs = x_ND[d.token_R]
+        gate_up = grouped_train_matmul(xs, (p["w_gate"], p["w_up"]), gs)
+        f = p["w_gate"].shape[-1]
+        return grouped_train_matmul(jax.nn.silu(gate_up[:, :f]) * gate_up[:, f:], p["w_down"], gs)
     if not isinstance(p["w_gate"], QArray):
         xs = x_ND[d.token_R]
         h = jax.nn.silu(_ragged(xs, p["w_gate"], gs)) * _ragged(xs, p["w_up"], gs)

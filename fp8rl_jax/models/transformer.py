@@ -72,6 +72,8 @@ def _attention_layer(p, h_BTD, layer, ctx):
     amax = qkv_amax(q, k, v, ctx["valid_BT"]) if ctx["want_amax"] else None
     sm_scale = cfg.head_dim**-0.5
     if cache is None:
+        if ctx["kv_quant"] is not None:  # K/V as the rollout's FP8 cache holds them (f32)
+            k, v = ctx["kv_quant"](layer, k, v)
         o = attention(q, k, v, ctx["mask"], sm_scale=sm_scale)
         writes = None
     elif isinstance(cache, pkv.PagedKVCache):  # one query per slot over its pages
@@ -171,6 +173,7 @@ def forward(
     kernels: KernelImpls = DEFAULT_KERNELS,
     expert_ids_BTLK: jax.Array | None = None,
     return_expert_ids: bool = False,
+    kv_quant=None,
     return_logits: bool = True,
     remat: str = "none",
 ) -> ForwardOut:
@@ -194,6 +197,8 @@ def forward(
     its slot's ``lengths_U`` (also its default position) and attends over its pages through
     ``kernels_pallas.paged_attention`` (``decode_attention`` None: the ``xla`` implementation);
     only valid rows write and advance.
+    ``kv_quant`` (no cache only; ``quant.KVFakeQuant``): ``kv_quant(layer, k, v) -> (k̂, v̂)``
+    rounds K/V through the rollout's FP8 cache before attention (``rl.train_precision``).
     ``return_logits=False``: no lm_head (``logits_BTV`` None), for callers that take the
     log-probs from ``hidden_BTD`` in chunks (``rl.chunked``). ``remat`` (``models.remat``):
     ``jax.checkpoint`` policy per block in a forward without a cache (a training forward).
@@ -201,6 +206,7 @@ def forward(
     ctx = _context(
         weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, return_qkv_amax, kernels
     )
+    ctx["kv_quant"] = kv_quant
     x = weights["embed"][tokens_BT]
     amaxes, writes, router = [], [], []
     for i, p in enumerate(weights["layers"]):

@@ -48,6 +48,7 @@ def sequence_logprobs(
     logprob_chunk=0,
     micro_batch=0,
     remat="none",
+    kv_quant=None,
 ) -> Scores:
     """``logp[b, t] = log q(tokens[b, t] | tokens[b, :t])`` under ``sampling``'s processing.
 
@@ -58,6 +59,7 @@ def sequence_logprobs(
     ``logprob_chunk`` tokens of logits at a time (``chunked.token_stats``; 0: all T at once),
     ``micro_batch`` rows per forward (0: all rows; must divide B), ``remat`` the per-block
     ``jax.checkpoint`` policy (``models.remat``) for a pass that is differentiated.
+    ``kv_quant``: FP8 K/V rounding of ``rl.train_precision="fp8_rollout"`` (``rl.precision``).
     """
     one = functools.partial(
         _score_rows,
@@ -68,6 +70,7 @@ def sequence_logprobs(
         with_entropy=with_entropy,
         logprob_chunk=logprob_chunk,
         remat=remat,
+        kv_quant=kv_quant,
     )
     rows = (tokens_BT, positions_BT, segment_ids_BT, expert_ids_BTLK)
     B = tokens_BT.shape[0]
@@ -101,7 +104,7 @@ def sequence_logprobs(
 
 def _score_rows(
     params, tokens_BT, positions_BT, segment_ids_BT, expert_ids_BTLK, *, model_cfg, sampling,
-    with_amax, with_hidden, with_entropy, logprob_chunk, remat,
+    with_amax, with_hidden, with_entropy, logprob_chunk, remat, kv_quant=None,
 ) -> Scores:  # fmt: skip
     """``sequence_logprobs`` of one micro-batch of rows."""
     out = forward(
@@ -115,6 +118,7 @@ def _score_rows(
         return_logits=False,
         expert_ids_BTLK=expert_ids_BTLK,
         remat=remat,
+        kv_quant=kv_quant,
     )
     stats = token_stats(
         lambda h_BCD: lm_head(params, h_BCD, model_cfg),

@@ -21,6 +21,7 @@ from fp8rl_jax.rl.value import init_value_head
 Advantage = Literal["grpo", "drgrpo", "rloo", "gae"]
 ADVANTAGES = typing.get_args(Advantage)
 RouterReplay = Literal["none", "replay"]
+TrainPrecision = Literal["bf16", "fp8_rollout"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,11 @@ class RLConfig:
     # per token and layer; the scoring pass and the loss forward route with them. No-op if dense.
     router_replay: RouterReplay = "none"
     dapo: DAPOConfig = DAPOConfig()  # DAPO dynamic sampling, overlong shaping and filtering
+    # Numerics of the scoring pass and the loss forward (rl.precision): bf16 = the compute-dtype
+    # policy; fp8_rollout = the rollout's own (its FP8 weights, W8A8 1x128 activations, FP8 K/V
+    # rounding), gradients straight through the quantizers to the FP32 master weights.
+    train_precision: TrainPrecision = "bf16"
+    fp8_backward: bool = False  # fp8_rollout: FP8 dgrad/wgrad GEMMs (DeepSeek-V3) instead of BF16
     # Memory knobs; none changes a value (rl.chunked, rl.scoring, models.remat).
     logprob_chunk: int = 0  # tokens per lm-head chunk in scoring and loss (0: all T at once)
     score_micro_batch: int = 0  # rows per scoring forward (0: all rows); must divide the rows
@@ -60,6 +66,11 @@ class RLConfig:
                 raise ValueError(f"RLConfig.{name} must be in [0, 1], got {getattr(self, name)}")
         if self.kl_in_reward < 0.0:
             raise ValueError(f"RLConfig.kl_in_reward must be >= 0, got {self.kl_in_reward}")
+        if self.fp8_backward and self.train_precision != "fp8_rollout":
+            raise ValueError(
+                "RLConfig.fp8_backward needs train_precision='fp8_rollout' (the FP8 backward GEMMs "
+                f"differentiate the FP8 forward), got train_precision={self.train_precision!r}"
+            )
 
     @property
     def uses_ref(self) -> bool:

@@ -34,6 +34,7 @@ import optax
 from fp8rl_jax.generation import PinParams, Prompts, RolloutConfig, cast_floats, rollout
 from fp8rl_jax.models import ModelConfig
 from fp8rl_jax.rl.correction import rollout_correction
+from fp8rl_jax.rl.precision import policy_weights
 from fp8rl_jax.rl.scoring import rollout_segment_ids, sequence_logprobs
 from fp8rl_jax.rl.state import RLConfig, RolloutBatch, StepConfig, TrainState, check_state
 from fp8rl_jax.rl.update import train_step
@@ -71,8 +72,10 @@ def rollout_step(
 
     # The scoring pass runs in bypass mode too: it gives the Q/K/V amax and lets the metrics
     # still measure the mismatch; bypass only changes which log-probs act as pi_old.
+    weights, kv_quant = policy_weights(state.params, cfg, state.kv_scales)
     logp_hp_BT, out = score(
-        params,
+        weights,
+        kv_quant=kv_quant,
         with_amax=True,
         with_hidden=cfg.rl.uses_value,
         expert_ids_BTLK=ro.expert_ids_BTLK,  # None unless replaying

@@ -16,10 +16,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fp8rl_jax.generation import cast_floats, kv_scale_metrics, recalibrate_kv_scales
+from fp8rl_jax.generation import kv_scale_metrics, recalibrate_kv_scales
 from fp8rl_jax.rl.advantages import gae, grpo_advantages, masked_whiten, rloo_advantages
 from fp8rl_jax.rl.dapo import shape_rewards
 from fp8rl_jax.rl.losses import entropy_bonus, kl_loss, masked_mean, policy_loss, value_loss
+from fp8rl_jax.rl.precision import policy_weights
 from fp8rl_jax.rl.scoring import Scores, sequence_logprobs
 from fp8rl_jax.rl.state import (
     RLConfig,
@@ -129,10 +130,16 @@ def _extra_losses(logp_BT, out: Scores, value_head, mb: MiniBatch, cfg: StepConf
     return loss, metrics
 
 
-def loss_fn(trainable: Trainable, mb: MiniBatch, cfg: StepConfig) -> tuple[jax.Array, dict]:
-    """PPO policy loss + the enabled extra terms (+ the MoE router aux loss), and its metrics."""
+def loss_fn(
+    trainable: Trainable, mb: MiniBatch, cfg: StepConfig, kv_scales=None
+) -> tuple[jax.Array, dict]:
+    """PPO policy loss + the enabled extra terms (+ the MoE router aux loss), and its metrics.
+
+    ``kv_scales``: the static KV scales of the scored rollout (``rl.train_precision``).
+    """
+    weights, kv_quant = policy_weights(trainable.policy, cfg, kv_scales)
     out = sequence_logprobs(
-        cast_floats(trainable.policy, cfg.compute_dtype),
+        weights,
         mb.tokens_BT,
         mb.positions_BT,
         mb.segment_ids_BT,
@@ -141,6 +148,7 @@ def loss_fn(trainable: Trainable, mb: MiniBatch, cfg: StepConfig) -> tuple[jax.A
         with_hidden=trainable.value_head is not None,
         with_entropy=True,
         expert_ids_BTLK=mb.expert_ids_BTLK,
+        kv_quant=kv_quant,
         logprob_chunk=cfg.rl.logprob_chunk,
         remat=cfg.rl.remat,
     )
@@ -162,13 +170,13 @@ def loss_fn(trainable: Trainable, mb: MiniBatch, cfg: StepConfig) -> tuple[jax.A
     return loss, metrics
 
 
-def minibatch_grads(trainable: Trainable, mb: MiniBatch, cfg: StepConfig) -> Grads:
+def minibatch_grads(trainable: Trainable, mb: MiniBatch, cfg: StepConfig, kv_scales=None) -> Grads:
     """Mean loss, metrics and gradients over ``grad_accum`` equal micro-batches of ``mb``."""
     n_acc = cfg.rl.grad_accum
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def one(m: MiniBatch) -> Grads:
-        (loss, metrics), grads = grad_fn(trainable, m, cfg)
+        (loss, metrics), grads = grad_fn(trainable, m, cfg, kv_scales)
         return Grads(loss, metrics, grads)
 
     def acc(total: Grads, m: MiniBatch):
@@ -182,14 +190,18 @@ def minibatch_grads(trainable: Trainable, mb: MiniBatch, cfg: StepConfig) -> Gra
 
 
 def update_minibatch(
-    carry: UpdateCarry, mb: MiniBatch, cfg: StepConfig, optimizer: optax.GradientTransformation
+    carry: UpdateCarry,
+    mb: MiniBatch,
+    cfg: StepConfig,
+    optimizer: optax.GradientTransformation,
+    kv_scales=None,
 ) -> tuple[UpdateCarry, dict]:
     """One optax update from ``mb``; a non-finite loss, gradient or update is skipped and counted.
 
     The updates are checked too: finite gradients can still give a non-finite step (an inf
     learning rate, an optimizer-state overflow), which must not reach the params.
     """
-    loss, metrics, grads = minibatch_grads(carry.trainable, mb, cfg)
+    loss, metrics, grads = minibatch_grads(carry.trainable, mb, cfg, kv_scales)
     updates, new_opt = optimizer.update(grads, carry.opt_state, carry.trainable)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
@@ -264,7 +276,7 @@ def train_step(
     rng = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 1)
     carry = UpdateCarry(Trainable.of(state), state.opt_state, state.nonfinite_skips)
     carry, update_metrics = jax.lax.scan(
-        lambda c, mb: update_minibatch(c, mb, cfg, optimizer),
+        lambda c, mb: update_minibatch(c, mb, cfg, optimizer, state.kv_scales),
         carry,
         minibatches(batch, targets, cfg.rl, rng),
     )
