@@ -56,11 +56,11 @@ from fp8rl_jax.generation import (  # noqa: E402
     rollout,
     rollout_weights,
 )
+from fp8rl_jax.generation.kv import init_cache  # noqa: E402
 from fp8rl_jax.models import (  # noqa: E402
     ModelConfig,
     RopeConfig,
     forward,
-    init_cache,
     init_weights,
     save_hf_checkpoint,
 )

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp8rl_jax.models import ModelConfig, forward, init_cache, init_weights
+from fp8rl_jax.generation.kv import init_cache
+from fp8rl_jax.models import ModelConfig, forward, init_weights
 from fp8rl_jax.models.moe import moe_mlp, moe_mlp_dense_reference, route
 from fp8rl_jax.quant import QArray, QuantRecipe, quantize_params
 from kernels_pallas import KernelImpls

@@ -19,7 +19,7 @@ from fp8rl_jax.generation.generate import (
     generate,
     make_prompts,
 )
-from fp8rl_jax.generation.kv_scales import KVScales, calibrate_kv_scales
+from fp8rl_jax.generation.kv import KVScales, calibrate_kv_scales
 from fp8rl_jax.generation.rollout import (
     ENGINE_FNS,
     PinParams,

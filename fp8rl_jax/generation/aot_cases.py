@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8rl_jax.generation.generate import generate
+from fp8rl_jax.generation.kv import KVScales
 from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.models import ModelConfig, RopeConfig, init_weights
 from fp8rl_jax.quant import QuantRecipe, quantize_params
@@ -61,7 +62,7 @@ def rollout_fn(cfg, shape: RolloutShape, recipe, kv_cache_dtype: str, kernels: K
         return generate(
             weights, (tokens_BP, lens_B), cfg, SamplingConfig(temperature=1.0), rng,
             kv_cache_dtype=kv_cache_dtype, kv_scale_mode="static",
-            kv_scales={"k": k_LK, "v": v_LK} if fp8_kv else None,
+            kv_scales=KVScales.of(k_LK, v_LK) if fp8_kv else None,
             max_new_tokens=shape.max_new_tokens, stop_token_ids=STOP_IDS,
             kernels=kernels,
         )  # fmt: skip
@@ -127,7 +128,7 @@ def paged_rollout_fn(cfg, shape: RolloutShape, recipe, kernels: KernelImpls, pag
         return generate_paged(
             weights, (tokens_BP, lens_B), cfg, SamplingConfig(temperature=1.0), rng,
             paged=paged, kv_cache_dtype="float8_e4m3fn", kv_scale_mode="static",
-            kv_scales={"k": k_LK, "v": v_LK}, max_new_tokens=shape.max_new_tokens,
+            kv_scales=KVScales.of(k_LK, v_LK), max_new_tokens=shape.max_new_tokens,
             stop_token_ids=STOP_IDS, kernels=kernels,
         )  # fmt: skip
 

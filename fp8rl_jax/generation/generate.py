@@ -7,16 +7,13 @@ invalid) and its real tokens have positions ``0 .. len_b - 1``, so a prompt give
 whatever its padding. Response slot a of row b (A = ``max_new_tokens`` slots) is written at
 cache slot ``P + a``.
 
-Continuous-batching hook: the decode state ``DecodeState`` is per row (next position, response
-length, done flag, own cache row via ``KVCache.lengths_B``/``valid_BS``). A finished row could be
-refilled by ``models.reset_rows`` + a one-row prefill into its cache row and resetting its
-``DecodeState`` entries; this function does not do that yet (it stops when all rows are done).
+The batch is static: a finished row idles until every row is done (continuous batching, where a
+finished sequence's room goes to the next request, is the paged engine, ``generation.paged``).
 
-The T = 1 decode step runs the model's jnp ``attention`` over the cache, or
-``kernels_pallas.decode_attention`` when ``kernels.decode_attention`` names an implementation:
-that reads each row's live range ``[P - len_b, P + n)`` only (the valid slots of a row are
-contiguous: left pads, then prompt, then response), with the cache rounded up to a multiple of
-``CACHE_ALIGN`` slots so the kernels' tiles divide it.
+The T = 1 decode step runs over the dense ``generation.kv.KVCache``: the model's jnp
+``attention``, or ``kernels_pallas.decode_attention`` when ``kernels.decode_attention`` names an
+implementation, which reads each row's live range ``[P - len_b, P + n)`` only (the valid slots of
+a row are contiguous: left pads, then prompt, then response; the cache owns its alignment).
 """
 
 from __future__ import annotations
@@ -30,14 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8rl_jax.fields import batched
-from fp8rl_jax.generation.kv_scales import KVScales
+from fp8rl_jax.generation.kv import KVCache, KVScales, cache_len, extend_cache, init_cache
 from fp8rl_jax.generation.sampling import SamplingConfig, sample
-from fp8rl_jax.models import ModelConfig, QKVAmax, extend_cache, forward, init_cache
+from fp8rl_jax.models import ModelConfig, QKVAmax, forward
 from fp8rl_jax.models.moe import REPLAY_NONE
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-CACHE_ALIGN = 128  # cache slots are rounded up to this when a decode kernel reads them
 
 
 @jax.tree_util.register_dataclass
@@ -79,7 +75,7 @@ class DecodeState:
     done_B: jax.Array  # bool: stop token sampled or budget reached
     out_BA: jax.Array  # int32 response tokens, one per response slot
     logp_BA: jax.Array  # f32 their log-probs
-    cache: object  # models.KVCache
+    cache: KVCache
     ids_BALK: jax.Array | None = None  # int16 experts of each response slot's token (recording)
 
 
@@ -114,15 +110,7 @@ def _static_scales(kv_scales, cfg, mode):
             "generate: a static FP8 KV cache needs kv_scales (calibrate_kv_scales); scales never "
             "default to 1.0"
         )
-    if isinstance(kv_scales, KVScales):
-        return kv_scales.k, kv_scales.v
-    return kv_scales["k"], kv_scales["v"]
-
-
-def _cache_len(n: int, kernels: KernelImpls) -> int:
-    """Cache slots for n tokens: a multiple of 128 when a decode kernel reads the cache (its
-    tiles must divide the allocation; the extra slots stay invalid and are never read)."""
-    return n if kernels.decode_attention is None else -(-n // CACHE_ALIGN) * CACHE_ALIGN
+    return kv_scales.k, kv_scales.v
 
 
 def response_budget(budget_B, b: int, max_new_tokens: int) -> jax.Array:
@@ -223,7 +211,7 @@ def _generate(weights, prompts, rng, k_scale, v_scale, budget_B=None, *, cfg, sa
     logits_BV, cache, amax, prompt_ids = _prefill(
         weights, prompts, cfg, cache, kernels, record_expert_ids
     )
-    cache = extend_cache(cache, _cache_len(p + max_new_tokens, kernels))
+    cache = extend_cache(cache, cache_len(p + max_new_tokens, kernels))
     state = _initial_state(prompts, cache, max_new_tokens, prompt_ids)
     tok, logp = sample(jax.random.fold_in(rng, 0), logits_BV, sampling)
     state = _record(state, tok, logp, stop_ids, max_new_tokens, budget_B)
@@ -301,7 +289,7 @@ def generate(
     ``prompts``: a ``Prompts`` or ``(prompt_tokens_BP, prompt_lens_B)``, left-padded.
     ``weights`` may hold QArray leaves (``quantize_params``): the linear layers then run W8A8.
     ``kv_cache_dtype``: "bfloat16"/"float32" (no scales) or "float8_e4m3fn"/"float8_e5m2" with
-    ``kv_scale_mode`` "static" (``kv_scales`` required: ``KVScales`` or a dict with k, v [L, K])
+    ``kv_scale_mode`` "static" (``kv_scales`` required: ``KVScales``, k and v [L, K])
     or "dynamic" (a scale per cached vector). Generation of a row stops after a token in
     ``stop_token_ids`` (kept in the response) or at the budget; the loop exits when all rows stop.
     ``kernels``: the implementation of each kernel op (the W8A8 matmul; decode attention, where

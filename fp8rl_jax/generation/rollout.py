@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from fp8rl_jax.generation.config import RolloutConfig
 from fp8rl_jax.generation.generate import Prompts, Rollout, generate
-from fp8rl_jax.generation.kv_scales import KVScales, calibrate_kv_scales
+from fp8rl_jax.generation.kv import KVScales, calibrate_kv_scales
 from fp8rl_jax.generation.paged import generate_paged
 from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.models import ModelConfig, QKVAmax, forward

@@ -1,44 +1,56 @@
-"""KV cache: per-layer K/V in BF16/F32 or FP8 (static or dynamic scales), per-row write slots.
+"""The dense KV cache: per-layer K/V rows in BF16/F32 or FP8 (static or dynamic scales).
 
 Layout (one entry per layer in the lists ``k``, ``v``): ``[B, S, K, C]`` arrays of the cache
 dtype. Row ``b`` writes its next ``T`` tokens at slots ``lengths_B[b] + arange(T)``; ``valid_BS``
-marks slots that hold real (non-pad) tokens. Attention is causal by slot order. Each row carries
-its own length, so a finished row can be reset and refilled (continuous batching) with
-``reset_rows``. The decode kernels read a row's live range ``live_range(valid_BS)``; that equals
-the mask when each row's valid slots are contiguous, as in ``generate`` (left-padded prompt, then
-the response).
+marks slots that hold real (non-pad) tokens. Attention is causal by slot order. A one-token step
+with ``kernels.decode_attention`` set reads each row's live range ``live_range(valid_BS)``
+through ``kernels_pallas.decode_attention``; that equals the mask when each row's valid slots
+are contiguous, as in the static engine (left-padded prompt, then the response). The cache is
+then ``CACHE_ALIGN``-slot aligned (``cache_len``), so the kernels' tiles divide it.
 
-Scale modes (DESIGN.md §4.5), ``x ≈ x̂ · s``:
-  * ``none``: no scales, the cache dtype is BF16/F32;
-  * ``static``: one FP32 scale per layer and KV head, ``k_scale[l]`` of shape [K] (a per-layer
-    scalar is broadcast to [K]); recalibrated by the trainer from ``ForwardOut.qkv_amax``;
-  * ``dynamic``: one FP32 scale per written token and KV head, ``[B, K, S]`` (slots last, so a
-    kernel reads a head's scales of a tile contiguously), ``s = max(amax_C |x|, tiny) / fp8_max``,
-    computed when the vector is written.
-Dequantization is ``kernels_pallas.decode_attention.dequantize_kv``, the one the kernels' reference
-uses.
+Scales (``scales.py``, DESIGN.md §4.5): ``static`` one FP32 scale per layer and KV head, ``[K]``;
+``dynamic`` one per written token and KV head, ``[B, K, S]`` (slots last, so a kernel reads a
+head's scales of a tile contiguously). Dequantization is ``kernels_pallas.decode_attention
+.dequantize_kv``, the one the kernels' reference uses. ``q_scale`` (static [K] per layer) turns
+on emulated FP8 attention: Q is cast to E4M3 with that scale before it meets the cache.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
+from fp8rl_jax.generation.kv.scales import (
+    LayerKV,
+    Mode,
+    check_mode,
+    per_layer_scale,
+    quantize_kv,
+)
+from fp8rl_jax.models.attention import attention, cache_mask, fake_quantize_q
 from fp8rl_jax.models.config import ModelConfig
-from kernels_pallas.qarray import FP8_DTYPES, SCALE_TINY, fp8_max
-from kernels_pallas.quantize import saturating_cast
+from kernels_pallas.backend import KernelImpls
+from kernels_pallas.decode_attention import decode_attention, dequantize_kv
 
-Mode = Literal["none", "static", "dynamic"]
-MODES = ("none", "static", "dynamic")
+CACHE_ALIGN = 128  # cache slots are rounded up to this when a decode kernel reads them
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def cache_len(n: int, kernels: KernelImpls) -> int:
+    """Cache slots for n tokens: a multiple of ``CACHE_ALIGN`` when a decode kernel reads the
+    cache (its tiles must divide the allocation; the extra slots stay invalid, never read)."""
+    return n if kernels.decode_attention is None else cdiv(n, CACHE_ALIGN) * CACHE_ALIGN
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-    """Per-layer K/V cache with optional FP8 scales; see the module docstring."""
+    """Per-layer K/V rows with optional FP8 scales; see the module docstring."""
 
     k: list[jax.Array]  # per layer [B, S, K, C], cache dtype
     v: list[jax.Array]  # per layer [B, S, K, C], cache dtype
@@ -57,17 +69,67 @@ class KVCache:
     def dtype(self) -> jnp.dtype:
         return self.k[0].dtype
 
+    def prepare(self, valid_BT: jax.Array, kernels: KernelImpls) -> DenseStep:
+        """The ``models.cache.CacheStep`` of T new tokens per row, written at ``lengths_B``."""
+        T = valid_BT.shape[1]
+        slots_BT = self.lengths_B[:, None] + jnp.arange(T, dtype=jnp.int32)
+        valid_after = scatter_slots(self.valid_BS, valid_BT, slots_BT)
+        live = mask = None
+        if kernels.decode_attention is not None and T == 1:
+            # The valid slots up to the query's own: its row's live range, computed once.
+            starts_B, ends_B = live_range(valid_after)
+            live = (starts_B, jnp.minimum(ends_B, slots_BT[:, 0] + 1))
+        else:
+            mask = cache_mask(valid_after, slots_BT)
+        return DenseStep(self, kernels, slots_BT, valid_BT, mask, live)
 
-def _per_layer_scale(name: str, scale, n_layers: int, n_kv: int) -> list[jax.Array]:
-    arr = jnp.asarray(scale, jnp.float32)
-    if arr.ndim == 1 and arr.shape[0] == n_layers:
-        arr = arr[:, None]
-    if arr.ndim != 2 or arr.shape[0] != n_layers or arr.shape[1] not in (1, n_kv):
-        raise ValueError(
-            f"init_cache: {name} must have shape [L], [L, 1] or [L, K], got {arr.shape}"
+
+@dataclasses.dataclass(frozen=True)
+class DenseStep:
+    """One forward call over a ``KVCache`` (``models.cache.CacheStep``)."""
+
+    cache: KVCache
+    kernels: KernelImpls
+    slots_BT: jax.Array  # int32 write slots
+    valid_BT: jax.Array  # bool: real tokens
+    mask_BTS: jax.Array | None  # the jnp attention's mask (None on the decode-kernel path)
+    live: tuple[jax.Array, jax.Array] | None  # (starts_B, lengths_B) read by the decode kernel
+
+    @property
+    def positions_BT(self) -> jax.Array:
+        return self.slots_BT
+
+    def attend(self, layer: int, q_BTHC, k_BTKC, v_BTKC, sm_scale: float):
+        c = self.cache
+        if c.q_scale is not None:
+            q_BTHC = fake_quantize_q(q_BTHC, c.q_scale[layer])
+        kv = write_layer(c, layer, k_BTKC, v_BTKC, self.slots_BT)
+        if self.live is not None:  # one query per row: the kernel op over the live slots
+            starts_B, lengths_B = self.live
+            o = decode_attention(
+                q_BTHC[:, 0], kv.k, kv.v, lengths_B, starts_B=starts_B, k_scale=kv.k_scale,
+                v_scale=kv.v_scale, sm_scale=sm_scale, impl=self.kernels.decode_attention,
+                interpret=self.kernels.interpret,
+            )  # fmt: skip
+            return o[:, None], kv
+        fp8 = c.mode != "none"
+        k = dequantize_kv(kv.k, kv.k_scale) if fp8 else kv.k
+        v = dequantize_kv(kv.v, kv.v_scale) if fp8 else kv.v
+        return attention(q_BTHC, k, v, self.mask_BTS, sm_scale=sm_scale), kv
+
+    def advance(self, writes: list[LayerKV]) -> KVCache:
+        """Cache after the call: new per-layer buffers, valid slots, ``lengths += T``."""
+        c = self.cache
+        dynamic = c.mode == "dynamic"
+        return dataclasses.replace(
+            c,
+            k=[w.k for w in writes],
+            v=[w.v for w in writes],
+            k_scale=[w.k_scale for w in writes] if dynamic else c.k_scale,
+            v_scale=[w.v_scale for w in writes] if dynamic else c.v_scale,
+            valid_BS=scatter_slots(c.valid_BS, self.valid_BT, self.slots_BT),
+            lengths_B=c.lengths_B + self.slots_BT.shape[1],
         )
-    arr = jnp.broadcast_to(arr, (n_layers, n_kv))
-    return [arr[i] for i in range(n_layers)]
 
 
 def init_cache(
@@ -87,37 +149,30 @@ def init_cache(
     on emulated FP8 attention (Q quantized to E4M3 with that static scale).
     """
     dtype = jnp.dtype(dtype)
-    is_fp8 = dtype.name in FP8_DTYPES
-    if mode not in MODES:
-        raise ValueError(f"init_cache: mode {mode!r} not in {MODES}")
-    if is_fp8 == (mode == "none"):
-        raise ValueError(f"init_cache: dtype {dtype.name} needs mode static|dynamic iff FP8")
+    check_mode("init_cache", dtype, mode)
     if mode == "static" and (k_scale is None or v_scale is None):
         raise ValueError("init_cache: static FP8 cache requires k_scale and v_scale")
     if mode != "static" and (k_scale is not None or v_scale is not None):
         raise ValueError(f"init_cache: k_scale/v_scale only apply to static mode, not {mode!r}")
     L, K, C = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
     shape = (batch, max_len, K, C)
-    zeros = [jnp.zeros(shape, dtype) for _ in range(L)]
+    ks = vs = None
     if mode == "static":
         ks, vs = (
-            _per_layer_scale("k_scale", k_scale, L, K),
-            _per_layer_scale("v_scale", v_scale, L, K),
+            per_layer_scale("k_scale", k_scale, L, K),
+            per_layer_scale("v_scale", v_scale, L, K),
         )
     elif mode == "dynamic":
         ks = [jnp.zeros((batch, K, max_len), jnp.float32) for _ in range(L)]
         vs = [jnp.zeros((batch, K, max_len), jnp.float32) for _ in range(L)]
-    else:
-        ks = vs = None
-    qs = None if q_scale is None else _per_layer_scale("q_scale", q_scale, L, K)
     return KVCache(
-        k=zeros,
+        k=[jnp.zeros(shape, dtype) for _ in range(L)],
         v=[jnp.zeros(shape, dtype) for _ in range(L)],
         k_scale=ks,
         v_scale=vs,
         valid_BS=jnp.zeros((batch, max_len), bool),
         lengths_B=jnp.zeros((batch,), jnp.int32),
-        q_scale=qs,
+        q_scale=None if q_scale is None else per_layer_scale("q_scale", q_scale, L, K),
         mode=mode,
     )
 
@@ -145,26 +200,6 @@ def extend_cache(cache: KVCache, max_len: int) -> KVCache:
     )
 
 
-def reset_rows(cache: KVCache, rows_B: jax.Array) -> KVCache:
-    """Empties the rows where ``rows_B`` is True (length 0, no valid slots) for refilling."""
-    return dataclasses.replace(
-        cache,
-        valid_BS=cache.valid_BS & ~rows_B[:, None],
-        lengths_B=jnp.where(rows_B, 0, cache.lengths_B),
-    )
-
-
-def quantize_kv(x_BTKC: jax.Array, mode: str, dtype, scale=None):
-    """(stored values, stored scale or None): the cache-dtype form of new K or V vectors."""
-    if mode == "none":
-        return x_BTKC.astype(dtype), None
-    x = x_BTKC.astype(jnp.float32)
-    if mode == "static":
-        return saturating_cast(x / scale[:, None], dtype), None
-    s_BTK = jnp.maximum(jnp.max(jnp.abs(x), axis=-1), SCALE_TINY) / fp8_max(dtype)
-    return saturating_cast(x / s_BTK[..., None], dtype), s_BTK
-
-
 def scatter_slots(buf, new, slots_BT):
     """``buf[b, slots_BT[b, t]] = new[b, t]``; writes past the end are dropped."""
     # mode="drop": writes past max_len are discarded rather than clamped onto earlier slots.
@@ -188,28 +223,15 @@ def live_range(valid_BS: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.where(any_B, first, 0).astype(jnp.int32), jnp.where(any_B, end, 0).astype(jnp.int32)
 
 
-def write_layer(cache: KVCache, layer: int, k_BTKC, v_BTKC, slots_BT):
-    """(k, v, k_scale, v_scale) of one layer after writing the new tokens at ``slots_BT``."""
+def write_layer(cache: KVCache, layer: int, k_BTKC, v_BTKC, slots_BT) -> LayerKV:
+    """One layer's buffers after writing the new tokens at ``slots_BT``."""
     ks = cache.k_scale[layer] if cache.k_scale is not None else None
     vs = cache.v_scale[layer] if cache.v_scale is not None else None
-    k_q, k_s = quantize_kv(k_BTKC, cache.mode, cache.dtype, ks if cache.mode == "static" else None)
-    v_q, v_s = quantize_kv(v_BTKC, cache.mode, cache.dtype, vs if cache.mode == "static" else None)
+    static = cache.mode == "static"
+    k_q, k_s = quantize_kv(k_BTKC, cache.mode, cache.dtype, ks if static else None)
+    v_q, v_s = quantize_kv(v_BTKC, cache.mode, cache.dtype, vs if static else None)
     k = scatter_slots(cache.k[layer], k_q, slots_BT)
     v = scatter_slots(cache.v[layer], v_q, slots_BT)
     if cache.mode == "dynamic":
         ks, vs = scatter_scales(ks, k_s, slots_BT), scatter_scales(vs, v_s, slots_BT)
-    return k, v, ks, vs
-
-
-def advance(cache: KVCache, new_k, new_v, new_ks, new_vs, slots_BT, valid_BT) -> KVCache:
-    """Cache after a forward of T tokens: new per-layer buffers, valid slots, ``lengths += T``."""
-    valid = scatter_slots(cache.valid_BS, valid_BT, slots_BT)
-    return dataclasses.replace(
-        cache,
-        k=new_k,
-        v=new_v,
-        k_scale=new_ks if cache.k_scale is not None else None,
-        v_scale=new_vs if cache.v_scale is not None else None,
-        valid_BS=valid,
-        lengths_B=cache.lengths_B + slots_BT.shape[1],
-    )
+    return LayerKV(k, v, ks, vs)

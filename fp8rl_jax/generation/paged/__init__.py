@@ -11,7 +11,7 @@ import jax
 
 from fp8rl_jax.generation.config import PagedConfig
 from fp8rl_jax.generation.generate import Prompts, Rollout, engine_inputs, response_budget
-from fp8rl_jax.generation.kv_scales import KVScales
+from fp8rl_jax.generation.kv import KVScales, check_kernel_page_size
 from fp8rl_jax.generation.paged.admit import group_leaders
 from fp8rl_jax.generation.paged.engine import run_engine
 from fp8rl_jax.generation.paged.plan import FIELD, PoolPlan, plan_pool
@@ -19,20 +19,6 @@ from fp8rl_jax.generation.paged.state import EngineSpec, EngineState
 from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.models import ModelConfig
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
-from kernels_pallas.paged_attention.pallas_mosaic_gpu import PAGE_SIZES as GPU_PAGE_SIZES
-from kernels_pallas.paged_attention.pallas_tpu import PAGE_SIZES as TPU_PAGE_SIZES
-
-
-def check_kernel_page_size(page_size: int, kernels: KernelImpls) -> None:
-    """A paged decode kernel's tile is one page: an explicitly chosen kernel must support the
-    page size (``auto`` falls back to ``xla``, which reads any page size)."""
-    sizes = {"pallas_tpu": TPU_PAGE_SIZES, "pallas_mosaic_gpu": GPU_PAGE_SIZES}
-    allowed = sizes.get(kernels.decode_attention)
-    if allowed is not None and page_size not in allowed:
-        raise ValueError(
-            f"{FIELD}.page_size={page_size} is not a block size of the {kernels.decode_attention} "
-            f"paged kernel {allowed} (a tile is one page)"
-        )
 
 
 def generate_paged(
@@ -63,7 +49,7 @@ def generate_paged(
     prompts, dtype, mode, k_scale, v_scale = engine_inputs(
         "generate_paged", prompts, cfg, kv_cache_dtype, kv_scale_mode, kv_scales, max_new_tokens
     )
-    check_kernel_page_size(paged.page_size, kernels)
+    check_kernel_page_size(paged.page_size, kernels, FIELD)
     b, p = prompts.tokens_BP.shape
     plan = plan_pool(
         paged, cfg, num_requests=b, prompt_len=p, max_new_tokens=int(max_new_tokens),

@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 
 from fp8rl_jax.generation.generate import Prompts, _prefill
+from fp8rl_jax.generation.kv import init_cache
+from fp8rl_jax.generation.kv import paged as pkv
 from fp8rl_jax.generation.paged import pages
 from fp8rl_jax.generation.paged.state import EngineSpec, EngineState
-from fp8rl_jax.models import init_cache
-from fp8rl_jax.models import paged_kv_cache as pkv
 
 
 class Inputs(NamedTuple):

@@ -16,11 +16,12 @@ import jax
 import jax.numpy as jnp
 
 from fp8rl_jax.generation.generate import Prompts, Rollout
+from fp8rl_jax.generation.kv import init_paged_cache
 from fp8rl_jax.generation.paged import pages
 from fp8rl_jax.generation.paged.admit import Inputs, admit, drop_idle_groups, group_leaders
 from fp8rl_jax.generation.paged.state import EngineSpec, EngineState, init_state
 from fp8rl_jax.generation.sampling import sample_with_keys, token_keys
-from fp8rl_jax.models import forward, init_paged_cache
+from fp8rl_jax.models import forward
 
 
 def release(s: EngineState, spec: EngineSpec) -> EngineState:

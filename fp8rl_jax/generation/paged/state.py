@@ -7,9 +7,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from fp8rl_jax.generation.kv import PagedKVCache
 from fp8rl_jax.generation.paged.plan import PoolPlan
 from fp8rl_jax.generation.sampling import SamplingConfig
-from fp8rl_jax.models import ModelConfig, PagedKVCache, QKVAmax
+from fp8rl_jax.models import ModelConfig, QKVAmax
 from kernels_pallas.backend import KernelImpls
 
 
