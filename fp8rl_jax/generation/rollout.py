@@ -5,11 +5,10 @@
 optionally pinned to a rollout layout, then handed to the engine ``cfg.engine`` names. Evaluation
 calls it with greedy sampling, so its precision cannot drift from the rollout's.
 
-An engine is ``engine(weights, prompts, model_cfg, cfg, sampling, rng, kv_scales) -> (Rollout,
-metrics)``, also taking ``record_expert_ids=True`` if it supports MoE routing replay (it is
-passed only when asked for); ``ENGINE_FNS`` maps ``RolloutConfig.engine`` to it: ``static``
-(``generate``) and ``paged`` (``generate_paged``: page pool, continuous batching, shared prompts;
-its metrics are the ``engine_*`` keys).
+``ENGINE_IMPLS`` maps ``RolloutConfig.engine`` to an engine of the ``engine.Engine`` contract:
+``static`` (``generate``) and ``paged`` (``generate_paged``: page pool, continuous batching,
+shared prompts; its metrics are the ``engine_*`` keys). ``check_engine`` refuses, at config
+time, a config that asks the engine for a capability it lacks.
 
 KV-scale calibration (§4.5) lives here too: step 0 from a high-precision pass over the prompts
 (``calibrate_initial_kv_scales``), every later step from the scoring pass's Q/K/V amax
@@ -23,16 +22,16 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from fp8rl_jax.generation.config import RolloutConfig
-from fp8rl_jax.generation.generate import Prompts, Rollout, generate
+from fp8rl_jax.generation.config import EngineName, RolloutConfig
+from fp8rl_jax.generation.engine import Engine, Prompts, Rollout, check_capabilities
 from fp8rl_jax.generation.kv import KVScales, calibrate_kv_scales
-from fp8rl_jax.generation.paged import generate_paged
+from fp8rl_jax.generation.paged import PAGED_ENGINE
 from fp8rl_jax.generation.sampling import SamplingConfig
+from fp8rl_jax.generation.static import STATIC_ENGINE
 from fp8rl_jax.models import ModelConfig, QKVAmax, forward
 from fp8rl_jax.quant import QuantStats, quantize_params
 
 PinParams = Callable[[dict], dict]  # pins the quantized weights to a layout (inside jit)
-Engine = Callable[..., tuple[Rollout, dict]]
 
 
 def cast_floats(tree, dtype):
@@ -57,44 +56,12 @@ def rollout_weights(
     return (weights if pin is None else pin(weights)), stats
 
 
-def _static_engine(weights, prompts, model_cfg, cfg: RolloutConfig, sampling, rng, kv_scales, **kw):
-    """Prefill + ``while_loop`` decode over a dense per-row KV cache (``generate``)."""
-    ro = generate(
-        weights,
-        prompts,
-        model_cfg,
-        sampling,
-        rng,
-        kv_cache_dtype=cfg.kv_cache_dtype,
-        kv_scale_mode=cfg.kv_scale_mode,
-        kv_scales=kv_scales if cfg.static_kv_scales else None,
-        max_new_tokens=cfg.max_new_tokens,
-        stop_token_ids=cfg.stop_token_ids,
-        kernels=cfg.kernels,
-        **kw,
-    )
-    return ro, {}
+ENGINE_IMPLS: dict[EngineName, Engine] = {"static": STATIC_ENGINE, "paged": PAGED_ENGINE}
 
 
-def _paged_engine(weights, prompts, model_cfg, cfg: RolloutConfig, sampling, rng, kv_scales):
-    """Continuous batching over a page pool with shared prompt pages (``generate_paged``)."""
-    return generate_paged(
-        weights,
-        prompts,
-        model_cfg,
-        sampling,
-        rng,
-        paged=cfg.paged,
-        kv_cache_dtype=cfg.kv_cache_dtype,
-        kv_scale_mode=cfg.kv_scale_mode,
-        kv_scales=kv_scales if cfg.static_kv_scales else None,
-        max_new_tokens=cfg.max_new_tokens,
-        stop_token_ids=cfg.stop_token_ids,
-        kernels=cfg.kernels,
-    )
-
-
-ENGINE_FNS: dict[str, Engine] = {"static": _static_engine, "paged": _paged_engine}
+def check_engine(cfg: RolloutConfig, *, router_replay: bool = False) -> None:
+    """Config-time check: ``cfg.engine`` has every capability the run asks for."""
+    check_capabilities(ENGINE_IMPLS[cfg.engine].capabilities, cfg, router_replay=router_replay)
 
 
 def rollout(
@@ -118,18 +85,10 @@ def rollout(
     ``record_expert_ids``: the rollout records each token's MoE experts (routing replay).
     """
     weights, qstats = rollout_weights(params, cfg, pin)
-    engine = ENGINE_FNS[cfg.engine]
-    kw = {"record_expert_ids": True} if record_expert_ids else {}
-    ro, engine_metrics = engine(
-        weights,
-        prompts,
-        model_cfg,
-        cfg,
-        cfg.sampling if sampling is None else sampling,
-        rng,
-        kv_scales,
-        **kw,
-    )
+    ro, engine_metrics = ENGINE_IMPLS[cfg.engine](
+        weights, prompts, model_cfg, cfg, cfg.sampling if sampling is None else sampling, rng,
+        kv_scales, record_expert_ids=record_expert_ids,
+    )  # fmt: skip
     metrics = {
         "response_len_mean": jnp.mean(ro.response_lens_B.astype(jnp.float32)),
         "quant_nonfinite": qstats.nonfinite,

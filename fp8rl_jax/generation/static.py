@@ -1,4 +1,4 @@
-"""The rollout program: prefill + ``lax.while_loop`` decode in one jitted function.
+"""The static engine: prefill + ``lax.while_loop`` decode of one batch in one jitted function.
 
 Prompts are left-padded to a bucketed length P (``make_prompts``), so prompts of similar lengths
 share one compiled program; the program depends only on (B, P, max_new_tokens, the static
@@ -24,43 +24,23 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from fp8rl_jax.fields import batched
+from fp8rl_jax.generation.config import RolloutConfig
+from fp8rl_jax.generation.engine import (
+    Capabilities,
+    EngineFn,
+    Prompts,
+    Rollout,
+    engine_inputs,
+    make_rollout,
+    prefill,
+    response_budget,
+)
 from fp8rl_jax.generation.kv import KVCache, KVScales, cache_len, extend_cache, init_cache
 from fp8rl_jax.generation.sampling import SamplingConfig, sample
-from fp8rl_jax.models import ModelConfig, QKVAmax, forward
+from fp8rl_jax.models import ModelConfig, forward
 from fp8rl_jax.models.moe import REPLAY_NONE
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
-
-DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Prompts:
-    """Left-padded prompt token ids and their lengths."""
-
-    tokens_BP: jax.Array = batched()  # int32, pads (any id) on the left
-    lens_B: jax.Array = batched()  # int32, number of real tokens per row
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Rollout:
-    """Generated sequences (prompt + response) and the rollout log-probs of the sampled tokens."""
-
-    tokens_BT: jax.Array = batched()  # int32 [B, P + A]: left-padded prompt, response, 0 pads
-    response_mask_BT: jax.Array = batched()  # bool: response tokens (with a final stop token)
-    logp_BT: jax.Array = batched()  # f32 log q(token), processed distribution; 0 off the response
-    response_lens_B: jax.Array = batched()  # int32
-    prompt_lens_B: jax.Array = batched()  # int32
-    qkv_amax: QKVAmax  # per-layer Q/K/V amax over the prompts (prefill), for step-0 calibration
-    prompt_len: int = dataclasses.field(metadata=dict(static=True))  # P (padded)
-    # MoE routing replay (record_expert_ids): int16 [B, T, L_moe, k], the experts each token of
-    # tokens_BT went to in each MoE layer when the rollout ran it: the real prompt tokens
-    # (prefill) and every response token but the last (never fed back); REPLAY_NONE elsewhere.
-    expert_ids_BTLK: jax.Array | None = batched(default=None)
 
 
 @jax.tree_util.register_dataclass
@@ -77,71 +57,6 @@ class DecodeState:
     logp_BA: jax.Array  # f32 their log-probs
     cache: KVCache
     ids_BALK: jax.Array | None = None  # int16 experts of each response slot's token (recording)
-
-
-def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
-    """Smallest bucket >= n (a multiple of the largest bucket beyond it)."""
-    for b in buckets:
-        if n <= b:
-            return b
-    top = buckets[-1]
-    return -(-n // top) * top
-
-
-def make_prompts(
-    token_lists: Sequence[Sequence[int]], *, pad_id: int = 0, buckets=DEFAULT_BUCKETS
-) -> Prompts:
-    """Left-pads token lists to ``bucket_length(max len)`` (host-side helper)."""
-    lens = [len(t) for t in token_lists]
-    if min(lens) < 1:
-        raise ValueError("make_prompts: every prompt needs at least one token")
-    p = bucket_length(max(lens), buckets)
-    arr = np.full((len(token_lists), p), pad_id, np.int32)
-    for i, t in enumerate(token_lists):
-        arr[i, p - len(t) :] = t
-    return Prompts(jnp.asarray(arr), jnp.asarray(lens, jnp.int32))
-
-
-def _static_scales(kv_scales, cfg, mode):
-    if mode != "static":
-        return None, None
-    if kv_scales is None:
-        raise ValueError(
-            "generate: a static FP8 KV cache needs kv_scales (calibrate_kv_scales); scales never "
-            "default to 1.0"
-        )
-    return kv_scales.k, kv_scales.v
-
-
-def response_budget(budget_B, b: int, max_new_tokens: int) -> jax.Array:
-    """Per-row response budgets ``min(budget_B, max_new_tokens)`` (None: ``max_new_tokens``)."""
-    if budget_B is None:
-        return jnp.full((b,), max_new_tokens, jnp.int32)
-    return jnp.minimum(jnp.asarray(budget_B, jnp.int32), max_new_tokens)
-
-
-def _prefill(weights, prompts: Prompts, cfg, cache, kernels: KernelImpls, record: bool):
-    b, p = prompts.tokens_BP.shape
-    pad_B = p - prompts.lens_B
-    t = jnp.arange(p, dtype=jnp.int32)[None]
-    real_BP = t >= pad_B[:, None]
-    pos_BP = jnp.maximum(t - pad_B[:, None], 0)
-    out = forward(
-        weights,
-        prompts.tokens_BP,
-        cfg,
-        positions_BT=pos_BP,
-        segment_ids_BT=real_BP.astype(jnp.int32),
-        cache=cache,
-        return_qkv_amax=True,
-        last_logits_only=True,  # prompts are left-padded: the last position predicts token 0
-        kernels=kernels,
-        return_expert_ids=record,
-    )
-    ids = out.expert_ids_BTLK
-    if ids is not None:  # the left pads were routed too, but are no tokens of the sequence
-        ids = jnp.where(real_BP[:, :, None, None], ids, jnp.int16(REPLAY_NONE))
-    return out.logits_BTV[:, -1], out.cache, out.qkv_amax, ids
 
 
 def _record_expert_ids(state: DecodeState, ids_BLK, max_new) -> DecodeState:
@@ -199,16 +114,18 @@ def _record(state: DecodeState, tok_B, logp_B, stop_ids, max_new, budget_B) -> D
         "record_expert_ids",
     ),
 )  # fmt: skip
-def _generate(weights, prompts, rng, k_scale, v_scale, budget_B=None, *, cfg, sampling,
+def _generate(weights, prompts, rng, kv_scales, budget_B=None, q_scale_LK=None, *, cfg, sampling,
               cache_dtype, mode, max_new_tokens, stop_ids, kernels, record_expert_ids):  # fmt: skip
     b, p = prompts.tokens_BP.shape
     budget_B = response_budget(budget_B, b, max_new_tokens)
     # The prefill fills a prompt-sized cache (its attention spans P slots, not P + N); the
     # decode loop then gets the response slots.
+    static = kv_scales is not None
     cache = init_cache(
-        cfg, b, p, dtype=cache_dtype, mode=mode, k_scale=k_scale, v_scale=v_scale
+        cfg, b, p, dtype=cache_dtype, mode=mode, k_scale=kv_scales.k if static else None,
+        v_scale=kv_scales.v if static else None, q_scale=q_scale_LK,
     )  # fmt: skip
-    logits_BV, cache, amax, prompt_ids = _prefill(
+    logits_BV, cache, amax, prompt_ids = prefill(
         weights, prompts, cfg, cache, kernels, record_expert_ids
     )
     cache = extend_cache(cache, cache_len(p + max_new_tokens, kernels))
@@ -239,33 +156,8 @@ def _generate(weights, prompts, rng, k_scale, v_scale, budget_B=None, *, cfg, sa
         return _record(s, tok, logp, stop_ids, max_new_tokens, budget_B)
 
     state = jax.lax.while_loop(cond, body, state)
-    resp_BA = jnp.arange(max_new_tokens)[None] < state.n_B[:, None]
-    ids_BALK = state.ids_BALK
-    return Rollout(
-        tokens_BT=jnp.concatenate([prompts.tokens_BP, jnp.where(resp_BA, state.out_BA, 0)], 1),
-        response_mask_BT=jnp.concatenate([jnp.zeros((b, p), bool), resp_BA], 1),
-        logp_BT=jnp.concatenate([jnp.zeros((b, p)), jnp.where(resp_BA, state.logp_BA, 0.0)], 1),
-        response_lens_B=state.n_B,
-        prompt_lens_B=prompts.lens_B,
-        qkv_amax=amax,
-        prompt_len=p,
-        expert_ids_BTLK=None if prompt_ids is None else jnp.concatenate([prompt_ids, ids_BALK], 1),
-    )
-
-
-def engine_inputs(who, prompts, cfg, kv_cache_dtype, kv_scale_mode, kv_scales, max_new_tokens):
-    """The arguments every engine checks alike: ``(Prompts, cache dtype, scale mode
-    ("none" | "static" | "dynamic"), k_scale, v_scale)``; errors start with ``who``."""
-    if not isinstance(prompts, Prompts):
-        prompts = Prompts(*(jnp.asarray(x, jnp.int32) for x in prompts))
-    if max_new_tokens < 1:
-        raise ValueError(f"{who}: max_new_tokens must be >= 1, got {max_new_tokens}")
-    dtype = jnp.dtype(kv_cache_dtype)
-    is_fp8 = dtype.name.startswith("float8")
-    if is_fp8 and kv_scale_mode not in ("static", "dynamic"):
-        raise ValueError(f"{who}: kv_scale_mode must be static|dynamic, got {kv_scale_mode!r}")
-    mode = kv_scale_mode if is_fp8 else "none"
-    return (prompts, dtype, mode, *_static_scales(kv_scales, cfg, mode))
+    ids = None if prompt_ids is None else jnp.concatenate([prompt_ids, state.ids_BALK], 1)
+    return make_rollout(prompts, state.out_BA, state.logp_BA, state.n_B, amax, ids)
 
 
 def generate(
@@ -283,6 +175,7 @@ def generate(
     kernels: KernelImpls = DEFAULT_KERNELS,
     record_expert_ids: bool = False,
     response_budget_B: jax.Array | None = None,
+    fp8_attention: bool = False,
 ) -> Rollout:
     """Samples up to ``max_new_tokens`` per prompt; one compiled program per padded shape.
 
@@ -297,14 +190,42 @@ def generate(
     through ``kernels_pallas.decode_attention``). ``record_expert_ids``: return the experts each
     token went to in each MoE layer (``Rollout.expert_ids_BTLK``, for routing replay; None for a
     dense model). ``response_budget_B``: optional per-row budgets (<= ``max_new_tokens``;
-    benchmarks force long-tailed lengths with it).
+    benchmarks force long-tailed lengths with it). ``fp8_attention``: Q is cast to E4M3 with
+    the static scales ``kv_scales.q`` before it meets the cache (emulated FP8 attention).
     """
-    prompts, dtype, mode, k_scale, v_scale = engine_inputs(
-        "generate", prompts, cfg, kv_cache_dtype, kv_scale_mode, kv_scales, max_new_tokens
-    )
+    inp = engine_inputs(
+        "generate", prompts, kv_cache_dtype, kv_scale_mode, kv_scales, max_new_tokens,
+        fp8_attention,
+    )  # fmt: skip
     stop_ids = tuple(int(t) for t in stop_token_ids)
     return _generate(
-        weights, prompts, rng, k_scale, v_scale, response_budget_B, cfg=cfg, sampling=sampling,
-        cache_dtype=dtype, mode=mode, max_new_tokens=int(max_new_tokens), stop_ids=stop_ids,
-        kernels=kernels, record_expert_ids=bool(record_expert_ids),
+        weights, inp.prompts, rng, inp.kv_scales, response_budget_B, inp.q_scale_LK, cfg=cfg,
+        sampling=sampling,
+        cache_dtype=inp.cache_dtype, mode=inp.mode, max_new_tokens=int(max_new_tokens),
+        stop_ids=stop_ids, kernels=kernels, record_expert_ids=bool(record_expert_ids),
     )  # fmt: skip
+
+
+def _run(
+    weights, prompts, model_cfg, rollout_cfg: RolloutConfig, sampling, rng, kv_scales, *,
+    record_expert_ids: bool = False,
+) -> tuple[Rollout, dict]:  # fmt: skip
+    """The static engine under the ``engine.Engine`` contract (no metrics of its own)."""
+    ro = generate(
+        weights, prompts, model_cfg, sampling, rng, kv_cache_dtype=rollout_cfg.kv_cache_dtype,
+        kv_scale_mode=rollout_cfg.kv_scale_mode,
+        kv_scales=kv_scales if rollout_cfg.static_kv_scales else None,
+        max_new_tokens=rollout_cfg.max_new_tokens, stop_token_ids=rollout_cfg.stop_token_ids,
+        kernels=rollout_cfg.kernels, record_expert_ids=record_expert_ids,
+        fp8_attention=rollout_cfg.fp8_attention,
+    )  # fmt: skip
+    return ro, {}
+
+
+STATIC_ENGINE = EngineFn(
+    _run,
+    Capabilities(
+        router_replay=True, dynamic_kv_scales=True, response_budgets=True,
+        continuous_batching=False,
+    ),
+)  # fmt: skip

@@ -37,7 +37,8 @@ from kernels_pallas.decode_attention import decode_attention, dequantize_kv
 CACHE_ALIGN = 128  # cache slots are rounded up to this when a decode kernel reads them
 
 
-def cdiv(a: int, b: int) -> int:
+def cdiv(a, b):
+    """``ceil(a / b)`` for positive ints or integer arrays."""
     return -(-a // b)
 
 
