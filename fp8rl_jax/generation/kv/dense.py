@@ -28,6 +28,7 @@ from fp8rl_jax.generation.kv.scales import (
     check_mode,
     per_layer_scale,
     quantize_kv,
+    with_layers,
 )
 from fp8rl_jax.models.attention import attention, cache_mask, fake_quantize_q
 from fp8rl_jax.models.config import ModelConfig
@@ -121,16 +122,10 @@ class DenseStep:
     def advance(self, writes: list[LayerKV]) -> KVCache:
         """Cache after the call: new per-layer buffers, valid slots, ``lengths += T``."""
         c = self.cache
-        dynamic = c.mode == "dynamic"
-        return dataclasses.replace(
-            c,
-            k=[w.k for w in writes],
-            v=[w.v for w in writes],
-            k_scale=[w.k_scale for w in writes] if dynamic else c.k_scale,
-            v_scale=[w.v_scale for w in writes] if dynamic else c.v_scale,
-            valid_BS=scatter_slots(c.valid_BS, self.valid_BT, self.slots_BT),
+        return with_layers(
+            c, writes, valid_BS=scatter_slots(c.valid_BS, self.valid_BT, self.slots_BT),
             lengths_B=c.lengths_B + self.slots_BT.shape[1],
-        )
+        )  # fmt: skip
 
 
 def init_cache(

@@ -29,6 +29,7 @@ from fp8rl_jax.generation.kv.scales import (
     check_mode,
     per_layer_scale,
     quantize_kv,
+    with_layers,
 )
 from fp8rl_jax.models.attention import fake_quantize_q
 from fp8rl_jax.models.config import ModelConfig
@@ -106,15 +107,7 @@ class PagedStep:
     def advance(self, writes: list[LayerKV]) -> PagedKVCache:
         """Cache after a one-token step: new per-layer pools, ``lengths += valid``."""
         c = self.cache
-        dynamic = c.mode == "dynamic"
-        return dataclasses.replace(
-            c,
-            k=[w.k for w in writes],
-            v=[w.v for w in writes],
-            k_scale=[w.k_scale for w in writes] if dynamic else c.k_scale,
-            v_scale=[w.v_scale for w in writes] if dynamic else c.v_scale,
-            lengths_U=c.lengths_U + self.valid_U.astype(jnp.int32),
-        )
+        return with_layers(c, writes, lengths_U=c.lengths_U + self.valid_U.astype(jnp.int32))
 
 
 def check_kernel_page_size(

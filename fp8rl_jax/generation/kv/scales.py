@@ -55,6 +55,19 @@ class LayerKV(NamedTuple):
     v_scale: jax.Array | None
 
 
+def with_layers(cache, writes: list[LayerKV], **changes):
+    """``cache`` (dense or paged) holding every layer's new buffers; static scales are kept."""
+    dynamic = cache.mode == "dynamic"
+    return dataclasses.replace(
+        cache,
+        k=[w.k for w in writes],
+        v=[w.v for w in writes],
+        k_scale=[w.k_scale for w in writes] if dynamic else cache.k_scale,
+        v_scale=[w.v_scale for w in writes] if dynamic else cache.v_scale,
+        **changes,
+    )
+
+
 def check_mode(who: str, dtype, mode: str) -> None:
     """A cache's dtype and scale mode agree: FP8 iff ``static``/``dynamic``."""
     if mode not in MODES:
