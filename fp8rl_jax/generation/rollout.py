@@ -1,9 +1,10 @@
 """The one rollout call of the RL step and of evaluation: cast -> quantize -> pin -> generate.
 
 ``rollout`` runs the policy exactly as the rollout engine runs it: the weights cast to
-``compute_dtype``, quantized by ``cfg.quant`` (the per-step "weight sync", DESIGN.md §4.2),
-optionally pinned to a rollout layout, then handed to the engine ``cfg.engine`` names. Evaluation
-calls it with greedy sampling, so its precision cannot drift from the rollout's.
+``compute_dtype``, quantized by ``rollout_cfg.quant`` (the per-step "weight sync", DESIGN.md
+§4.2), optionally pinned to a rollout layout, then handed to the engine ``rollout_cfg.engine``
+names. Evaluation calls it with greedy sampling, so its precision cannot drift from the
+rollout's. (``rollout_cfg`` is always the ``RolloutConfig``, ``model_cfg`` the ``ModelConfig``.)
 
 ``ENGINE_IMPLS`` maps ``RolloutConfig.engine`` to an engine of the ``engine.Engine`` contract:
 ``static`` (``generate``) and ``paged`` (``generate_paged``: page pool, continuous batching,
@@ -43,7 +44,7 @@ def cast_floats(tree, dtype):
 
 
 def rollout_weights(
-    params, cfg: RolloutConfig, pin: PinParams | None = None
+    params, rollout_cfg: RolloutConfig, pin: PinParams | None = None
 ) -> tuple[dict, QuantStats]:
     """The rollout copy of the weights: cast to ``compute_dtype``, quantized, pinned.
 
@@ -51,7 +52,7 @@ def rollout_weights(
     the rollout layout, so FSDP gathers run once per step, not once per generated token.
     """
     weights, stats = quantize_params(
-        cast_floats(params, cfg.compute_dtype), cfg.quant, return_stats=True
+        cast_floats(params, rollout_cfg.compute_dtype), rollout_cfg.quant, return_stats=True
     )
     return (weights if pin is None else pin(weights)), stats
 
@@ -59,16 +60,18 @@ def rollout_weights(
 ENGINE_IMPLS: dict[EngineName, Engine] = {"static": STATIC_ENGINE, "paged": PAGED_ENGINE}
 
 
-def check_engine(cfg: RolloutConfig, *, router_replay: bool = False) -> None:
-    """Config-time check: ``cfg.engine`` has every capability the run asks for."""
-    check_capabilities(ENGINE_IMPLS[cfg.engine].capabilities, cfg, router_replay=router_replay)
+def check_engine(rollout_cfg: RolloutConfig, *, router_replay: bool = False) -> None:
+    """Config-time check: ``rollout_cfg.engine`` has every capability the run asks for."""
+    check_capabilities(
+        ENGINE_IMPLS[rollout_cfg.engine].capabilities, rollout_cfg, router_replay=router_replay
+    )
 
 
 def rollout(
     params,
     prompts: Prompts,
     model_cfg: ModelConfig,
-    cfg: RolloutConfig,
+    rollout_cfg: RolloutConfig,
     rng: jax.Array,
     kv_scales: KVScales | None = None,
     *,
@@ -79,15 +82,16 @@ def rollout(
     """Generates with the rollout policy of ``params``; returns the rollout and its metrics.
 
     ``params``: high-precision weights (FP32 master or already cast). ``kv_scales``: the static
-    FP8 KV scales (used only when ``cfg.static_kv_scales``). ``sampling`` overrides
-    ``cfg.sampling`` (evaluation: greedy). Metrics (device scalars): ``response_len_mean``,
+    FP8 KV scales (used only when ``rollout_cfg.static_kv_scales``). ``sampling`` overrides
+    ``rollout_cfg.sampling`` (evaluation: greedy). Metrics (device scalars): ``response_len_mean``,
     ``quant_nonfinite`` (NaN/Inf weights met by the quantizer), and the engine's own.
     ``record_expert_ids``: the rollout records each token's MoE experts (routing replay).
     """
-    weights, qstats = rollout_weights(params, cfg, pin)
-    ro, engine_metrics = ENGINE_IMPLS[cfg.engine](
-        weights, prompts, model_cfg, cfg, cfg.sampling if sampling is None else sampling, rng,
-        kv_scales, record_expert_ids=record_expert_ids,
+    weights, qstats = rollout_weights(params, rollout_cfg, pin)
+    sampling = rollout_cfg.sampling if sampling is None else sampling
+    ro, engine_metrics = ENGINE_IMPLS[rollout_cfg.engine](
+        weights, prompts, model_cfg, rollout_cfg, sampling, rng, kv_scales,
+        record_expert_ids=record_expert_ids,
     )  # fmt: skip
     metrics = {
         "response_len_mean": jnp.mean(ro.response_lens_B.astype(jnp.float32)),
@@ -104,10 +108,10 @@ def prompt_segment_ids(prompts: Prompts) -> jax.Array:
 
 
 def calibrate_initial_kv_scales(
-    params, prompts: Prompts, model_cfg: ModelConfig, cfg: RolloutConfig
+    params, prompts: Prompts, model_cfg: ModelConfig, rollout_cfg: RolloutConfig
 ) -> KVScales | None:
     """Step 0 (DESIGN.md §4.5): KV scales from a high-precision pass over the prompts."""
-    if not cfg.static_kv_scales:
+    if not rollout_cfg.static_kv_scales:
         return None
     seg = prompt_segment_ids(prompts)
     pos = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0)
@@ -115,19 +119,21 @@ def calibrate_initial_kv_scales(
         lambda p, t, q, s: forward(
             p, t, model_cfg, positions_BT=q, segment_ids_BT=s, return_qkv_amax=True
         )
-    )(cast_floats(params, cfg.compute_dtype), prompts.tokens_BP, pos, seg)
-    return calibrate_kv_scales(out.qkv_amax, cfg.kv_calib_percentile, cfg.kv_calib_margin)
+    )(cast_floats(params, rollout_cfg.compute_dtype), prompts.tokens_BP, pos, seg)
+    return calibrate_kv_scales(
+        out.qkv_amax, rollout_cfg.kv_calib_percentile, rollout_cfg.kv_calib_margin
+    )
 
 
 def recalibrate_kv_scales(
-    qkv_amax: QKVAmax, cfg: RolloutConfig, previous: KVScales | None
+    qkv_amax: QKVAmax, rollout_cfg: RolloutConfig, previous: KVScales | None
 ) -> KVScales:
     """The next rollout's static KV scales from this step's scoring-pass amax (§4.5).
 
     An invalid amax entry (0, NaN, Inf) keeps ``previous``'s scale and is counted.
     """
     return calibrate_kv_scales(
-        qkv_amax, cfg.kv_calib_percentile, cfg.kv_calib_margin, previous=previous
+        qkv_amax, rollout_cfg.kv_calib_percentile, rollout_cfg.kv_calib_margin, previous=previous
     )
 
 
