@@ -1,4 +1,4 @@
-"""Rollout: sampling, FP8 KV-cache scales, the jitted prefill + decode loop, the rollout helper."""
+"""Rollout: the engine contract, the static and paged engines, KV caches and scales, sampling."""
 
 from fp8rl_jax.generation.config import (
     ENGINES,
