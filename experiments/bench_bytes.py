@@ -1,6 +1,6 @@
 """HBM bytes per generated token of a Qwen3-8B decode step at 8K context on H100, no device.
 
-The rollout program (``fp8rl_jax.generation.aot_cases.rollout_fn``: ``quantize_params`` +
+The rollout program (``fp8rl_jax.generation.aot_cases.rollout_program``: ``quantize_params`` +
 ``generate``) is compiled for H100 deviceless (``kernels_pallas.aot``) for three arms: BF16,
 W8A8 (FP8 weights and activations, BF16 KV cache), and W8A8 + FP8 KV (static scales). XLA's cost
 analysis is not available without a device, so the bytes are counted from
@@ -56,7 +56,7 @@ def iteration_bytes(arm: tuple, layers: int, args) -> hlo_bytes.LoopBytes:
     shape = aot_cases.RolloutShape(args.batch, args.prompt_len, args.context - args.prompt_len)
     kernels = KernelImpls(matmul=args.matmul_impl, decode_attention=args.decode_impl)
     recipe = QuantRecipe() if fp8_weights else None
-    fn = aot_cases.rollout_fn(cfg, shape, recipe, kv_dtype, kernels)
+    fn = aot_cases.rollout_program(cfg, shape, recipe, kv_dtype, kernels)
     result = aot.compile_for("h100", fn, *aot_cases.rollout_args(cfg, shape))
     return hlo_bytes.loop_iteration_bytes(result.compiled.as_text())
 

@@ -45,15 +45,9 @@ from fp8rl_jax.generation import (
     generate,
     make_prompts,
 )
+from fp8rl_jax.generation.kv import init_cache, init_paged_cache, page_bytes
 from fp8rl_jax.generation.paged import generate_paged
-from fp8rl_jax.models import (
-    ModelConfig,
-    forward,
-    init_cache,
-    init_paged_cache,
-    init_weights,
-    page_bytes,
-)
+from fp8rl_jax.models import ModelConfig, forward, init_weights
 from kernels_pallas.paged_attention import window_ladder
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

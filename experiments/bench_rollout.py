@@ -56,23 +56,18 @@ from fp8rl_jax.generation import (  # noqa: E402
     rollout,
     rollout_weights,
 )
+from fp8rl_jax.generation.kv import init_cache  # noqa: E402
 from fp8rl_jax.models import (  # noqa: E402
     ModelConfig,
-    RopeConfig,
     forward,
-    init_cache,
     init_weights,
     save_hf_checkpoint,
 )
+from fp8rl_jax.models.presets import QWEN3_1P7B  # noqa: E402
 from fp8rl_jax.quant import QuantRecipe  # noqa: E402
 
 MODELS = {
-    "qwen3-1.7b": ModelConfig(
-        vocab_size=151936, hidden_size=2048, num_layers=28, num_heads=16, num_kv_heads=8,
-        head_dim=128, intermediate_size=6144, rms_norm_eps=1e-6, rope=RopeConfig(theta=1e6),
-        max_position_embeddings=40960, tie_word_embeddings=True, qk_norm=True,
-        architecture="Qwen3ForCausalLM",
-    ),
+    "qwen3-1.7b": QWEN3_1P7B,
     "tiny": ModelConfig(
         vocab_size=256, hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
         intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=True,

@@ -10,13 +10,14 @@ import pytest
 
 from fp8rl_jax.generation import (
     Prompts,
+    RolloutConfig,
     SamplingConfig,
     calibrate_kv_scales,
     generate,
     make_prompts,
     token_logprobs,
 )
-from fp8rl_jax.generation.generate import _generate
+from fp8rl_jax.generation.static import _generate
 from fp8rl_jax.models import ModelConfig, forward, init_weights, load_hf_checkpoint
 from fp8rl_jax.quant import QuantRecipe, quantize_params
 from kernels_pallas import KernelImpls
@@ -88,6 +89,24 @@ def test_fp8_kv_cache_close_to_high_precision():
     # (measured: bf16 0.007, fp8 static 0.11, dynamic 0.09 on these peaked N(0, 0.2) weights).
     assert err_bf16 < 0.02 and err_static < 0.2 and err_dyn < 0.2
     assert max(err_static, err_dyn) < 25 * err_bf16
+
+
+def test_fp8_attention_is_close_and_uses_its_q_scale():
+    """FP8 attention (Q cast to E4M3 with ``KVScales.q``) over an FP8 static cache stays near the
+    FP8-KV error (< 0.2, as above); a Q scale 1500x too small clips Q at 448·s and the error
+    grows, so the scale is the one used. The config refuses it without static FP8 scales."""
+    cfg, w, refs = _load("llama")
+    prompts, sampling = _prompts(refs), SamplingConfig(temperature=1.0)
+    ro = generate(w, prompts, cfg, sampling, jax.random.key(2), max_new_tokens=16)
+    scales = calibrate_kv_scales(_score_amax(w, cfg, ro))
+    kw = dict(kv_cache_dtype="float8_e4m3fn", fp8_attention=True)
+    err = _kv_error(w, cfg, prompts, sampling, kv_scales=scales, **kw)
+    clipped = dataclasses.replace(scales, q=scales.q / 1500)
+    err_clipped = _kv_error(w, cfg, prompts, sampling, kv_scales=clipped, **kw)
+    print(f"mean |Δ logp|: fp8 attention {err:.4f}, clipped Q {err_clipped:.4f}")
+    assert err < 0.2 and err_clipped > 2 * err
+    with pytest.raises(ValueError, match="fp8_attention"):
+        RolloutConfig(fp8_attention=True)
 
 
 def _score_amax(w, cfg, ro):

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from fp8rl_jax.generation import calibrate_kv_scales
+from fp8rl_jax.models import QKVAmax
 
 
 def _stats(k, v=None, q=None):
     k = jnp.asarray(k, jnp.float32)
-    return {"q": k if q is None else q, "k": k, "v": k if v is None else v}
+    return QKVAmax(q_LK=k if q is None else q, k_LK=k, v_LK=k if v is None else v)
 
 
 def test_single_batch_formula():

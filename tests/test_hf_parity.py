@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fp8rl_jax.generation.kv import init_cache
 from fp8rl_jax.models import (
     ModelConfig,
     forward,
-    init_cache,
     load_hf_checkpoint,
     save_hf_checkpoint,
 )

@@ -11,15 +11,13 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractDevice, AbstractMesh
 
+from fp8rl_jax.generation.kv import KVCache, init_cache
 from fp8rl_jax.models import (
-    KVCache,
     ModelConfig,
     RopeConfig,
     forward,
-    init_cache,
     init_weights,
     logical_axes,
-    reset_rows,
 )
 from fp8rl_jax.models.attention import project_qkv
 from fp8rl_jax.models.layers import rms_norm
@@ -330,20 +328,6 @@ def test_static_cache_requires_scales_and_valid_modes():
     )
     np.testing.assert_allclose(c.k_scale[1], [0.2, 0.2])
     assert isinstance(jax.tree.map(lambda x: x, c), KVCache)
-
-
-def test_reset_row_and_refill_matches_fresh_cache():
-    w = weights()
-    a, b = tokens((2, 6), 5), tokens((1, 6), 6)
-    cache = fwd(w, a, CFG, cache=init_cache(CFG, 2, 8, dtype=jnp.float32)).cache
-    cache = reset_rows(cache, jnp.array([False, True]))
-    refill = jnp.concatenate([a[:1, :1], b[:, :1]], 0)  # row 0 continues, row 1 starts anew
-    seg = jnp.ones((2, 1), jnp.int32)
-    pos = jnp.array([[6], [0]])
-    out = fwd(w, refill, CFG, positions_BT=pos, segment_ids_BT=seg, cache=cache)
-    fresh = fwd(w, b[:, :1], CFG).logits_BTV[0, 0]
-    np.testing.assert_allclose(out.logits_BTV[1, 0], fresh, atol=1e-4)
-    np.testing.assert_array_equal(out.cache.lengths_B, [7, 1])
 
 
 def test_fp8_attention_q_scale_close():

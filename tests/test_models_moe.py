@@ -7,8 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp8rl_jax.models import ModelConfig, forward, init_cache, init_weights
+from fp8rl_jax.generation.kv import init_cache
+from fp8rl_jax.models import ModelConfig, forward, init_weights
 from fp8rl_jax.models.moe import moe_mlp, moe_mlp_dense_reference, route
+from fp8rl_jax.models.presets import QWEN3_30B_A3B
 from fp8rl_jax.quant import QArray, QuantRecipe, quantize_params
 from kernels_pallas import KernelImpls
 
@@ -162,11 +164,6 @@ def test_ragged_gradients_equal_dense_reference_gradients():
 
 # D and F multiples of 128, so the Mosaic kernels' support checks accept the expert GEMMs.
 CFG_128 = ModelConfig(**{**CFG.__dict__, "hidden_size": 128, "moe_intermediate_size": 128})
-QWEN3_30B_A3B = ModelConfig(
-    vocab_size=151936, hidden_size=2048, num_layers=48, num_heads=32, num_kv_heads=4,
-    head_dim=128, intermediate_size=6144, qk_norm=True, num_experts=128, num_experts_per_tok=8,
-    moe_intermediate_size=768, architecture="Qwen3MoeForCausalLM",
-)  # fmt: skip
 
 
 def _blocked_dims(q: QArray) -> tuple[int, ...]:

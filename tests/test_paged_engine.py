@@ -111,7 +111,7 @@ def test_page_accounting_invariants_every_iteration():
                              cache_dtype=jnp.dtype("float32"), mode="none",
                              kernels=DEFAULT_KERNELS)  # fmt: skip
     s, inp = engine.start(
-        tiny_params(), prompts, jax.random.key(7), None, None, jnp.full((9,), A), spec
+        tiny_params(), prompts, jax.random.key(7), None, jnp.full((9,), A), None, spec
     )
     step = jax.jit(functools.partial(engine.step, spec=spec, inp=inp))
     lens = np.asarray(prompts.lens_B)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fp8rl_jax.models import QKVAmax
 from fp8rl_jax.rl import RolloutBatch
 from fp8rl_jax.rl.dapo import (
     DAPOConfig,
@@ -56,13 +57,18 @@ def test_truncated_rows():
     np.testing.assert_array_equal(truncated_rows(tokens, mask, A, ()), [True, True, False, False])
 
 
+def _amax(q):
+    q = jnp.array([q])  # [L=1, K=2]
+    return QKVAmax(q_LK=q, k_LK=q, v_LK=q)
+
+
 def _batch(lens, last_tokens):
     tokens, mask = _rows(lens, last_tokens)
     z = jnp.zeros_like(mask)
     return RolloutBatch(
         tokens_BT=tokens, segment_ids_BT=jnp.ones_like(tokens), positions_BT=jnp.zeros_like(tokens),
         response_mask_BT=mask, logp_rollout_BT=z, logp_old_BT=z, is_weights_BT=jnp.ones_like(mask),
-        keep_BT=jnp.ones_like(mask), qkv_amax={"q": jnp.array([1.0, 4.0])}, metrics={"kl": 0.0},
+        keep_BT=jnp.ones_like(mask), qkv_amax=_amax([1.0, 4.0]), metrics={"kl": 0.0},
     )  # fmt: skip
 
 
@@ -91,21 +97,21 @@ def test_informative_groups():
 def test_select_rows_gathers_rows_and_masks_unfilled_slots():
     buf = _batch([1, 2, 3, 4], [0, 0, 0, 0])
     new = _batch([5, 6, 7, 8], [0, 0, 0, 0])
-    new = dataclasses.replace(new, qkv_amax={"q": jnp.array([3.0, 2.0])}, metrics={"kl": 1.0})
+    new = dataclasses.replace(new, qkv_amax=_amax([3.0, 2.0]), metrics={"kl": 1.0})
     take = jnp.array([-1, 3, 0, -1], jnp.int32)  # slot 1 <- new row 3, slot 2 <- new row 0
     valid = jnp.array([1.0, 1.0, 1.0, 0.0])
     out = jax.jit(select_rows)(buf, new, take, valid)
     np.testing.assert_array_equal(np.asarray(out.response_mask_BT).sum(1), [1, 8, 5, 4])
     np.testing.assert_array_equal(out.tokens_BT[1], new.tokens_BT[3])
     np.testing.assert_array_equal(np.asarray(out.keep_BT).max(1), [1, 1, 1, 0])
-    np.testing.assert_array_equal(out.qkv_amax["q"], [3.0, 4.0])  # elementwise max
+    np.testing.assert_array_equal(out.qkv_amax.q_LK[0], [3.0, 4.0])  # elementwise max
     assert float(out.metrics["kl"]) == 0.0  # the buffer's
     # no buffer: every slot from ``new``, which may have more rows than the output
     big = _batch([5, 6, 7, 8, 9, 10], [0] * 6)
     out = jax.jit(select_rows)(None, big, jnp.array([5, 0, 2, 1], jnp.int32), valid)
     np.testing.assert_array_equal(np.asarray(out.response_mask_BT).sum(1), [10, 5, 7, 6])
     np.testing.assert_array_equal(np.asarray(out.keep_BT).max(1), [1, 1, 1, 0])
-    np.testing.assert_array_equal(out.qkv_amax["q"], [1.0, 4.0])
+    np.testing.assert_array_equal(out.qkv_amax.q_LK[0], [1.0, 4.0])
 
 
 def test_config_validation():

@@ -13,19 +13,21 @@ import numpy as np
 import optax
 import pytest
 
-from fp8rl_jax.generation import RolloutConfig, SamplingConfig, generate
+from fp8rl_jax.generation import PagedConfig, RolloutConfig, SamplingConfig, generate, rollout
+from fp8rl_jax.generation.engine import Capabilities, check_capabilities
 from fp8rl_jax.models import forward
 from fp8rl_jax.models.moe import REPLAY_NONE, route
 from fp8rl_jax.rl import RLConfig, init_train_state, jit_steps
 from fp8rl_jax.rl.scoring import rollout_segment_ids
-from fp8rl_jax.train.experiment import ModelSpec
+from fp8rl_jax.train.experiment import Experiment, ModelSpec, TrainerConfig
 from tests.testing import TINY_MODEL, VOCAB, assert_finite, copy_tree, tiny_params, tiny_prompts
 
-MOE = ModelSpec(
+MOE_SPEC = ModelSpec(
     hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
     architecture="Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
     moe_intermediate_size=32,
-).tiny_config(VOCAB)  # fmt: skip
+)  # fmt: skip
+MOE = MOE_SPEC.tiny_config(VOCAB)
 G = 2
 ROLLOUT = RolloutConfig(max_new_tokens=6)  # FP8 W8A8 weights, BF16 compute and KV cache
 REPLAY = RLConfig(group_size=G, router_replay="replay")
@@ -147,3 +149,40 @@ def test_replay_is_a_noop_for_dense_models():
     assert out["replay"].expert_ids_BTLK is None
     np.testing.assert_array_equal(out["none"].tokens_BT, out["replay"].tokens_BT)
     np.testing.assert_array_equal(out["none"].logp_old_BT, out["replay"].logp_old_BT)
+
+
+def test_an_engine_without_a_capability_is_refused_naming_both_fields():
+    caps = Capabilities(
+        router_replay=False, dynamic_kv_scales=True, response_budgets=True,
+        continuous_batching=True,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"rl.router_replay='replay'.*rollout.engine='paged'"):
+        check_capabilities(caps, RolloutConfig(engine="paged"), router_replay=True)
+    check_capabilities(caps, RolloutConfig(engine="paged"), router_replay=False)
+    # both engines record experts: a paged MoE run with replay is a valid experiment
+    Experiment(
+        model=MOE_SPEC, rollout=RolloutConfig(engine="paged"),
+        rl=RLConfig(group_size=G, router_replay="replay"),
+        trainer=TrainerConfig(prompts_per_step=4),
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_paged_engine_records_the_same_experts_as_the_static_engine():
+    """``rollout`` on the paged engine (3 slots, pages of 4: slots are reused, groups share
+    prompt pages) with replay records what the static engine records (F32: same tokens)."""
+    cfg = RolloutConfig(
+        max_new_tokens=6, quant=None, kv_cache_dtype="float32", compute_dtype="float32"
+    )
+    params = tiny_params(MOE)
+    out = {}
+    for engine in ("static", "paged"):
+        rc = dataclasses.replace(cfg, engine=engine, paged=PagedConfig(num_slots=3, page_size=4))
+        out[engine], _ = rollout(
+            params, _prompts(), MOE, rc, jax.random.key(3), record_expert_ids=True
+        )
+    static, paged = out["static"], out["paged"]
+    np.testing.assert_array_equal(paged.tokens_BT, static.tokens_BT)
+    assert paged.expert_ids_BTLK.dtype == jnp.int16
+    np.testing.assert_array_equal(paged.expert_ids_BTLK, static.expert_ids_BTLK)
+    assert np.any(np.asarray(paged.expert_ids_BTLK) >= 0)

@@ -13,7 +13,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from fp8rl_jax.fields import batched
-from fp8rl_jax.models import ModelConfig, init_cache
+from fp8rl_jax.generation.kv import init_cache
+from fp8rl_jax.models import ModelConfig
 from fp8rl_jax.quant import QuantRecipe, quantize_params
 from fp8rl_jax.rl import init_train_state
 from fp8rl_jax.train import sharding as sh

@@ -1,30 +1,31 @@
-"""Rollout: sampling, FP8 KV-cache scales, the jitted prefill + decode loop, the rollout helper."""
+"""Rollout: the engine contract, the static and paged engines, KV caches and scales, sampling."""
 
 from fp8rl_jax.generation.config import (
     ENGINES,
     KV_CACHE_DTYPES,
     KV_SCALE_MODES,
     ComputeDtype,
-    Engine,
+    EngineName,
     KVCacheDtype,
     KVScaleMode,
     PagedConfig,
     RolloutConfig,
 )
-from fp8rl_jax.generation.generate import (
-    DecodeState,
+from fp8rl_jax.generation.engine import (
+    Capabilities,
+    Engine,
     Prompts,
     Rollout,
     bucket_length,
-    generate,
     make_prompts,
 )
-from fp8rl_jax.generation.kv_scales import KVScales, calibrate_kv_scales
+from fp8rl_jax.generation.kv import KVScales, calibrate_kv_scales
 from fp8rl_jax.generation.rollout import (
-    ENGINE_FNS,
+    ENGINE_IMPLS,
     PinParams,
     calibrate_initial_kv_scales,
     cast_floats,
+    check_engine,
     kv_scale_metrics,
     prompt_segment_ids,
     recalibrate_kv_scales,
@@ -38,17 +39,20 @@ from fp8rl_jax.generation.sampling import (
     sample,
     token_logprobs,
 )
+from fp8rl_jax.generation.static import DecodeState, generate
 
 __all__ = [
     "ENGINES",
-    "ENGINE_FNS",
+    "ENGINE_IMPLS",
     "KV_CACHE_DTYPES",
     "KV_SCALE_MODES",
     "ComputeDtype",
-    "Engine",
+    "EngineName",
     "KVCacheDtype",
     "KVScaleMode",
+    "Capabilities",
     "DecodeState",
+    "Engine",
     "KVScales",
     "PagedConfig",
     "PinParams",
@@ -60,6 +64,7 @@ __all__ = [
     "calibrate_initial_kv_scales",
     "calibrate_kv_scales",
     "cast_floats",
+    "check_engine",
     "generate",
     "kv_scale_metrics",
     "make_prompts",

@@ -15,20 +15,17 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fp8rl_jax.generation.generate import generate
+from fp8rl_jax.generation.kv import KVScales
 from fp8rl_jax.generation.sampling import SamplingConfig
-from fp8rl_jax.models import ModelConfig, RopeConfig, init_weights
+from fp8rl_jax.generation.static import generate
+from fp8rl_jax.models import init_weights
+from fp8rl_jax.models.presets import QWEN3_8B, QWEN3_STOP_IDS
 from fp8rl_jax.quant import QuantRecipe, quantize_params
 from kernels_pallas.aot import AotCase
 from kernels_pallas.backend import KernelImpls
 
 NUM_LAYERS = 2
-QWEN3_8B = ModelConfig(
-    vocab_size=151936, hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8,
-    head_dim=128, intermediate_size=12288, rms_norm_eps=1e-6, rope=RopeConfig(theta=1e6),
-    max_position_embeddings=40960, qk_norm=True, architecture="Qwen3ForCausalLM",
-)  # fmt: skip
-STOP_IDS = (151645, 151643)  # Qwen <|im_end|>, <|endoftext|>
+STOP_IDS = QWEN3_STOP_IDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +49,7 @@ IMPLS = {
 XLA_IMPLS = KernelImpls(matmul="xla", decode_attention="xla", grouped_matmul="xla")
 
 
-def rollout_fn(cfg, shape: RolloutShape, recipe, kv_cache_dtype: str, kernels: KernelImpls):
+def rollout_program(cfg, shape: RolloutShape, recipe, kv_cache_dtype: str, kernels: KernelImpls):
     """``(params, tokens_BP, lens_B, rng, kv_k_LK, kv_v_LK) -> Rollout``: weight sync + generate."""
 
     def rollout(params, tokens_BP, lens_B, rng, k_LK, v_LK):
@@ -61,7 +58,7 @@ def rollout_fn(cfg, shape: RolloutShape, recipe, kv_cache_dtype: str, kernels: K
         return generate(
             weights, (tokens_BP, lens_B), cfg, SamplingConfig(temperature=1.0), rng,
             kv_cache_dtype=kv_cache_dtype, kv_scale_mode="static",
-            kv_scales={"k": k_LK, "v": v_LK} if fp8_kv else None,
+            kv_scales=KVScales.of(k_LK, v_LK) if fp8_kv else None,
             max_new_tokens=shape.max_new_tokens, stop_token_ids=STOP_IDS,
             kernels=kernels,
         )  # fmt: skip
@@ -70,7 +67,7 @@ def rollout_fn(cfg, shape: RolloutShape, recipe, kv_cache_dtype: str, kernels: K
 
 
 def rollout_args(cfg, shape: RolloutShape):
-    """Abstract arguments of ``rollout_fn``: BF16 params (eval_shape of the init) and inputs."""
+    """Abstract arguments of ``rollout_program``: BF16 params (eval_shape of the init), inputs."""
     sds = jax.ShapeDtypeStruct
     key = sds((2,), jnp.uint32)  # a raw PRNG key
     params = jax.eval_shape(functools.partial(init_weights, cfg, dtype=jnp.bfloat16), key)
@@ -98,7 +95,7 @@ def cases() -> list[AotCase]:
     shape, recipe = RolloutShape(), QuantRecipe()
     out = []
     for target, kernels in [*IMPLS.items(), ("h100", XLA_IMPLS)]:
-        fn = rollout_fn(cfg, shape, recipe, "float8_e4m3fn", kernels)
+        fn = rollout_program(cfg, shape, recipe, "float8_e4m3fn", kernels)
         label = _label(cfg, shape, kernels)
         case = AotCase(
             "rollout", kernels.decode_attention, target, label, fn, rollout_args(cfg, shape)
@@ -115,8 +112,8 @@ PAGED_IMPLS = {
 PAGED_SLOTS = 32
 
 
-def paged_rollout_fn(cfg, shape: RolloutShape, recipe, kernels: KernelImpls, page_size: int):
-    """``rollout_fn`` on the paged engine (FP8 static KV pages): B requests over 32 slots."""
+def paged_rollout_program(cfg, shape: RolloutShape, recipe, kernels: KernelImpls, page_size: int):
+    """``rollout_program`` on the paged engine (FP8 static KV pages): B requests, 32 slots."""
     from fp8rl_jax.generation.config import PagedConfig
     from fp8rl_jax.generation.paged import generate_paged
 
@@ -127,7 +124,7 @@ def paged_rollout_fn(cfg, shape: RolloutShape, recipe, kernels: KernelImpls, pag
         return generate_paged(
             weights, (tokens_BP, lens_B), cfg, SamplingConfig(temperature=1.0), rng,
             paged=paged, kv_cache_dtype="float8_e4m3fn", kv_scale_mode="static",
-            kv_scales={"k": k_LK, "v": v_LK}, max_new_tokens=shape.max_new_tokens,
+            kv_scales=KVScales.of(k_LK, v_LK), max_new_tokens=shape.max_new_tokens,
             stop_token_ids=STOP_IDS, kernels=kernels,
         )  # fmt: skip
 
@@ -140,7 +137,7 @@ def paged_cases() -> list[AotCase]:
     shape, recipe = RolloutShape(), QuantRecipe()
     out = []
     for target, (kernels, y) in PAGED_IMPLS.items():
-        fn = paged_rollout_fn(cfg, shape, recipe, kernels, y)
+        fn = paged_rollout_program(cfg, shape, recipe, kernels, y)
         label = f"{_label(cfg, shape, kernels)}, paged: {PAGED_SLOTS} slots, pages of {y}"
         args = rollout_args(cfg, shape)
         out.append(AotCase("paged_rollout", kernels.decode_attention, target, label, fn, args))

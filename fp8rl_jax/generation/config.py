@@ -11,11 +11,11 @@ from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.quant import QuantRecipe
 from kernels_pallas.backend import Impl, KernelImpls
 
-Engine = Literal["static", "paged"]  # rollout engines (generation/rollout.py)
+EngineName = Literal["static", "paged"]  # rollout engines (generation.rollout.ENGINE_IMPLS)
 KVCacheDtype = Literal["bfloat16", "float32", "float8_e4m3fn"]
 KVScaleMode = Literal["static", "dynamic"]
 ComputeDtype = Literal["bfloat16", "float32"]
-ENGINES = typing.get_args(Engine)
+ENGINES = typing.get_args(EngineName)
 KV_CACHE_DTYPES = typing.get_args(KVCacheDtype)
 KV_SCALE_MODES = typing.get_args(KVScaleMode)
 
@@ -58,7 +58,8 @@ class RolloutConfig:
     # jnp attention over the whole cache (with a mask)
     decode_attention_impl: Impl | None = "auto"
     grouped_matmul_impl: Impl = "auto"  # FP8 MoE experts (grouped_fp8_matmul): same choices
-    engine: Engine = "static"  # static: dense cache, one batch; paged: page pool, slots
+    fp8_attention: bool = False  # Q cast to E4M3 with KVScales.q (needs static FP8 KV scales)
+    engine: EngineName = "static"  # static: dense cache, one batch; paged: page pool, slots
     paged: PagedConfig = PagedConfig()  # the paged engine's slots and page pool
 
     def __post_init__(self):
@@ -66,6 +67,11 @@ class RolloutConfig:
         if self.max_new_tokens < 1:
             raise ValueError(
                 f"RolloutConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+            )
+        if self.fp8_attention and not self.static_kv_scales:
+            raise ValueError(
+                "rollout.fp8_attention needs calibrated static scales: set "
+                "rollout.kv_cache_dtype=float8_e4m3fn and rollout.kv_scale_mode=static"
             )
 
     @property

@@ -1,15 +1,15 @@
 """The one rollout call of the RL step and of evaluation: cast -> quantize -> pin -> generate.
 
 ``rollout`` runs the policy exactly as the rollout engine runs it: the weights cast to
-``compute_dtype``, quantized by ``cfg.quant`` (the per-step "weight sync", DESIGN.md §4.2),
-optionally pinned to a rollout layout, then handed to the engine ``cfg.engine`` names. Evaluation
-calls it with greedy sampling, so its precision cannot drift from the rollout's.
+``compute_dtype``, quantized by ``rollout_cfg.quant`` (the per-step "weight sync", DESIGN.md
+§4.2), optionally pinned to a rollout layout, then handed to the engine ``rollout_cfg.engine``
+names. Evaluation calls it with greedy sampling, so its precision cannot drift from the
+rollout's. (``rollout_cfg`` is always the ``RolloutConfig``, ``model_cfg`` the ``ModelConfig``.)
 
-An engine is ``engine(weights, prompts, model_cfg, cfg, sampling, rng, kv_scales) -> (Rollout,
-metrics)``, also taking ``record_expert_ids=True`` if it supports MoE routing replay (it is
-passed only when asked for); ``ENGINE_FNS`` maps ``RolloutConfig.engine`` to it: ``static``
-(``generate``) and ``paged`` (``generate_paged``: page pool, continuous batching, shared prompts;
-its metrics are the ``engine_*`` keys).
+``ENGINE_IMPLS`` maps ``RolloutConfig.engine`` to an engine of the ``engine.Engine`` contract:
+``static`` (``generate``) and ``paged`` (``generate_paged``: page pool, continuous batching,
+shared prompts; its metrics are the ``engine_*`` keys). ``check_engine`` refuses, at config
+time, a config that asks the engine for a capability it lacks.
 
 KV-scale calibration (§4.5) lives here too: step 0 from a high-precision pass over the prompts
 (``calibrate_initial_kv_scales``), every later step from the scoring pass's Q/K/V amax
@@ -23,16 +23,16 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from fp8rl_jax.generation.config import RolloutConfig
-from fp8rl_jax.generation.generate import Prompts, Rollout, generate
-from fp8rl_jax.generation.kv_scales import KVScales, calibrate_kv_scales
-from fp8rl_jax.generation.paged import generate_paged
+from fp8rl_jax.generation.config import EngineName, RolloutConfig
+from fp8rl_jax.generation.engine import Engine, Prompts, Rollout, check_capabilities
+from fp8rl_jax.generation.kv import KVScales, calibrate_kv_scales
+from fp8rl_jax.generation.paged import PAGED_ENGINE
 from fp8rl_jax.generation.sampling import SamplingConfig
+from fp8rl_jax.generation.static import STATIC_ENGINE
 from fp8rl_jax.models import ModelConfig, QKVAmax, forward
 from fp8rl_jax.quant import QuantStats, quantize_params
 
 PinParams = Callable[[dict], dict]  # pins the quantized weights to a layout (inside jit)
-Engine = Callable[..., tuple[Rollout, dict]]
 
 
 def cast_floats(tree, dtype):
@@ -44,7 +44,7 @@ def cast_floats(tree, dtype):
 
 
 def rollout_weights(
-    params, cfg: RolloutConfig, pin: PinParams | None = None
+    params, rollout_cfg: RolloutConfig, pin: PinParams | None = None
 ) -> tuple[dict, QuantStats]:
     """The rollout copy of the weights: cast to ``compute_dtype``, quantized, pinned.
 
@@ -52,56 +52,26 @@ def rollout_weights(
     the rollout layout, so FSDP gathers run once per step, not once per generated token.
     """
     weights, stats = quantize_params(
-        cast_floats(params, cfg.compute_dtype), cfg.quant, return_stats=True
+        cast_floats(params, rollout_cfg.compute_dtype), rollout_cfg.quant, return_stats=True
     )
     return (weights if pin is None else pin(weights)), stats
 
 
-def _static_engine(weights, prompts, model_cfg, cfg: RolloutConfig, sampling, rng, kv_scales, **kw):
-    """Prefill + ``while_loop`` decode over a dense per-row KV cache (``generate``)."""
-    ro = generate(
-        weights,
-        prompts,
-        model_cfg,
-        sampling,
-        rng,
-        kv_cache_dtype=cfg.kv_cache_dtype,
-        kv_scale_mode=cfg.kv_scale_mode,
-        kv_scales=kv_scales if cfg.static_kv_scales else None,
-        max_new_tokens=cfg.max_new_tokens,
-        stop_token_ids=cfg.stop_token_ids,
-        kernels=cfg.kernels,
-        **kw,
+ENGINE_IMPLS: dict[EngineName, Engine] = {"static": STATIC_ENGINE, "paged": PAGED_ENGINE}
+
+
+def check_engine(rollout_cfg: RolloutConfig, *, router_replay: bool = False) -> None:
+    """Config-time check: ``rollout_cfg.engine`` has every capability the run asks for."""
+    check_capabilities(
+        ENGINE_IMPLS[rollout_cfg.engine].capabilities, rollout_cfg, router_replay=router_replay
     )
-    return ro, {}
-
-
-def _paged_engine(weights, prompts, model_cfg, cfg: RolloutConfig, sampling, rng, kv_scales):
-    """Continuous batching over a page pool with shared prompt pages (``generate_paged``)."""
-    return generate_paged(
-        weights,
-        prompts,
-        model_cfg,
-        sampling,
-        rng,
-        paged=cfg.paged,
-        kv_cache_dtype=cfg.kv_cache_dtype,
-        kv_scale_mode=cfg.kv_scale_mode,
-        kv_scales=kv_scales if cfg.static_kv_scales else None,
-        max_new_tokens=cfg.max_new_tokens,
-        stop_token_ids=cfg.stop_token_ids,
-        kernels=cfg.kernels,
-    )
-
-
-ENGINE_FNS: dict[str, Engine] = {"static": _static_engine, "paged": _paged_engine}
 
 
 def rollout(
     params,
     prompts: Prompts,
     model_cfg: ModelConfig,
-    cfg: RolloutConfig,
+    rollout_cfg: RolloutConfig,
     rng: jax.Array,
     kv_scales: KVScales | None = None,
     *,
@@ -112,24 +82,17 @@ def rollout(
     """Generates with the rollout policy of ``params``; returns the rollout and its metrics.
 
     ``params``: high-precision weights (FP32 master or already cast). ``kv_scales``: the static
-    FP8 KV scales (used only when ``cfg.static_kv_scales``). ``sampling`` overrides
-    ``cfg.sampling`` (evaluation: greedy). Metrics (device scalars): ``response_len_mean``,
+    FP8 KV scales (used only when ``rollout_cfg.static_kv_scales``). ``sampling`` overrides
+    ``rollout_cfg.sampling`` (evaluation: greedy). Metrics (device scalars): ``response_len_mean``,
     ``quant_nonfinite`` (NaN/Inf weights met by the quantizer), and the engine's own.
     ``record_expert_ids``: the rollout records each token's MoE experts (routing replay).
     """
-    weights, qstats = rollout_weights(params, cfg, pin)
-    engine = ENGINE_FNS[cfg.engine]
-    kw = {"record_expert_ids": True} if record_expert_ids else {}
-    ro, engine_metrics = engine(
-        weights,
-        prompts,
-        model_cfg,
-        cfg,
-        cfg.sampling if sampling is None else sampling,
-        rng,
-        kv_scales,
-        **kw,
-    )
+    weights, qstats = rollout_weights(params, rollout_cfg, pin)
+    sampling = rollout_cfg.sampling if sampling is None else sampling
+    ro, engine_metrics = ENGINE_IMPLS[rollout_cfg.engine](
+        weights, prompts, model_cfg, rollout_cfg, sampling, rng, kv_scales,
+        record_expert_ids=record_expert_ids,
+    )  # fmt: skip
     metrics = {
         "response_len_mean": jnp.mean(ro.response_lens_B.astype(jnp.float32)),
         "quant_nonfinite": qstats.nonfinite,
@@ -145,10 +108,10 @@ def prompt_segment_ids(prompts: Prompts) -> jax.Array:
 
 
 def calibrate_initial_kv_scales(
-    params, prompts: Prompts, model_cfg: ModelConfig, cfg: RolloutConfig
+    params, prompts: Prompts, model_cfg: ModelConfig, rollout_cfg: RolloutConfig
 ) -> KVScales | None:
     """Step 0 (DESIGN.md §4.5): KV scales from a high-precision pass over the prompts."""
-    if not cfg.static_kv_scales:
+    if not rollout_cfg.static_kv_scales:
         return None
     seg = prompt_segment_ids(prompts)
     pos = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0)
@@ -156,19 +119,21 @@ def calibrate_initial_kv_scales(
         lambda p, t, q, s: forward(
             p, t, model_cfg, positions_BT=q, segment_ids_BT=s, return_qkv_amax=True
         )
-    )(cast_floats(params, cfg.compute_dtype), prompts.tokens_BP, pos, seg)
-    return calibrate_kv_scales(out.qkv_amax, cfg.kv_calib_percentile, cfg.kv_calib_margin)
+    )(cast_floats(params, rollout_cfg.compute_dtype), prompts.tokens_BP, pos, seg)
+    return calibrate_kv_scales(
+        out.qkv_amax, rollout_cfg.kv_calib_percentile, rollout_cfg.kv_calib_margin
+    )
 
 
 def recalibrate_kv_scales(
-    qkv_amax: QKVAmax, cfg: RolloutConfig, previous: KVScales | None
+    qkv_amax: QKVAmax, rollout_cfg: RolloutConfig, previous: KVScales | None
 ) -> KVScales:
     """The next rollout's static KV scales from this step's scoring-pass amax (§4.5).
 
     An invalid amax entry (0, NaN, Inf) keeps ``previous``'s scale and is counted.
     """
     return calibrate_kv_scales(
-        qkv_amax, cfg.kv_calib_percentile, cfg.kv_calib_margin, previous=previous
+        qkv_amax, rollout_cfg.kv_calib_percentile, rollout_cfg.kv_calib_margin, previous=previous
     )
 
 

@@ -16,16 +16,12 @@ import jax.numpy as jnp
 
 from fp8rl_jax.models.config import ModelConfig
 from fp8rl_jax.models.moe import moe_mlp
+from fp8rl_jax.models.presets import QWEN3_30B_A3B
 from fp8rl_jax.models.weights import param_specs
 from fp8rl_jax.quant import QuantRecipe, quantize_params
 from kernels_pallas.aot import AotCase
 from kernels_pallas.backend import KernelImpls
 
-QWEN3_30B_A3B = ModelConfig(
-    vocab_size=151936, hidden_size=2048, num_layers=48, num_heads=32, num_kv_heads=4,
-    head_dim=128, intermediate_size=6144, qk_norm=True, num_experts=128, num_experts_per_tok=8,
-    moe_intermediate_size=768, norm_topk_prob=True, architecture="Qwen3MoeForCausalLM",
-)  # fmt: skip
 TOKENS = (("decode", 64, 1), ("prefill", 1, 1024))  # (phase, B, T)
 IMPLS = {"h100": "pallas_mosaic_gpu", "v5e": "pallas_tpu", "v6e": "pallas_tpu"}
 

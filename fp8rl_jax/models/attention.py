@@ -8,7 +8,6 @@ import jax.numpy as jnp
 from fp8rl_jax.models.config import ModelConfig
 from fp8rl_jax.models.layers import linear, rms_norm
 from fp8rl_jax.models.rope import apply_rope
-from kernels_pallas.decode_attention import dequantize_kv
 from kernels_pallas.quantize import saturating_cast
 
 _MASKED = float(jnp.finfo(jnp.float32).min)  # finite: a fully masked row stays NaN-free
@@ -47,23 +46,18 @@ def attention(
     mask_BTS: jax.Array,
     *,
     sm_scale: float,
-    mode: str = "none",
-    k_scale=None,
-    v_scale=None,
     q_chunk: int = Q_CHUNK,
 ) -> jax.Array:
-    """``softmax(q kᵀ · sm_scale + mask) v`` with GQA; K/V may be an FP8 cache (``x̂ · s``).
+    """``softmax(q kᵀ · sm_scale + mask) v`` with GQA (an FP8 cache dequantizes K/V first).
 
-    Query head ``h`` reads KV head ``h // (H / K)``. FP8 K/V are dequantized in f32 (``mode``
-    static: ``k_scale`` [K]; dynamic: [B, K, S]); scores and softmax are f32. More than
+    Query head ``h`` reads KV head ``h // (H / K)``; scores and softmax are f32. More than
     ``q_chunk`` queries run in blocks of ``q_chunk`` (``lax.map``, rematerialized in the
     backward pass), so memory holds one block's scores; rows are independent, so the result is
     the same. The decode path (T = 1 over a cache) has the same contract as
     ``kernels_pallas.decode_attention`` when each row's unmasked slots are one contiguous range.
     """
     B, T, H, C = q_BTHC.shape
-    k = dequantize_kv(k_BSKC, k_scale) if mode != "none" else k_BSKC
-    v = dequantize_kv(v_BSKC, v_scale) if mode != "none" else v_BSKC
+    k, v = k_BSKC, v_BSKC
     if q_BTHC.shape[1] <= q_chunk:
         return _attend(q_BTHC, k, v, mask_BTS, sm_scale)
     n = -(-T // q_chunk)

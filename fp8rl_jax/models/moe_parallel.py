@@ -11,7 +11,7 @@ every mesh axis manual (routing stays outside, under GSPMD):
   2. ``local_dispatch``: the (token, expert) assignments whose expert lives on this shard, sorted
      by local expert; the other rows sort past ``Σ group_sizes`` (a fixed buffer of all n·N·k
      rows, of which the grouped GEMMs compute only the live ones);
-  3. the shard's experts ``[E/n, ...]`` through ``moe.experts`` (the grouped kernel or
+  3. the shard's experts ``[E/n, ...]`` through ``experts.experts`` (the grouped kernel or
      ``ragged_dot``), combined into a partial output for all n·N gathered tokens;
   4. ``psum_scatter`` over ``expert``: each token's sum over all experts, back on its own shard.
 
@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from fp8rl_jax.models.moe import Dispatch, combine, dispatch, experts
+from fp8rl_jax.models.experts import Dispatch, combine, dispatch, experts
 from kernels_pallas.backend import KernelImpls
 from kernels_pallas.qarray import QArray
 from kernels_pallas.quantize import quantize_activations

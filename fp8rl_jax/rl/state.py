@@ -12,7 +12,7 @@ import optax
 
 from fp8rl_jax.fields import batched, check_choices
 from fp8rl_jax.generation import KVScales, RolloutConfig
-from fp8rl_jax.models import ModelConfig, Remat
+from fp8rl_jax.models import ModelConfig, QKVAmax, Remat
 from fp8rl_jax.rl.correction import RolloutCorrectionConfig
 from fp8rl_jax.rl.dapo import DAPOConfig
 from fp8rl_jax.rl.losses import LossConfig
@@ -129,7 +129,7 @@ class RolloutBatch:
     logp_old_BT: jax.Array = batched()  # high-precision log-probs at the generating params
     is_weights_BT: jax.Array = batched()  # rollout-correction importance weights (no grad)
     keep_BT: jax.Array = batched()  # rollout-correction keep mask (MIS / rejection)
-    qkv_amax: dict  # per-layer Q/K/V amax of the scoring pass, for KV-scale recalibration
+    qkv_amax: QKVAmax  # per-layer Q/K/V amax of the scoring pass, for KV-scale recalibration
     metrics: dict  # rollout-correction and generation metrics (device scalars)
     logp_ref_BT: jax.Array | None = batched(default=None)  # reference log-probs (uses_ref)
     values_BT: jax.Array | None = batched(default=None)  # old values V_t (advantage="gae")

@@ -11,7 +11,7 @@ import os
 from typing import Literal
 
 from fp8rl_jax.fields import check_choices
-from fp8rl_jax.generation import RolloutConfig
+from fp8rl_jax.generation import RolloutConfig, check_engine
 from fp8rl_jax.models import ModelConfig
 from fp8rl_jax.models.config import ARCHITECTURES
 from fp8rl_jax.rl import RLConfig
@@ -190,6 +190,8 @@ class Experiment:
                     "rows a rollout scores (trainer.prompts_per_step or rl.dapo.gen_prompts x "
                     f"rl.group_size={self.rl.group_size})"
                 )
+        moe = self.model.num_experts > 0
+        check_engine(self.rollout, router_replay=self.rl.router_replay == "replay" and moe)
         c = self.rl.correction
         if c.bypass and c.rs_level is not None:
             raise ValueError(

@@ -299,15 +299,15 @@ def _make_sampler(run: _Run, rollout_step):
 
     def sample(state, step: int, on_dispatch) -> Sampled:
         batch, prompts = _step_prompts(run, step)
-        rollout = rollout_step(state, prompts)  # queued behind step t-1's train program
+        scored = rollout_step(state, prompts)  # queued behind step t-1's train program
         jax.block_until_ready(state.step)  # t-1's update is done: rollout t runs from here
         t0 = time.perf_counter()
         on_dispatch()
-        tokens = place.local_tokens(rollout.tokens_BT)
+        tokens = place.local_tokens(scored.tokens_BT)
         rollout_time = time.perf_counter() - t0
         rewards, acc = _score(run, batch, tokens)
         acc = place.mean_over_rows(float(acc), len(batch.examples))
-        return Sampled(rollout, rewards, acc, rollout_time, {})
+        return Sampled(scored, rewards, acc, rollout_time, {})
 
     return sample
 

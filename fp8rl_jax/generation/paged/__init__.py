@@ -9,9 +9,16 @@ from collections.abc import Sequence
 
 import jax
 
-from fp8rl_jax.generation.config import PagedConfig
-from fp8rl_jax.generation.generate import Prompts, Rollout, engine_inputs, response_budget
-from fp8rl_jax.generation.kv_scales import KVScales
+from fp8rl_jax.generation.config import PagedConfig, RolloutConfig
+from fp8rl_jax.generation.engine import (
+    Capabilities,
+    EngineFn,
+    Prompts,
+    Rollout,
+    engine_inputs,
+    response_budget,
+)
+from fp8rl_jax.generation.kv import KVScales, check_kernel_page_size
 from fp8rl_jax.generation.paged.admit import group_leaders
 from fp8rl_jax.generation.paged.engine import run_engine
 from fp8rl_jax.generation.paged.plan import FIELD, PoolPlan, plan_pool
@@ -19,20 +26,6 @@ from fp8rl_jax.generation.paged.state import EngineSpec, EngineState
 from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.models import ModelConfig
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
-from kernels_pallas.paged_attention.pallas_mosaic_gpu import PAGE_SIZES as GPU_PAGE_SIZES
-from kernels_pallas.paged_attention.pallas_tpu import PAGE_SIZES as TPU_PAGE_SIZES
-
-
-def check_kernel_page_size(page_size: int, kernels: KernelImpls) -> None:
-    """A paged decode kernel's tile is one page: an explicitly chosen kernel must support the
-    page size (``auto`` falls back to ``xla``, which reads any page size)."""
-    sizes = {"pallas_tpu": TPU_PAGE_SIZES, "pallas_mosaic_gpu": GPU_PAGE_SIZES}
-    allowed = sizes.get(kernels.decode_attention)
-    if allowed is not None and page_size not in allowed:
-        raise ValueError(
-            f"{FIELD}.page_size={page_size} is not a block size of the {kernels.decode_attention} "
-            f"paged kernel {allowed} (a tile is one page)"
-        )
 
 
 def generate_paged(
@@ -51,6 +44,8 @@ def generate_paged(
     kernels: KernelImpls = DEFAULT_KERNELS,
     return_state: bool = False,
     response_budget_B: jax.Array | None = None,
+    record_expert_ids: bool = False,
+    fp8_attention: bool = False,
 ) -> tuple[Rollout, dict] | tuple[Rollout, dict, EngineState]:
     """``generate``'s contract (same arguments, same ``Rollout``) on the paged engine; also
     returns the engine metrics (device scalars), and the final state with ``return_state``.
@@ -58,12 +53,17 @@ def generate_paged(
     Rows with identical consecutive prompts share their prompt pages (a GRPO group). The output
     does not depend on ``paged`` (slots, page size, pool): only on each request's prompt and
     key stream. ``response_budget_B``: optional per-request budgets (<= ``max_new_tokens``).
+    ``record_expert_ids``: MoE routing replay, as ``generate`` (a group's prompt experts are its
+    first row's prefill's; a slot records each response token it feeds back). ``fp8_attention``:
+    as ``generate``.
     """
     paged = PagedConfig() if paged is None else paged
-    prompts, dtype, mode, k_scale, v_scale = engine_inputs(
-        "generate_paged", prompts, cfg, kv_cache_dtype, kv_scale_mode, kv_scales, max_new_tokens
-    )
-    check_kernel_page_size(paged.page_size, kernels)
+    inp = engine_inputs(
+        "generate_paged", prompts, kv_cache_dtype, kv_scale_mode, kv_scales, max_new_tokens,
+        fp8_attention,
+    )  # fmt: skip
+    prompts, dtype, mode = inp.prompts, inp.cache_dtype, inp.mode
+    check_kernel_page_size(paged.page_size, kernels, FIELD)
     b, p = prompts.tokens_BP.shape
     plan = plan_pool(
         paged, cfg, num_requests=b, prompt_len=p, max_new_tokens=int(max_new_tokens),
@@ -71,21 +71,46 @@ def generate_paged(
     )  # fmt: skip
     spec = EngineSpec(
         plan=plan, model=cfg, sampling=sampling, stop_ids=tuple(int(t) for t in stop_token_ids),
-        cache_dtype=dtype, mode=mode, kernels=kernels,
+        cache_dtype=dtype, mode=mode, kernels=kernels, record=bool(record_expert_ids),
     )  # fmt: skip
     ro, metrics, state = run_engine(
         weights,
         prompts,
         rng,
-        k_scale,
-        v_scale,
+        inp.kv_scales,
         response_budget(response_budget_B, b, plan.max_new_tokens),
+        inp.q_scale_LK,
         spec=spec,
     )
     return (ro, metrics, state) if return_state else (ro, metrics)
 
 
+def _run(
+    weights, prompts, model_cfg, rollout_cfg: RolloutConfig, sampling, rng, kv_scales, *,
+    record_expert_ids: bool = False,
+) -> tuple[Rollout, dict]:  # fmt: skip
+    """The paged engine under the ``engine.Engine`` contract (metrics: the ``engine_*`` keys)."""
+    return generate_paged(
+        weights, prompts, model_cfg, sampling, rng, paged=rollout_cfg.paged,
+        kv_cache_dtype=rollout_cfg.kv_cache_dtype, kv_scale_mode=rollout_cfg.kv_scale_mode,
+        kv_scales=kv_scales if rollout_cfg.static_kv_scales else None,
+        max_new_tokens=rollout_cfg.max_new_tokens, stop_token_ids=rollout_cfg.stop_token_ids,
+        kernels=rollout_cfg.kernels, record_expert_ids=record_expert_ids,
+        fp8_attention=rollout_cfg.fp8_attention,
+    )  # fmt: skip
+
+
+PAGED_ENGINE = EngineFn(
+    _run,
+    Capabilities(
+        router_replay=True, dynamic_kv_scales=True, response_budgets=True,
+        continuous_batching=True,
+    ),
+)  # fmt: skip
+
+
 __all__ = [
+    "PAGED_ENGINE",
     "EngineSpec",
     "EngineState",
     "PoolPlan",

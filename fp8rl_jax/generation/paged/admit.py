@@ -16,11 +16,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fp8rl_jax.generation.generate import Prompts, _prefill
+from fp8rl_jax.generation.engine import Prompts, prefill
+from fp8rl_jax.generation.kv import KVScales, cdiv, init_cache
+from fp8rl_jax.generation.kv import paged as pkv
 from fp8rl_jax.generation.paged import pages
 from fp8rl_jax.generation.paged.state import EngineSpec, EngineState
-from fp8rl_jax.models import init_cache
-from fp8rl_jax.models import paged_kv_cache as pkv
 
 
 class Inputs(NamedTuple):
@@ -29,8 +29,8 @@ class Inputs(NamedTuple):
     weights: dict
     prompts: Prompts
     leader_B: jax.Array  # int32: first row of b's run of identical prompts (its group)
-    k_scale: jax.Array | None  # static FP8 KV scales [L, K] (None otherwise)
-    v_scale: jax.Array | None
+    kv_scales: KVScales | None  # static FP8 KV scales (None otherwise)
+    q_scale_LK: jax.Array | None  # FP8 attention: Q's static scales (None: off)
     rng: jax.Array
     budget_B: jax.Array  # int32 response budget per request (<= max_new_tokens)
 
@@ -62,17 +62,19 @@ def _pack_scales(s_QKP, idx_QZY):
 
 
 def _prefill_pages(s: EngineState, spec: EngineSpec, inp: Inputs, lead_Q, valid_Q, pages_QZ):
-    """Prefills the leaders' prompts (the static engine's prefill) and stores their first
-    n - 1 tokens in ``pages_QZ``; folds the prompts' Q/K/V amax into the state."""
+    """Prefills the leaders' prompts (``engine.prefill``) and stores their first n - 1 tokens in
+    ``pages_QZ``; (cache, Q/K/V amax folded into the state's, the leaders' prompt experts)."""
     plan, cfg = spec.plan, spec.model
     q, p, y = plan.prefill_batch, plan.prompt_len, plan.page_size
     lens_Q = jnp.where(valid_Q, inp.prompts.lens_B[lead_Q], 0)
     prompts = Prompts(inp.prompts.tokens_BP[lead_Q], lens_Q)
+    static = inp.kv_scales is not None
     dense = init_cache(
-        cfg, q, p, dtype=spec.cache_dtype, mode=spec.mode, k_scale=inp.k_scale,
-        v_scale=inp.v_scale,
+        cfg, q, p, dtype=spec.cache_dtype, mode=spec.mode,
+        k_scale=inp.kv_scales.k if static else None, v_scale=inp.kv_scales.v if static else None,
+        q_scale=inp.q_scale_LK,
     )  # fmt: skip
-    _, dense, amax, _ = _prefill(inp.weights, prompts, cfg, dense, spec.kernels, record=False)
+    _, dense, amax, ids_QPLK = prefill(inp.weights, prompts, cfg, dense, spec.kernels, spec.record)
     t_ZY = jnp.arange(plan.prompt_pages * y, dtype=jnp.int32).reshape(-1, y)
     idx_QZY = jnp.clip(p - lens_Q[:, None, None] + t_ZY[None], 0, p - 1)
     dynamic = spec.mode == "dynamic"
@@ -85,7 +87,10 @@ def _prefill_pages(s: EngineState, spec: EngineSpec, inp: Inputs, lead_Q, valid_
         pages_QZ.reshape(-1),
     )
     amax = jax.tree.map(jnp.maximum, s.amax, amax)
-    return cache, amax
+    ids = s.ids_BPLK
+    if ids is not None:
+        ids = ids.at[jnp.where(valid_Q, lead_Q, ids.shape[0])].set(ids_QPLK, mode="drop")
+    return cache, amax, ids
 
 
 class _Candidates(NamedTuple):
@@ -115,7 +120,7 @@ def _candidates(s: EngineState, spec: EngineSpec, inp: Inputs) -> _Candidates:
     within_C = ~new_C | (jnp.cumsum(first_C) <= plan.prefill_batch)
     # Pages: a new group's prompt pages, and one page each (its copy of the partial prompt page,
     # or the fresh page of its first write); running slots at a page boundary keep theirs.
-    need_C = jnp.where(first_C, -(-n_C // y), 0) + 1
+    need_C = jnp.where(first_C, cdiv(n_C, y), 0) + 1
     reserve = jnp.sum(s.active_U & (s.cache.lengths_U % y == 0))
     fits_C = jnp.cumsum(need_C) + reserve <= pages.num_free(s.refs_X)
     admit_C = jnp.cumprod(valid_C & within_C & fits_C).astype(bool)
@@ -130,19 +135,19 @@ def _prefill_new_groups(s: EngineState, spec: EngineSpec, inp: Inputs, c: _Candi
     idx_Q = jnp.nonzero(c.admit_C & c.first_new_C, size=q, fill_value=u)[0]
     valid_Q = idx_Q < u
     lead_Q = jnp.where(valid_Q, c.lead_C[jnp.minimum(idx_Q, u - 1)], 0)
-    z_Q = jnp.where(valid_Q, -(-(inp.prompts.lens_B[lead_Q] - 1) // y), 0)
+    z_Q = jnp.where(valid_Q, cdiv(inp.prompts.lens_B[lead_Q] - 1, y), 0)
     need_QZ = jnp.arange(z)[None, :] < z_Q[:, None]
     pages_N, refs = pages.take(s.refs_X, need_QZ.reshape(-1))
     pages_QZ = pages_N.reshape(q, z)
-    cache, amax = jax.lax.cond(
+    cache, amax, ids = jax.lax.cond(
         jnp.any(valid_Q),
         lambda: _prefill_pages(s, spec, inp, lead_Q, valid_Q, pages_QZ),
-        lambda: (s.cache, s.amax),
+        lambda: (s.cache, s.amax, s.ids_BPLK),
     )
     dst_Q = jnp.where(valid_Q, lead_Q, b)
     counters = dataclasses.replace(s.counters, prefills=s.counters.prefills + jnp.sum(valid_Q))
     return dataclasses.replace(
-        s, cache=cache, amax=amax, refs_X=refs, counters=counters,
+        s, cache=cache, amax=amax, ids_BPLK=ids, refs_X=refs, counters=counters,
         gpages_BZ=s.gpages_BZ.at[dst_Q].set(pages_QZ, mode="drop"),
         resident_B=s.resident_B.at[dst_Q].set(True, mode="drop"),
     )  # fmt: skip

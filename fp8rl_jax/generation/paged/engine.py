@@ -15,12 +15,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from fp8rl_jax.generation.generate import Prompts, Rollout
+from fp8rl_jax.generation.engine import Prompts, Rollout, make_rollout
+from fp8rl_jax.generation.kv import init_paged_cache
 from fp8rl_jax.generation.paged import pages
 from fp8rl_jax.generation.paged.admit import Inputs, admit, drop_idle_groups, group_leaders
 from fp8rl_jax.generation.paged.state import EngineSpec, EngineState, init_state
 from fp8rl_jax.generation.sampling import sample_with_keys, token_keys
-from fp8rl_jax.models import forward, init_paged_cache
+from fp8rl_jax.models import forward
 
 
 def release(s: EngineState, spec: EngineSpec) -> EngineState:
@@ -82,7 +83,9 @@ def decode(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
     out = forward(
         inp.weights, s.last_U[:, None], spec.model,
         segment_ids_BT=active_U[:, None].astype(jnp.int32), cache=s.cache, kernels=spec.kernels,
+        return_expert_ids=s.ids_BALK is not None,
     )  # fmt: skip
+    s = _record_expert_ids(s, out.expert_ids_BTLK, b)
     keys_U = token_keys(inp.rng, s.n_U, jnp.maximum(s.req_U, 0))
     tok_U, logp_U = sample_with_keys(keys_U, out.logits_BTV[:, 0], spec.sampling)
     req_U = jnp.where(active_U, s.req_U, b)
@@ -105,6 +108,16 @@ def decode(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
     )  # fmt: skip
 
 
+def _record_expert_ids(s: EngineState, ids_U1LK, b: int) -> EngineState:
+    """Stores the experts of the token each running slot just fed: its response token
+    ``n_U - 1`` (a slot's first step feeds the last prompt token, recorded by the prefill)."""
+    if s.ids_BALK is None:
+        return s
+    row_U = jnp.where(s.active_U & (s.n_U > 0), s.req_U, b)
+    ids = s.ids_BALK.at[row_U, jnp.maximum(s.n_U - 1, 0)].set(ids_U1LK[:, 0], mode="drop")
+    return dataclasses.replace(s, ids_BALK=ids)
+
+
 def step(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
     """One iteration of the loop: release, admit, grow, decode."""
     s = admit(release(s, spec), spec, inp)
@@ -119,29 +132,24 @@ def finish(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
     return drop_idle_groups(release(s, spec), inp.leader_B)
 
 
-def start(weights, prompts: Prompts, rng, k_scale, v_scale, budget_B, spec: EngineSpec):
+def start(weights, prompts: Prompts, rng, kv_scales, budget_B, q_scale_LK, spec: EngineSpec):
     """(initial EngineState, Inputs): an empty pool, every request queued."""
     plan = spec.plan
+    static = kv_scales is not None
     cache = init_paged_cache(
         spec.model, plan.num_pages, plan.page_size, plan.num_slots, plan.table_width,
-        dtype=spec.cache_dtype, mode=spec.mode, k_scale=k_scale, v_scale=v_scale,
+        dtype=spec.cache_dtype, mode=spec.mode, k_scale=kv_scales.k if static else None,
+        v_scale=kv_scales.v if static else None, q_scale=q_scale_LK,
     )  # fmt: skip
-    inp = Inputs(weights, prompts, group_leaders(prompts), k_scale, v_scale, rng, budget_B)
+    inp = Inputs(weights, prompts, group_leaders(prompts), kv_scales, q_scale_LK, rng, budget_B)
     return init_state(spec, cache), inp
 
 
-def _rollout(s: EngineState, prompts: Prompts, spec: EngineSpec) -> Rollout:
-    b, p = prompts.tokens_BP.shape
-    resp_BA = jnp.arange(spec.plan.max_new_tokens)[None] < s.lens_B[:, None]
-    return Rollout(
-        tokens_BT=jnp.concatenate([prompts.tokens_BP, jnp.where(resp_BA, s.out_BA, 0)], 1),
-        response_mask_BT=jnp.concatenate([jnp.zeros((b, p), bool), resp_BA], 1),
-        logp_BT=jnp.concatenate([jnp.zeros((b, p)), jnp.where(resp_BA, s.logp_BA, 0.0)], 1),
-        response_lens_B=s.lens_B,
-        prompt_lens_B=prompts.lens_B,
-        qkv_amax=s.amax,
-        prompt_len=p,
-    )
+def _rollout(s: EngineState, inp: Inputs) -> Rollout:
+    ids = None
+    if s.ids_BALK is not None:  # a group's prompt experts were recorded at its leader
+        ids = jnp.concatenate([s.ids_BPLK[inp.leader_B], s.ids_BALK], 1)
+    return make_rollout(inp.prompts, s.out_BA, s.logp_BA, s.lens_B, s.amax, ids)
 
 
 def metrics(s: EngineState, spec: EngineSpec) -> dict:
@@ -164,13 +172,15 @@ def metrics(s: EngineState, spec: EngineSpec) -> dict:
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
-def run_engine(weights, prompts: Prompts, rng, k_scale, v_scale, budget_B, *, spec: EngineSpec):
+def run_engine(
+    weights, prompts: Prompts, rng, kv_scales, budget_B, q_scale_LK=None, *, spec: EngineSpec
+):
     """(Rollout, metrics, final EngineState) of the paged engine over every row of ``prompts``."""
-    state, inp = start(weights, prompts, rng, k_scale, v_scale, budget_B, spec)
+    state, inp = start(weights, prompts, rng, kv_scales, budget_B, q_scale_LK, spec)
 
     def cond(st: EngineState):
         return ~jnp.all(st.finished_B) & (st.counters.iterations < spec.plan.max_iterations)
 
     state = jax.lax.while_loop(cond, lambda st: step(st, spec, inp), state)
     state = finish(state, spec, inp)
-    return _rollout(state, prompts, spec), metrics(state, spec), state
+    return _rollout(state, inp), metrics(state, spec), state

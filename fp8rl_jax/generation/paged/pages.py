@@ -11,6 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fp8rl_jax.generation.kv import cdiv
+
 
 def num_free(refs_X: jax.Array) -> jax.Array:
     return jnp.sum(refs_X == 0).astype(jnp.int32)
@@ -35,7 +37,7 @@ def add(refs_X: jax.Array, pages_N: jax.Array, mask_N: jax.Array, delta: int) ->
 
 def held_UW(lengths_U: jax.Array, table_width: int, page_size: int) -> jax.Array:
     """[U, W] bool: table entry w of slot u names a page it holds (``w < cdiv(len, Y)``)."""
-    n_U = -(-lengths_U // page_size)
+    n_U = cdiv(lengths_U, page_size)
     return jnp.arange(table_width, dtype=jnp.int32)[None, :] < n_U[:, None]
 
 

@@ -15,15 +15,12 @@ import logging
 import jax.numpy as jnp
 
 from fp8rl_jax.generation.config import PagedConfig
-from fp8rl_jax.models import ModelConfig, page_bytes
+from fp8rl_jax.generation.kv import cdiv, page_bytes
+from fp8rl_jax.models import ModelConfig
 
 log = logging.getLogger(__name__)
 
 FIELD = "rollout.paged"  # where the fields live in an experiment config
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclasses.dataclass(frozen=True)

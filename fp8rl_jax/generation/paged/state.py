@@ -7,9 +7,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from fp8rl_jax.generation.kv import PagedKVCache
 from fp8rl_jax.generation.paged.plan import PoolPlan
 from fp8rl_jax.generation.sampling import SamplingConfig
-from fp8rl_jax.models import ModelConfig, PagedKVCache, QKVAmax
+from fp8rl_jax.models import ModelConfig, QKVAmax
+from fp8rl_jax.models.moe import REPLAY_NONE
 from kernels_pallas.backend import KernelImpls
 
 
@@ -24,6 +26,7 @@ class EngineSpec:
     cache_dtype: jnp.dtype
     mode: str  # KV scale mode: none | static | dynamic
     kernels: KernelImpls
+    record: bool = False  # MoE routing replay: record each token's experts
 
 
 @jax.tree_util.register_dataclass
@@ -61,6 +64,10 @@ class EngineState:
     resident_B: jax.Array  # bool: leader b's group holds its prompt pages
     amax: QKVAmax  # running max of the prefills' Q/K/V amax
     counters: Counters
+    # routing replay (spec.record): int16 experts of leader b's real prompt tokens, and of each
+    # request's response tokens fed back (REPLAY_NONE where none was recorded)
+    ids_BPLK: jax.Array | None = None
+    ids_BALK: jax.Array | None = None
 
     @property
     def active_U(self) -> jax.Array:
@@ -73,6 +80,9 @@ def init_state(spec: EngineSpec, cache: PagedKVCache) -> EngineState:
     b, a, z = p.num_requests, p.max_new_tokens, p.prompt_pages
     i32 = jnp.zeros((), jnp.int32)
     lk = (cfg.num_layers, cfg.num_kv_heads)
+    n_moe = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    record = spec.record and n_moe > 0
+    ids = (n_moe, cfg.num_experts_per_tok)
     return EngineState(
         cache=cache,
         refs_X=jnp.zeros((p.num_pages,), jnp.int32),
@@ -89,4 +99,6 @@ def init_state(spec: EngineSpec, cache: PagedKVCache) -> EngineState:
         resident_B=jnp.zeros((b,), bool),
         amax=QKVAmax(*(jnp.zeros(lk, jnp.float32) for _ in range(3))),
         counters=Counters(*(i32 for _ in range(8))),
+        ids_BPLK=jnp.full((b, p.prompt_len, *ids), REPLAY_NONE, jnp.int16) if record else None,
+        ids_BALK=jnp.full((b, a, *ids), REPLAY_NONE, jnp.int16) if record else None,
     )

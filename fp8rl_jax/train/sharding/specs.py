@@ -288,7 +288,7 @@ def batch_shardings(tree, mesh, rules: ShardingRules = ROLLOUT_RULES):
 
 
 def kv_cache_shardings(cache, mesh, rules: ShardingRules = ROLLOUT_RULES):
-    """Shardings of a ``models.KVCache``: [B, S, K, C] over (batch axes, -, kv-head axes, -);
+    """Shardings of a ``generation.kv.KVCache``: [B, S, K, C] over (batch axes, -, kv-head axes, -);
     dynamic scales [B, K, S] alike."""
     sizes = mesh_sizes(mesh)
     names = {4: ("batch", None, "kv_heads", None), 3: ("batch", "kv_heads", None),
