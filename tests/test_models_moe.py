@@ -109,12 +109,15 @@ def test_aux_loss_formula_with_padding():
     out = fwd(w, t, CFG, segment_ids_BT=seg, return_hidden=True)
     # Recompute layer 0's MoE input: the dense check runs the model up to that norm.
     from fp8rl_jax.models.layers import rms_norm
-    from fp8rl_jax.models.transformer import _attention_layer, _context
+    from fp8rl_jax.models.rope import rope_cos_sin
+    from fp8rl_jax.models.transformer import _attention, _Inputs, _uncached
 
-    ctx = _context(w, t, CFG, None, seg, None, False, KernelImpls())
+    step = _uncached(seg)
+    cos, sin = rope_cos_sin(step.positions_BT, CFG.rope, CFG.head_dim, w["embed"].dtype)
+    inp = _Inputs(CFG, KernelImpls(), step, cos, sin, seg != 0, False)
     lp = w["layers"][0]
     x = w["embed"][t]
-    x = x + _attention_layer(lp["attn"], rms_norm(x, lp["attn_norm"], 1e-6), 0, ctx)[0]
+    x = x + _attention(lp["attn"], rms_norm(x, lp["attn_norm"], 1e-6), 0, inp)[0]
     h = rms_norm(x, lp["mlp_norm"], 1e-6).reshape(-1, 64)
     logits = np.asarray(h @ lp["mlp"]["router"], np.float64)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
