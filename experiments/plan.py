@@ -53,8 +53,8 @@ def _prepare_environment(argv) -> None:
 @one_line_errors
 def main(argv):
     del argv
-    from fp8rl_jax.train import plan_models
     from fp8rl_jax.train import plan as P
+    from fp8rl_jax.train import plan_models
     from fp8rl_jax.train.topology import parse_topology
 
     config_path = flags.FLAGS["config"].config_filename

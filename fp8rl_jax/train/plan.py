@@ -6,7 +6,7 @@
 compile-only devices (``train.topology``), lowers each with ``ShapeDtypeStruct`` inputs that
 carry their shardings, compiles it, and reads XLA's per-device ``memory_analysis()``. The programs:
 ``rollout`` and ``train`` (every step), ``gen_rollout`` (DAPO generation batches of another row
-count), ``eval`` (greedy held-out generation). Totals are arguments + outputs - aliased + temporaries.
+count), ``eval`` (greedy held-out generation). Total = arguments + outputs - aliased + temp.
 
 Compiling a 36-layer model takes minutes: ``extrapolate`` fits ``bytes(L) = a + b·L`` to two
 small depths per program and field and predicts the full depth (checked against a full compile
