@@ -15,6 +15,7 @@ from fp8rl_jax.generation.kv_scales import KVScales
 from fp8rl_jax.generation.paged.admit import group_leaders
 from fp8rl_jax.generation.paged.engine import run_engine
 from fp8rl_jax.generation.paged.plan import FIELD, PoolPlan, plan_pool
+from fp8rl_jax.generation.paged.sharded import batch_axes, run_sharded
 from fp8rl_jax.generation.paged.state import EngineSpec, EngineState
 from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.models import ModelConfig
@@ -58,30 +59,37 @@ def generate_paged(
     Rows with identical consecutive prompts share their prompt pages (a GRPO group). The output
     does not depend on ``paged`` (slots, page size, pool): only on each request's prompt and
     key stream. ``response_budget_B``: optional per-request budgets (<= ``max_new_tokens``).
+    Under a mesh whose devices hold the whole weights, each batch shard runs its own engine over
+    a pool of ``paged`` pages per device (``paged.sharded``), with the same output.
     """
     paged = PagedConfig() if paged is None else paged
     prompts, dtype, mode, k_scale, v_scale = engine_inputs(
         "generate_paged", prompts, cfg, kv_cache_dtype, kv_scale_mode, kv_scales, max_new_tokens
     )
     check_kernel_page_size(paged.page_size, kernels)
-    b, p = prompts.tokens_BP.shape
-    plan = plan_pool(
-        paged, cfg, num_requests=b, prompt_len=p, max_new_tokens=int(max_new_tokens),
-        cache_dtype=dtype, mode=mode,
-    )  # fmt: skip
-    spec = EngineSpec(
-        plan=plan, model=cfg, sampling=sampling, stop_ids=tuple(int(t) for t in stop_token_ids),
-        cache_dtype=dtype, mode=mode, kernels=kernels,
-    )  # fmt: skip
-    ro, metrics, state = run_engine(
-        weights,
-        prompts,
-        rng,
-        k_scale,
-        v_scale,
-        response_budget(response_budget_B, b, plan.max_new_tokens),
-        spec=spec,
-    )
+    b = prompts.tokens_BP.shape[0]
+    budget_B = response_budget(response_budget_B, b, int(max_new_tokens))
+
+    def local(w, prompts, key, scales, budget, row0):
+        n, p = prompts.tokens_BP.shape
+        plan = plan_pool(
+            paged, cfg, num_requests=n, prompt_len=p, max_new_tokens=int(max_new_tokens),
+            cache_dtype=dtype, mode=mode,
+        )  # fmt: skip
+        spec = EngineSpec(
+            plan=plan, model=cfg, sampling=sampling,
+            stop_ids=tuple(int(t) for t in stop_token_ids), cache_dtype=dtype, mode=mode,
+            kernels=kernels,
+        )  # fmt: skip
+        return run_engine(w, prompts, key, *scales, budget, row0, spec=spec)
+
+    # On a mesh: one engine and pool per batch shard (``sharded``), when the weights allow it.
+    axes = () if return_state else batch_axes(b, cfg)
+    if axes:
+        return run_sharded(
+            lambda *a: local(*a)[:2], axes, weights, prompts, rng, (k_scale, v_scale), budget_B
+        )
+    ro, metrics, state = local(weights, prompts, rng, (k_scale, v_scale), budget_B, 0)
     return (ro, metrics, state) if return_state else (ro, metrics)
 
 

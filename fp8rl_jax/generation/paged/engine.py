@@ -83,7 +83,7 @@ def decode(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
         inp.weights, s.last_U[:, None], spec.model,
         segment_ids_BT=active_U[:, None].astype(jnp.int32), cache=s.cache, kernels=spec.kernels,
     )  # fmt: skip
-    keys_U = token_keys(inp.rng, s.n_U, jnp.maximum(s.req_U, 0))
+    keys_U = token_keys(inp.rng, s.n_U, jnp.maximum(s.req_U, 0) + inp.row0)
     tok_U, logp_U = sample_with_keys(keys_U, out.logits_BTV[:, 0], spec.sampling)
     req_U = jnp.where(active_U, s.req_U, b)
     n_U = s.n_U + active_U
@@ -119,14 +119,14 @@ def finish(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
     return drop_idle_groups(release(s, spec), inp.leader_B)
 
 
-def start(weights, prompts: Prompts, rng, k_scale, v_scale, budget_B, spec: EngineSpec):
+def start(weights, prompts: Prompts, rng, k_scale, v_scale, budget_B, spec: EngineSpec, row0=0):
     """(initial EngineState, Inputs): an empty pool, every request queued."""
     plan = spec.plan
     cache = init_paged_cache(
         spec.model, plan.num_pages, plan.page_size, plan.num_slots, plan.table_width,
         dtype=spec.cache_dtype, mode=spec.mode, k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
-    inp = Inputs(weights, prompts, group_leaders(prompts), k_scale, v_scale, rng, budget_B)
+    inp = Inputs(weights, prompts, group_leaders(prompts), k_scale, v_scale, rng, budget_B, row0)
     return init_state(spec, cache), inp
 
 
@@ -164,9 +164,12 @@ def metrics(s: EngineState, spec: EngineSpec) -> dict:
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
-def run_engine(weights, prompts: Prompts, rng, k_scale, v_scale, budget_B, *, spec: EngineSpec):
-    """(Rollout, metrics, final EngineState) of the paged engine over every row of ``prompts``."""
-    state, inp = start(weights, prompts, rng, k_scale, v_scale, budget_B, spec)
+def run_engine(
+    weights, prompts: Prompts, rng, k_scale, v_scale, budget_B, row0=0, *, spec: EngineSpec
+):
+    """(Rollout, metrics, final EngineState) of the paged engine over every row of ``prompts``;
+    ``row0``: the global id of its first row (a shard of a batch), for the sampling keys."""
+    state, inp = start(weights, prompts, rng, k_scale, v_scale, budget_B, spec, row0)
 
     def cond(st: EngineState):
         return ~jnp.all(st.finished_B) & (st.counters.iterations < spec.plan.max_iterations)
