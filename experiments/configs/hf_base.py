@@ -13,7 +13,9 @@ token TIS C=2, GRPO, clip 0.2/0.28 and dual clip 10, lr 1e-6, weight decay 0.1, 
 no KL, token-mean, one update per rollout, 32 prompts x 16 responses, temperature 1.0, BF16
 compute; DAPO dynamic sampling (veRL: generation batches of 96 prompts, at most 10 per step;
 here 32 prompts, at most 30: the same budget in a third of the rollout memory) and overlong
-shaping over the last 512 tokens (penalty factor 1.0, no overlong filtering).
+shaping over the last 512 tokens (penalty factor 1.0, no overlong filtering). Memory knobs that
+change no value: log-probs from 512-token chunks of logits, scoring in 64-row micro-batches,
+block rematerialization in the loss.
 """
 
 from ml_collections import config_dict
@@ -52,6 +54,11 @@ def get_config():
     c.rollout.compute_dtype = "bfloat16"
 
     c.rl.group_size = 16
+    # Memory (issue 20): no [rows, T, V] f32 logits (V = 151,936: 0.6 MB per token), scoring in
+    # row micro-batches, each block recomputed in the loss backward. None changes a value.
+    c.rl.logprob_chunk = 512  # tokens per lm-head chunk: [rows, 512, V] f32 logits at a time
+    c.rl.score_micro_batch = 64  # rows per scoring forward (8 per device at fsdp=8)
+    c.rl.remat = "block"  # keep only each block's input for the backward pass
     c.rl.num_minibatches = 1  # one update per rollout isolates the quantization effect
     c.optim.lr = 1e-6
     c.optim.weight_decay = 0.1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ from fp8rl_jax.models.attention import (
 from fp8rl_jax.models.config import ModelConfig
 from fp8rl_jax.models.layers import linear, rms_norm, swiglu_mlp
 from fp8rl_jax.models.moe import load_balancing_loss, moe_mlp
+from fp8rl_jax.models.remat import remat_block
 from fp8rl_jax.models.rope import rope_cos_sin
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
 from kernels_pallas.decode_attention import decode_attention
@@ -41,7 +43,7 @@ class QKVAmax:
 class ForwardOut:
     """What ``forward`` returns; optional parts are None unless asked for."""
 
-    logits_BTV: jax.Array  # float32
+    logits_BTV: jax.Array | None  # float32; None when return_logits=False
     cache: kvc.KVCache | pkv.PagedKVCache | None = None  # updated cache (when one was passed in)
     qkv_amax: QKVAmax | None = None  # when return_qkv_amax=True
     aux_loss: jax.Array | None = None  # MoE load-balancing loss (unscaled), 0 for dense models
@@ -50,7 +52,8 @@ class ForwardOut:
     expert_ids_BTLK: jax.Array | None = None
 
 
-def _lm_head(weights: dict, h_BTD: jax.Array, cfg: ModelConfig) -> jax.Array:
+def lm_head(weights: dict, h_BTD: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """f32 logits ``[B, T, V]`` of final-norm hidden states (tied embedding or ``lm_head``)."""
     if cfg.tie_word_embeddings:
         emb = weights["embed"]
         prec = jax.lax.Precision.HIGHEST if emb.dtype == jnp.float32 else None
@@ -97,6 +100,21 @@ def _attention_layer(p, h_BTD, layer, ctx):
     o = o.reshape(B, T, cfg.num_heads * cfg.head_dim)
     o = linear(o, p["wo"], p.get("o_bias"), impl=kernels.matmul)
     return o, amax, writes
+
+
+def _block(p, x_BTD, expert_ids_NK, *, layer, ctx):
+    """One transformer block; returns (x', amax triple, cache writes, router stats or None)."""
+    cfg, kernels = ctx["cfg"], ctx["kernels"]
+    h = rms_norm(x_BTD, p["attn_norm"], cfg.rms_norm_eps)
+    o, amax, writes = _attention_layer(p["attn"], h, layer, ctx)
+    x_BTD = x_BTD + o
+    h = rms_norm(x_BTD, p["mlp_norm"], cfg.rms_norm_eps)
+    stats = None
+    if cfg.is_moe_layer(layer):
+        y, stats = moe_mlp(p["mlp"], h, ctx["valid_BT"], cfg, kernels, expert_ids_NK=expert_ids_NK)
+    else:
+        y = swiglu_mlp(p["mlp"], h, impl=kernels.matmul)
+    return x_BTD + y, amax, writes, stats
 
 
 def _stack_expert_ids(router: list, shape_BT) -> jax.Array | None:
@@ -153,6 +171,8 @@ def forward(
     kernels: KernelImpls = DEFAULT_KERNELS,
     expert_ids_BTLK: jax.Array | None = None,
     return_expert_ids: bool = False,
+    return_logits: bool = True,
+    remat: str = "none",
 ) -> ForwardOut:
     """Causal LM forward; returns a ``ForwardOut`` (logits f32, cache, Q/K/V amax, aux loss).
 
@@ -174,6 +194,9 @@ def forward(
     its slot's ``lengths_U`` (also its default position) and attends over its pages through
     ``kernels_pallas.paged_attention`` (``decode_attention`` None: the ``xla`` implementation);
     only valid rows write and advance.
+    ``return_logits=False``: no lm_head (``logits_BTV`` None), for callers that take the
+    log-probs from ``hidden_BTD`` in chunks (``rl.chunked``). ``remat`` (``models.remat``):
+    ``jax.checkpoint`` policy per block in a forward without a cache (a training forward).
     """
     ctx = _context(
         weights, tokens_BT, cfg, positions_BT, segment_ids_BT, cache, return_qkv_amax, kernels
@@ -181,21 +204,16 @@ def forward(
     x = weights["embed"][tokens_BT]
     amaxes, writes, router = [], [], []
     for i, p in enumerate(weights["layers"]):
-        h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-        o, amax, w = _attention_layer(p["attn"], h, i, ctx)
-        x = x + o
+        ids = None
+        if cfg.is_moe_layer(i) and expert_ids_BTLK is not None:
+            ids = expert_ids_BTLK[:, :, len(router)].reshape(-1, cfg.num_experts_per_tok)
+        block = functools.partial(_block, layer=i, ctx=ctx)
+        # Rematerialization only where a backward pass can follow (no cache: training forwards).
+        x, amax, w, stats = remat_block(block, remat if cache is None else "none")(p, x, ids)
         amaxes.append(amax)
         writes.append(w)
-        h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-        if cfg.is_moe_layer(i):
-            ids = None
-            if expert_ids_BTLK is not None:
-                ids = expert_ids_BTLK[:, :, len(router)].reshape(-1, cfg.num_experts_per_tok)
-            y, stats = moe_mlp(p["mlp"], h, ctx["valid_BT"], cfg, kernels, expert_ids_NK=ids)
+        if stats is not None:
             router.append(stats)
-        else:
-            y = swiglu_mlp(p["mlp"], h, impl=kernels.matmul)
-        x = x + y
     h = rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
     new_cache = None
     if isinstance(cache, pkv.PagedKVCache):
@@ -210,8 +228,11 @@ def forward(
     if return_qkv_amax:
         stats = QKVAmax(*(jnp.stack(a) for a in zip(*amaxes, strict=True)))
     ids_BTLK = _stack_expert_ids(router, tokens_BT.shape) if return_expert_ids else None
+    logits_BTV = None
+    if return_logits:
+        logits_BTV = lm_head(weights, h[:, -1:] if last_logits_only else h, cfg)
     return ForwardOut(
-        logits_BTV=_lm_head(weights, h[:, -1:] if last_logits_only else h, cfg),
+        logits_BTV=logits_BTV,
         cache=new_cache,
         qkv_amax=stats,
         aux_loss=load_balancing_loss(router, cfg.num_experts),

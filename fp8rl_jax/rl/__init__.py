@@ -1,6 +1,7 @@
 """fp8rl_jax.rl: rollout correction, advantages, losses, and the RL step programs."""
 
 from fp8rl_jax.rl.advantages import gae, grpo_advantages, masked_whiten, rloo_advantages
+from fp8rl_jax.rl.chunked import TokenStats, logits_stats, token_stats
 from fp8rl_jax.rl.correction import RolloutCorrectionConfig, mismatch_metrics, rollout_correction
 from fp8rl_jax.rl.losses import (
     LossConfig,
@@ -13,7 +14,7 @@ from fp8rl_jax.rl.losses import (
     policy_loss,
     value_loss,
 )
-from fp8rl_jax.rl.scoring import policy_entropy, rollout_segment_ids, sequence_logprobs
+from fp8rl_jax.rl.scoring import Scores, policy_entropy, rollout_segment_ids, sequence_logprobs
 from fp8rl_jax.rl.state import (
     RLConfig,
     RolloutBatch,
@@ -54,10 +55,12 @@ __all__ = [
     "RLConfig",
     "RolloutBatch",
     "RolloutCorrectionConfig",
+    "Scores",
     "StepConfig",
     "StepShardings",
     "Steps",
     "Targets",
+    "TokenStats",
     "TrainState",
     "Trainable",
     "UpdateCarry",
@@ -75,6 +78,7 @@ __all__ = [
     "kl_loss",
     "kl_penalty",
     "kl_reward_penalty",
+    "logits_stats",
     "loss_fn",
     "make_fused_step",
     "masked_mean",
@@ -91,6 +95,7 @@ __all__ = [
     "rollout_step",
     "sequence_logprobs",
     "terminal_rewards",
+    "token_stats",
     "token_values",
     "train_fn",
     "train_step",

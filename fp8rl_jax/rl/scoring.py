@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
-from fp8rl_jax.generation import SamplingConfig, token_logprobs
-from fp8rl_jax.models import forward
+from fp8rl_jax.generation import SamplingConfig
+from fp8rl_jax.models import QKVAmax, forward, lm_head
+from fp8rl_jax.rl.chunked import token_stats
 from fp8rl_jax.rl.losses import entropy_from_logits
+
+
+class Scores(NamedTuple):
+    """What a scoring forward returns; optional parts are None unless asked for."""
+
+    logp_BT: jax.Array  # f32 log q(tokens[b, t] | tokens[b, :t]); 0 at t = 0
+    entropy_BT: jax.Array | None  # f32 H_t of the policy that sampled token t; 0 at t = 0
+    qkv_amax: QKVAmax | None  # per-layer Q/K/V amax over the valid tokens (with_amax)
+    hidden_BTD: jax.Array | None  # final-norm hidden states (with_hidden)
+    aux_loss: jax.Array  # MoE load-balancing loss (0 for dense; mean over micro-batches)
 
 
 def rollout_segment_ids(ro) -> jax.Array:
@@ -29,14 +43,67 @@ def sequence_logprobs(
     *,
     with_amax=False,
     with_hidden=False,
+    with_entropy=False,
     expert_ids_BTLK=None,
-):
+    logprob_chunk=0,
+    micro_batch=0,
+    remat="none",
+) -> Scores:
     """``logp[b, t] = log q(tokens[b, t] | tokens[b, :t])`` under ``sampling``'s processing.
 
-    Position 0 has no prediction and gets 0. Also returns the forward outputs (logits, Q/K/V amax
-    when ``with_amax``, final-norm hidden states when ``with_hidden``, router aux loss).
-    ``expert_ids_BTLK``: MoE routing replay (the rollout's experts, ``models.forward``).
+    Position 0 has no prediction and gets 0. Also returns the entropy ``H_t``
+    (``with_entropy``, ``policy_entropy``), the Q/K/V amax (``with_amax``), the final-norm hidden
+    states (``with_hidden``) and the router aux loss. ``expert_ids_BTLK``: MoE routing replay
+    (the rollout's experts, ``models.forward``). Memory knobs, none of which changes a value:
+    ``logprob_chunk`` tokens of logits at a time (``chunked.token_stats``; 0: all T at once),
+    ``micro_batch`` rows per forward (0: all rows; must divide B), ``remat`` the per-block
+    ``jax.checkpoint`` policy (``models.remat``) for a pass that is differentiated.
     """
+    one = functools.partial(
+        _score_rows,
+        model_cfg=model_cfg,
+        sampling=sampling,
+        with_amax=with_amax,
+        with_hidden=with_hidden,
+        with_entropy=with_entropy,
+        logprob_chunk=logprob_chunk,
+        remat=remat,
+    )
+    rows = (tokens_BT, positions_BT, segment_ids_BT, expert_ids_BTLK)
+    B = tokens_BT.shape[0]
+    if micro_batch <= 0 or micro_batch >= B:
+        return one(params, *rows)
+    if B % micro_batch:
+        raise ValueError(
+            f"sequence_logprobs: micro_batch={micro_batch} (rl.score_micro_batch) must divide "
+            f"the {B} rows"
+        )
+    n = B // micro_batch
+    # Micro-batch i holds rows i, i + n, i + 2n, ...: rows split in contiguous blocks over the
+    # devices of a mesh stay split over all of them in every micro-batch.
+    split = jax.tree.map(
+        lambda x: jnp.swapaxes(x.reshape(micro_batch, n, *x.shape[1:]), 0, 1), rows
+    )
+    out = jax.lax.map(lambda r: one(params, *r), split)
+
+    def merge(x):
+        return None if x is None else jnp.swapaxes(x, 0, 1).reshape(B, *x.shape[2:])
+
+    amax = None if out.qkv_amax is None else jax.tree.map(lambda a: jnp.max(a, 0), out.qkv_amax)
+    return Scores(
+        logp_BT=merge(out.logp_BT),
+        entropy_BT=merge(out.entropy_BT),
+        qkv_amax=amax,
+        hidden_BTD=merge(out.hidden_BTD),
+        aux_loss=jnp.mean(out.aux_loss),
+    )
+
+
+def _score_rows(
+    params, tokens_BT, positions_BT, segment_ids_BT, expert_ids_BTLK, *, model_cfg, sampling,
+    with_amax, with_hidden, with_entropy, logprob_chunk, remat,
+) -> Scores:  # fmt: skip
+    """``sequence_logprobs`` of one micro-batch of rows."""
     out = forward(
         params,
         tokens_BT,
@@ -44,12 +111,30 @@ def sequence_logprobs(
         positions_BT=positions_BT,
         segment_ids_BT=segment_ids_BT,
         return_qkv_amax=with_amax,
-        return_hidden=with_hidden,
+        return_hidden=True,
+        return_logits=False,
         expert_ids_BTLK=expert_ids_BTLK,
+        remat=remat,
     )
-    logp = token_logprobs(out.logits_BTV[:, :-1], tokens_BT[:, 1:], sampling)
-    logp_BT = jnp.pad(logp, ((0, 0), (1, 0)))
-    return logp_BT, out
+    stats = token_stats(
+        lambda h_BCD: lm_head(params, h_BCD, model_cfg),
+        out.hidden_BTD[:, :-1],
+        tokens_BT[:, 1:],
+        sampling,
+        chunk=logprob_chunk,
+        with_entropy=with_entropy,
+    )
+
+    def shift(x_BT):
+        return None if x_BT is None else jnp.pad(x_BT, ((0, 0), (1, 0)))
+
+    return Scores(
+        logp_BT=shift(stats.logp_BT),
+        entropy_BT=shift(stats.entropy_BT),
+        qkv_amax=out.qkv_amax,
+        hidden_BTD=out.hidden_BTD if with_hidden else None,
+        aux_loss=out.aux_loss,
+    )
 
 
 def policy_entropy(logits_BTV, sampling: SamplingConfig):

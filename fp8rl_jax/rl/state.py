@@ -12,7 +12,7 @@ import optax
 
 from fp8rl_jax.fields import batched, check_choices
 from fp8rl_jax.generation import KVScales, RolloutConfig
-from fp8rl_jax.models import ModelConfig
+from fp8rl_jax.models import ModelConfig, Remat
 from fp8rl_jax.rl.correction import RolloutCorrectionConfig
 from fp8rl_jax.rl.dapo import DAPOConfig
 from fp8rl_jax.rl.losses import LossConfig
@@ -42,12 +42,19 @@ class RLConfig:
     # per token and layer; the scoring pass and the loss forward route with them. No-op if dense.
     router_replay: RouterReplay = "none"
     dapo: DAPOConfig = DAPOConfig()  # DAPO dynamic sampling, overlong shaping and filtering
+    # Memory knobs; none changes a value (rl.chunked, rl.scoring, models.remat).
+    logprob_chunk: int = 0  # tokens per lm-head chunk in scoring and loss (0: all T at once)
+    score_micro_batch: int = 0  # rows per scoring forward (0: all rows); must divide the rows
+    remat: Remat = "none"  # jax.checkpoint per block in the loss forward: none|block|dots_saveable
 
     def __post_init__(self):
         check_choices(self)
         for name in ("group_size", "ppo_epochs", "num_minibatches", "grad_accum"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RLConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("logprob_chunk", "score_micro_batch"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RLConfig.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("gamma", "lam"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"RLConfig.{name} must be in [0, 1], got {getattr(self, name)}")

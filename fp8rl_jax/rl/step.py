@@ -63,10 +63,11 @@ def rollout_step(
     mask_BT = ro.response_mask_BT.astype(jnp.float32)
 
     def score(p, **kw):
-        logp_BT, out = sequence_logprobs(
-            p, ro.tokens_BT, positions_BT, segment_ids_BT, cfg.model, cfg.rollout.sampling, **kw
-        )
-        return jnp.where(mask_BT > 0, logp_BT, 0.0), out
+        out = sequence_logprobs(
+            p, ro.tokens_BT, positions_BT, segment_ids_BT, cfg.model, cfg.rollout.sampling,
+            logprob_chunk=cfg.rl.logprob_chunk, micro_batch=cfg.rl.score_micro_batch, **kw,
+        )  # fmt: skip
+        return jnp.where(mask_BT > 0, out.logp_BT, 0.0), out
 
     # The scoring pass runs in bypass mode too: it gives the Q/K/V amax and lets the metrics
     # still measure the mismatch; bypass only changes which log-probs act as pi_old.

@@ -20,7 +20,7 @@ from fp8rl_jax.generation import cast_floats, kv_scale_metrics, recalibrate_kv_s
 from fp8rl_jax.rl.advantages import gae, grpo_advantages, masked_whiten, rloo_advantages
 from fp8rl_jax.rl.dapo import shape_rewards
 from fp8rl_jax.rl.losses import entropy_bonus, kl_loss, masked_mean, policy_loss, value_loss
-from fp8rl_jax.rl.scoring import policy_entropy, sequence_logprobs
+from fp8rl_jax.rl.scoring import Scores, sequence_logprobs
 from fp8rl_jax.rl.state import (
     RLConfig,
     RolloutBatch,
@@ -106,15 +106,14 @@ def compute_targets(batch: RolloutBatch, rewards_B, rl_cfg: RLConfig) -> Targets
     return Targets(adv_BT, returns_BT, jnp.sum(rewards_BT, axis=1))
 
 
-def _extra_losses(logp_BT, out, value_head, mb: MiniBatch, cfg: StepConfig):
+def _extra_losses(logp_BT, out: Scores, value_head, mb: MiniBatch, cfg: StepConfig):
     """``entropy_coef·(−H) + kl_coef·KL + vf_coef·L_V``, each term only when enabled.
 
     The entropy is always logged (one reduction over the logits, no gradient when unused).
     """
     loss_cfg = cfg.rl.loss
     m_BT = mb.mask_BT * mb.keep_BT
-    entropy_BT = policy_entropy(out.logits_BTV, cfg.rollout.sampling)
-    bonus, metrics = entropy_bonus(entropy_BT, m_BT, loss_cfg)
+    bonus, metrics = entropy_bonus(out.entropy_BT, m_BT, loss_cfg)
     loss = jnp.zeros((), jnp.float32)
     if loss_cfg.entropy_coef > 0.0:
         loss = loss_cfg.entropy_coef * bonus
@@ -132,7 +131,7 @@ def _extra_losses(logp_BT, out, value_head, mb: MiniBatch, cfg: StepConfig):
 
 def loss_fn(trainable: Trainable, mb: MiniBatch, cfg: StepConfig) -> tuple[jax.Array, dict]:
     """PPO policy loss + the enabled extra terms (+ the MoE router aux loss), and its metrics."""
-    logp_BT, out = sequence_logprobs(
+    out = sequence_logprobs(
         cast_floats(trainable.policy, cfg.compute_dtype),
         mb.tokens_BT,
         mb.positions_BT,
@@ -140,8 +139,12 @@ def loss_fn(trainable: Trainable, mb: MiniBatch, cfg: StepConfig) -> tuple[jax.A
         cfg.model,
         cfg.rollout.sampling,
         with_hidden=trainable.value_head is not None,
+        with_entropy=True,
         expert_ids_BTLK=mb.expert_ids_BTLK,
+        logprob_chunk=cfg.rl.logprob_chunk,
+        remat=cfg.rl.remat,
     )
+    logp_BT = out.logp_BT
     loss, metrics = policy_loss(
         logp_BT,
         mb.logp_old_BT,

@@ -179,6 +179,15 @@ class Experiment:
                 f"(trainer.prompts_per_step={self.trainer.prompts_per_step} x "
                 f"rl.group_size={self.rl.group_size})"
             )
+        gen_rows = (self.rl.dapo.gen_prompts or self.trainer.prompts_per_step) * self.rl.group_size
+        micro = self.rl.score_micro_batch
+        for n_rows in {rows, gen_rows}:
+            if 0 < micro < n_rows and n_rows % micro:
+                raise ValueError(
+                    f"rl.score_micro_batch={micro} must divide the {n_rows} "
+                    "rows a rollout scores (trainer.prompts_per_step or rl.dapo.gen_prompts x "
+                    f"rl.group_size={self.rl.group_size})"
+                )
         c = self.rl.correction
         if c.bypass and c.rs_level is not None:
             raise ValueError(
