@@ -100,8 +100,9 @@ def plan_programs(exp, model_cfg, mesh, prompt_len: int) -> list[Program]:
     state_in = _sharded(state, place.state_sh)
     steps = place.steps(model_cfg, exp, optimizer)
 
-    def prompts_in(n):
-        return _sharded(sh.abstract_prompts(n, prompt_len), place._prompts_sh(n))
+    def prompts_in(n):  # as OnMesh places them: split over the batch axes
+        prompts = sh.abstract_prompts(n, prompt_len)
+        return _sharded(prompts, sh.batch_shardings(prompts, mesh))
 
     prompts = sh.abstract_prompts(rows, prompt_len)
     s = sh.step_shardings(model_cfg, exp.rollout, exp.rl, mesh, state, prompts)
