@@ -111,9 +111,8 @@ def test_train_program_is_fed_the_state_and_batch():
     assert set(programs) == {"rollout", "train", "eval"}
     train = programs["train"]
     m = P.compile_memory(train, mesh, cfg.num_layers)
-    batch = train.args[1]
-    unused = _nbytes(batch.metrics) + _nbytes(batch.logp_rollout_BT)  # jit drops unused inputs
-    assert _nbytes(train.args) - unused <= m.argument <= _nbytes(train.args)
+    # jit drops inputs it never reads: here a few hundred bytes of metric scalars and logs
+    assert _nbytes(train.args) - 1024 <= m.argument <= _nbytes(train.args)
     state_bytes = _nbytes(train.args[0])
     assert state_bytes <= m.alias <= m.output  # the whole donated state is reused in place
     assert m.temp > 0
