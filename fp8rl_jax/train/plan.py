@@ -16,6 +16,7 @@ in experiments/results/plan_full_depth.json).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 import jax
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 
 from fp8rl_jax.train.topology import GIB, Topology, devices, fits
 
+log = logging.getLogger(__name__)
 FIELDS = ("argument", "output", "alias", "temp")
 FIT_FRACTION = 0.9  # a program fits when its per-device total is <= this share of HBM
 
@@ -151,12 +153,12 @@ def make_planning_mesh(exp, topo: Topology):
 def plan(exp, model_cfg, topo: Topology, prompt_len: int, only=None) -> list[ProgramMemory]:
     """Compiles every program of ``exp`` (``only``: those named) for ``topo``."""
     mesh = make_planning_mesh(exp, topo)
-    programs = plan_programs(exp, model_cfg, mesh, prompt_len)
-    return [
-        compile_memory(p, mesh, model_cfg.num_layers)
-        for p in programs
-        if only is None or p.name in only
-    ]
+    out = []
+    for p in plan_programs(exp, model_cfg, mesh, prompt_len):
+        if only is None or p.name in only:
+            out.append(compile_memory(p, mesh, model_cfg.num_layers))
+            log.info("%s at %d layers: %s", p.name, model_cfg.num_layers, out[-1].as_dict(topo))
+    return out
 
 
 def extrapolate(small: ProgramMemory, large: ProgramMemory, l_small: int, l_large: int,
