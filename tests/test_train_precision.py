@@ -24,7 +24,8 @@ from fp8rl_jax.generation import (
     prompt_segment_ids,
     token_logprobs,
 )
-from fp8rl_jax.models import forward, init_cache
+from fp8rl_jax.generation.kv import init_cache
+from fp8rl_jax.models import forward
 from fp8rl_jax.quant import quantize_params
 from fp8rl_jax.rl import RLConfig, init_train_state, jit_steps
 from fp8rl_jax.rl.precision import policy_weights

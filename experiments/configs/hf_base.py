@@ -15,7 +15,8 @@ compute; DAPO dynamic sampling (veRL: generation batches of 96 prompts, at most 
 here 32 prompts, at most 30: the same budget in a third of the rollout memory) and overlong
 shaping over the last 512 tokens (penalty factor 1.0, no overlong filtering). Memory knobs that
 change no value: log-probs from 512-token chunks of logits, scoring in 64-row micro-batches,
-block rematerialization in the loss.
+block rematerialization in the loss, 16 accumulated micro-batches per update, and the paged
+rollout engine with a 16 GiB KV page pool per device (``experiments/plan.py`` shows what fits).
 """
 
 from ml_collections import config_dict
@@ -37,7 +38,7 @@ def get_config():
     c.task.format_reward = 0.0
     c.sft.steps = 0  # pretrained models need no warm start
 
-    c.rollout.max_new_tokens = 8192  # the paper uses 20480; raise it where memory allows
+    c.rollout.max_new_tokens = 8192  # the paper's 20,480: qwen3_8b_20k.py
     c.rollout.stop_token_ids = ()  # () = the checkpoint's generation_config.json + tokenizer EOS
 
     c.rl.dapo.dynamic_sampling = True  # veRL algorithm.filter_groups (metric: acc)
@@ -52,6 +53,11 @@ def get_config():
     c.rollout.kv_cache_dtype = "float8_e4m3fn"
     c.rollout.kv_scale_mode = "static"
     c.rollout.compute_dtype = "bfloat16"
+    # Rollout KV memory follows the tokens (issue 20): the paged engine, one engine and page pool
+    # per batch shard, the pool sized from a per-device budget (experiments/plan.py checks it).
+    c.rollout.engine = "paged"
+    c.rollout.paged.page_size = 64  # tokens per page: the H100 paged decode kernel's tile
+    c.rollout.paged.kv_memory_bytes = 16 * 2**30  # per device: 233K FP8 tokens of Qwen3-8B
 
     c.rl.group_size = 16
     # Memory (issue 20): no [rows, T, V] f32 logits (V = 151,936: 0.6 MB per token), scoring in
@@ -60,6 +66,7 @@ def get_config():
     c.rl.score_micro_batch = 64  # rows per scoring forward (8 per device at fsdp=8)
     c.rl.remat = "block"  # keep only each block's input for the backward pass
     c.rl.num_minibatches = 1  # one update per rollout isolates the quantization effect
+    c.rl.grad_accum = 16  # 512-row minibatch in micro-batches of 32 rows (4 per device at 8)
     c.optim.lr = 1e-6
     c.optim.weight_decay = 0.1
     c.optim.grad_clip = 1.0

@@ -127,19 +127,25 @@ class Pending:
     eval_accuracy: float | None = None  # greedy held-out accuracy measured after the step
 
 
-def make_eval_fn(run: _Run):
-    """Greedy held-out accuracy of the policy as the rollout engine runs it (same precision)."""
+def eval_program(model_cfg: ModelConfig, rollout_cfg, pin=None):
+    """``eval_generate(params, prompts, kv_scales) -> tokens_BT``: greedy, un-jitted."""
     greedy = SamplingConfig(temperature=0.0)
-    place, n = run.placement, run.exp.trainer.eval_size
 
     def eval_generate(params, prompts, kv_scales):
         ro, _ = rollout(
-            params, prompts, run.model_cfg, run.exp.rollout, jax.random.key(0), kv_scales,
-            sampling=greedy, pin=place.pin_rollout_params,
+            params, prompts, model_cfg, rollout_cfg, jax.random.key(0), kv_scales,
+            sampling=greedy, pin=pin,
         )  # fmt: skip
         return ro.tokens_BT
 
-    eval_generate = place.jit_eval(eval_generate, n)
+    return eval_generate
+
+
+def make_eval_fn(run: _Run):
+    """Greedy held-out accuracy of the policy as the rollout engine runs it (same precision)."""
+    place, n = run.placement, run.exp.trainer.eval_size
+    program = eval_program(run.model_cfg, run.exp.rollout, place.pin_rollout_params)
+    eval_generate = place.jit_eval(program, n)
 
     def evaluate(state: TrainState) -> float:
         rows = place.rows(n)  # this process's problems only

@@ -22,6 +22,7 @@ from fp8rl_jax.generation.kv import KVScales, check_kernel_page_size
 from fp8rl_jax.generation.paged.admit import group_leaders
 from fp8rl_jax.generation.paged.engine import run_engine
 from fp8rl_jax.generation.paged.plan import FIELD, PoolPlan, plan_pool
+from fp8rl_jax.generation.paged.sharded import batch_axes, run_sharded
 from fp8rl_jax.generation.paged.state import EngineSpec, EngineState
 from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.models import ModelConfig
@@ -55,7 +56,8 @@ def generate_paged(
     key stream. ``response_budget_B``: optional per-request budgets (<= ``max_new_tokens``).
     ``record_expert_ids``: MoE routing replay, as ``generate`` (a group's prompt experts are its
     first row's prefill's; a slot records each response token it feeds back). ``fp8_attention``:
-    as ``generate``.
+    as ``generate``. Under a mesh whose devices hold the whole weights, each batch shard runs its
+    own engine over a pool of ``paged`` pages per device (``paged.sharded``), with the same output.
     """
     paged = PagedConfig() if paged is None else paged
     inp = engine_inputs(
@@ -64,24 +66,32 @@ def generate_paged(
     )  # fmt: skip
     prompts, dtype, mode = inp.prompts, inp.cache_dtype, inp.mode
     check_kernel_page_size(paged.page_size, kernels, FIELD)
-    b, p = prompts.tokens_BP.shape
-    plan = plan_pool(
-        paged, cfg, num_requests=b, prompt_len=p, max_new_tokens=int(max_new_tokens),
-        cache_dtype=dtype, mode=mode,
-    )  # fmt: skip
-    spec = EngineSpec(
-        plan=plan, model=cfg, sampling=sampling, stop_ids=tuple(int(t) for t in stop_token_ids),
-        cache_dtype=dtype, mode=mode, kernels=kernels, record=bool(record_expert_ids),
-    )  # fmt: skip
-    ro, metrics, state = run_engine(
-        weights,
-        prompts,
-        rng,
-        inp.kv_scales,
-        response_budget(response_budget_B, b, plan.max_new_tokens),
-        inp.q_scale_LK,
-        spec=spec,
-    )
+    b = prompts.tokens_BP.shape[0]
+    budget_B = response_budget(response_budget_B, b, int(max_new_tokens))
+
+    def local(w, prompts, key, scales, budget, row0):
+        n, p = prompts.tokens_BP.shape
+        plan = plan_pool(
+            paged, cfg, num_requests=n, prompt_len=p, max_new_tokens=int(max_new_tokens),
+            cache_dtype=dtype, mode=mode,
+        )  # fmt: skip
+        spec = EngineSpec(
+            plan=plan, model=cfg, sampling=sampling,
+            stop_ids=tuple(int(t) for t in stop_token_ids), cache_dtype=dtype, mode=mode,
+            kernels=kernels, record=bool(record_expert_ids),
+        )  # fmt: skip
+        kv_scales, q_scale_LK = scales
+        return run_engine(w, prompts, key, kv_scales, budget, q_scale_LK, row0, spec=spec)
+
+    # On a mesh: one engine and pool per batch shard (``sharded``), when the weights allow it.
+    scales = (inp.kv_scales, inp.q_scale_LK)
+    axes = () if return_state else batch_axes(b, cfg)
+    if axes:
+        return run_sharded(
+            lambda *a: local(*a)[:2], axes, weights, prompts, rng, scales, budget_B,
+            record=bool(record_expert_ids),
+        )  # fmt: skip
+    ro, metrics, state = local(weights, prompts, rng, scales, budget_B, 0)
     return (ro, metrics, state) if return_state else (ro, metrics)
 
 

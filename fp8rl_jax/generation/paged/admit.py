@@ -33,6 +33,7 @@ class Inputs(NamedTuple):
     q_scale_LK: jax.Array | None  # FP8 attention: Q's static scales (None: off)
     rng: jax.Array
     budget_B: jax.Array  # int32 response budget per request (<= max_new_tokens)
+    row0: jax.Array | int = 0  # global id of request 0 (a shard's first row): sampling keys
 
 
 def group_leaders(prompts: Prompts) -> jax.Array:

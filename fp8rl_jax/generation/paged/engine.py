@@ -86,7 +86,7 @@ def decode(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
         return_expert_ids=s.ids_BALK is not None,
     )  # fmt: skip
     s = _record_expert_ids(s, out.expert_ids_BTLK, b)
-    keys_U = token_keys(inp.rng, s.n_U, jnp.maximum(s.req_U, 0))
+    keys_U = token_keys(inp.rng, s.n_U, jnp.maximum(s.req_U, 0) + inp.row0)
     tok_U, logp_U = sample_with_keys(keys_U, out.logits_BTV[:, 0], spec.sampling)
     req_U = jnp.where(active_U, s.req_U, b)
     n_U = s.n_U + active_U
@@ -132,7 +132,9 @@ def finish(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
     return drop_idle_groups(release(s, spec), inp.leader_B)
 
 
-def start(weights, prompts: Prompts, rng, kv_scales, budget_B, q_scale_LK, spec: EngineSpec):
+def start(
+    weights, prompts: Prompts, rng, kv_scales, budget_B, q_scale_LK, spec: EngineSpec, row0=0
+):
     """(initial EngineState, Inputs): an empty pool, every request queued."""
     plan = spec.plan
     static = kv_scales is not None
@@ -141,7 +143,9 @@ def start(weights, prompts: Prompts, rng, kv_scales, budget_B, q_scale_LK, spec:
         dtype=spec.cache_dtype, mode=spec.mode, k_scale=kv_scales.k if static else None,
         v_scale=kv_scales.v if static else None, q_scale=q_scale_LK,
     )  # fmt: skip
-    inp = Inputs(weights, prompts, group_leaders(prompts), kv_scales, q_scale_LK, rng, budget_B)
+    inp = Inputs(
+        weights, prompts, group_leaders(prompts), kv_scales, q_scale_LK, rng, budget_B, row0
+    )
     return init_state(spec, cache), inp
 
 
@@ -173,10 +177,19 @@ def metrics(s: EngineState, spec: EngineSpec) -> dict:
 
 @functools.partial(jax.jit, static_argnames=("spec",))
 def run_engine(
-    weights, prompts: Prompts, rng, kv_scales, budget_B, q_scale_LK=None, *, spec: EngineSpec
+    weights,
+    prompts: Prompts,
+    rng,
+    kv_scales,
+    budget_B,
+    q_scale_LK=None,
+    row0=0,
+    *,
+    spec: EngineSpec,
 ):
-    """(Rollout, metrics, final EngineState) of the paged engine over every row of ``prompts``."""
-    state, inp = start(weights, prompts, rng, kv_scales, budget_B, q_scale_LK, spec)
+    """(Rollout, metrics, final EngineState) of the paged engine over every row of ``prompts``;
+    ``row0``: the global id of its first row (a shard of a batch), for the sampling keys."""
+    state, inp = start(weights, prompts, rng, kv_scales, budget_B, q_scale_LK, spec, row0)
 
     def cond(st: EngineState):
         return ~jnp.all(st.finished_B) & (st.counters.iterations < spec.plan.max_iterations)

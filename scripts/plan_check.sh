@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# CI planner tier: every shipped real-model config compiled (deviceless) for its hardware by
+# experiments/plan.py, at 1 and 2 layers extrapolated to the full depth; fails when a program's
+# per-device total exceeds 90% of HBM. Needs the AOT toolchain (scripts/setup_aot.sh).
+#
+#   bash scripts/plan_check.sh                # the CI list
+#   bash scripts/plan_check.sh --all          # every config x topology of the README's table
+#   bash scripts/plan_check.sh --report-only  # a program that does not fit (plan.py exit 3) is
+#                                             # reported, not failed; a compile error still fails
+#   OUT=dir bash scripts/plan_check.sh    # where the JSON goes (default: a temp dir)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.aot/venv/bin/python}
+OUT=${OUT:-$(mktemp -d)}
+C=experiments/configs
+# config|topologies: the README table (experiments/results/plan_after.json).
+ALL=(
+  "qwen3_8b|8xh100,v5p-16"
+  "qwen3_8b_20k|8xh100"
+  "qwen3_8b_multihost|32xh100,v6e-32"
+  "qwen3_30b_a3b|8xh200"
+  "qwen3_30b_a3b_multihost|32xh100,v5p-64"
+)
+CI=("qwen3_8b|8xh100")
+LIST=("${CI[@]}")
+REPORT_ONLY=0
+for arg in "$@"; do
+  case "$arg" in
+    --all) LIST=("${ALL[@]}") ;;
+    --report-only) REPORT_ONLY=1 ;;
+    *) echo "plan_check: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+fail=0
+judge() {  # exit status of one plan.py run -> fail or not
+  local rc=$1
+  if [ "$rc" -eq 3 ] && [ "$REPORT_ONLY" -eq 1 ]; then
+    echo "plan_check: a program does not fit (reported only: --report-only)"
+  elif [ "$rc" -ne 0 ]; then
+    fail=1
+  fi
+}
+
+pids=()
+for entry in "${LIST[@]}"; do
+  cfg=${entry%%|*}
+  topo=${entry#*|}
+  nice -n 5 "$PY" experiments/plan.py --config="$C/$cfg.py" --topology="$topo" --layers=1,2 \
+    --json="$OUT/plan_$cfg.json" >"$OUT/plan_$cfg.log" 2>&1 &
+  pids+=($!)
+  # two at a time (2 cores)
+  if [ ${#pids[@]} -ge 2 ]; then
+    rc=0; wait "${pids[0]}" || rc=$?; judge $rc; pids=("${pids[@]:1}")
+  fi
+done
+for p in "${pids[@]}"; do rc=0; wait "$p" || rc=$?; judge $rc; done
+for entry in "${LIST[@]}"; do
+  cfg=${entry%%|*}
+  grep -v "^[WEI][0-9]\{4\}\|^\*\|Very slow\|^$\|^[[:space:]]*$" "$OUT/plan_$cfg.log" | grep -v "^If you want" || true
+done
+echo "plan_check: JSON in $OUT"
+exit $fail
