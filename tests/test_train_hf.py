@@ -35,6 +35,9 @@ FLAGS = {
     # 32-blocks: the fixture's sizes (64, 32, 128) are whole blocks, so the FP8 export is servable
     "rollout.quant.weight_block": "(32, 32)",
     "rollout.quant.act_group": 32,
+    # hf_base's scale settings, sized down: 2 accumulated micro-batches, an 8 MiB page pool
+    "rl.grad_accum": 2,
+    "rollout.paged.kv_memory_bytes": 8 * 2**20,
 }
 
 
@@ -123,6 +126,9 @@ DIGITS_FLAGS = {
     "trainer.allow_cpu": True,
     "rollout.quant.weight_block": "(32, 32)",
     "rollout.quant.act_group": 32,
+    # hf_base's scale settings, sized down: 2 accumulated micro-batches, an 8 MiB page pool
+    "rl.grad_accum": 2,
+    "rollout.paged.kv_memory_bytes": 8 * 2**20,
     # the answer format and some sums (loss 6.1 -> 0.7): rewards neither all 0 nor all 1 (150
     # steps: every sum right, every group filtered)
     "sft.steps": 14,
