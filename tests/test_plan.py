@@ -86,6 +86,23 @@ def test_presets_from_config_names():
         plan_models.preset_for("a.py", "llama-70b")
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["qwen3_8b", "qwen3_8b_20k", "qwen3_8b_multihost", "qwen3_30b_a3b", "qwen3_30b_a3b_multihost"],
+)
+def test_every_real_model_config_builds_for_the_planner(name):
+    """The shipped configs pass their own config-time checks with the planner's placeholders
+    (no checkpoint, no data file) and get their preset's widths."""
+    import importlib
+
+    config = importlib.import_module(f"experiments.configs.{name}").get_config()
+    exp, cfg, preset = plan_models.experiment_and_model(config, f"experiments/configs/{name}.py")
+    assert preset == ("qwen3-30b-a3b" if "30b" in name else "qwen3-8b")
+    assert cfg.num_layers == (48 if "30b" in name else 36)
+    assert exp.task.jsonl_path == plan_models.NOT_READ
+    assert exp.rollout.engine == "paged" and exp.rollout.stop_token_ids
+
+
 def _tiny_experiment():
     from experiments.configs import base
 

@@ -43,10 +43,14 @@ def preset_for(config_path: str, name: str = "") -> str:
     return ""
 
 
+NOT_READ = "<not read by the planner>"  # a data file / tokenizer placeholder
+
+
 def experiment_and_model(config, config_path: str, model: str = ""):
     """``(Experiment, ModelConfig, preset name)`` of a config file, for planning only.
 
-    The required placeholders (checkpoint, data file) are left empty; an HF config gets the
+    The required placeholders are filled (a math task's data file and tokenizer with
+    ``NOT_READ``, the checkpoint left empty); an HF config gets the
     preset's widths and Qwen3's stop tokens when it names none.
     """
     from fp8rl_jax.tasks import CharTokenizer
@@ -57,6 +61,12 @@ def experiment_and_model(config, config_path: str, model: str = ""):
     for section, name, _ in REQUIRED_IF_NONE:
         if raw.get(section, {}).get(name, "") is None:
             raw[section][name] = ""
+    # The checkpoint stays empty (the preset gives the widths); a math task's files are named
+    # but never read (the planner builds no task), so the config's own checks pass.
+    task = raw.get("task", {})
+    if task.get("name") == "math":
+        for name in ("jsonl_path", "tokenizer_path"):
+            task[name] = task.get(name) or NOT_READ
     exp = experiment_from_config(raw)
     preset = preset_for(config_path, model)
     if needs_checkpoint and not preset:
