@@ -226,9 +226,13 @@ def test_failing_save_exits_with_one_line_instead_of_hanging(tmp_path):
 # 4-5. Same-size corruption; config.json kept ----------------------------------------------
 
 
-def _flip_bytes(step_dir: Path, n: int = 400) -> Path:
-    """XORs n bytes in the middle of the step's largest state file (its size is kept)."""
-    file = max((p for p in (step_dir / "state").rglob("*") if p.is_file()), key=os.path.getsize)
+def _flip_bytes(step_dir: Path, n: int = 400, name: str | None = None) -> Path:
+    """XORs n bytes in the middle of the step's state file called `name`, or of its largest
+    (which orbax versions differ on: a data chunk or `_METADATA`); its size is kept."""
+    files = [p for p in (step_dir / "state").rglob("*") if p.is_file()]
+    if name is not None:
+        files = [p for p in files if p.name == name]
+    file = max(files, key=os.path.getsize)
     data = bytearray(file.read_bytes())
     start = max(0, len(data) // 2 - n // 2)
     for i in range(start, min(len(data), start + n)):
@@ -239,7 +243,8 @@ def _flip_bytes(step_dir: Path, n: int = 400) -> Path:
     return file
 
 
-def test_byte_flips_in_a_checkpoint_are_detected(tmp_path, caplog):
+@pytest.mark.parametrize("name", [None, "_METADATA"], ids=["largest", "metadata"])
+def test_byte_flips_in_a_checkpoint_are_detected(tmp_path, caplog, name):
     import jax.numpy as jnp
 
     from fp8rl_jax.train.checkpoint import CheckpointManager
@@ -248,7 +253,7 @@ def test_byte_flips_in_a_checkpoint_are_detected(tmp_path, caplog):
     with CheckpointManager(tmp_path / "ckpt", async_save=False) as ckpt:
         ckpt.save(1, state)
         ckpt.save(2, {"w": state["w"] + 1, "b": state["b"]})
-    file = _flip_bytes(tmp_path / "ckpt" / "2")
+    file = _flip_bytes(tmp_path / "ckpt" / "2", name=name)
     with caplog.at_level(logging.WARNING), CheckpointManager(tmp_path / "ckpt") as ckpt:
         restored = ckpt.restore_latest(state)
         assert ckpt.all_steps() == [1]

@@ -266,6 +266,9 @@ class CheckpointManager:
         handler = ocp.StandardCheckpointHandler()
         try:  # the manager's item_metadata needs a handler registered by an earlier call
             stored = handler.metadata(epath.Path(self.directory) / str(step) / _STATE)
+        except Exception:
+            self._verify(step)  # damaged metadata: name the altered file, not orbax's parse error
+            raise
         finally:
             handler.close()
         stored = getattr(stored, "tree", stored)
