@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI planner tier: every shipped real-model config compiled (deviceless) for its hardware by
-# experiments/plan.py, at 1 and 2 layers extrapolated to the full depth; fails when a program's
+# experiments/plan.py, at 2 and 4 layers extrapolated to the full depth; fails when a program's
 # per-device total exceeds 90% of HBM. Needs the AOT toolchain (scripts/setup_aot.sh).
 #
 #   bash scripts/plan_check.sh                # the CI list
@@ -45,7 +45,7 @@ pids=()
 for entry in "${LIST[@]}"; do
   cfg=${entry%%|*}
   topo=${entry#*|}
-  nice -n 5 "$PY" experiments/plan.py --config="$C/$cfg.py" --topology="$topo" --layers=1,2 \
+  nice -n 5 "$PY" experiments/plan.py --config="$C/$cfg.py" --topology="$topo" --layers=2,4 \
     --json="$OUT/plan_$cfg.json" >"$OUT/plan_$cfg.log" 2>&1 &
   pids+=($!)
   # two at a time (2 cores)

@@ -157,6 +157,44 @@ def quantize_check() -> dict:
     }
 
 
+def rows_check() -> dict:
+    """The train program at fsdp=8 with 2 accumulated micro-batches and block remat: the row
+    counts of its [rows, T, D] activations (forward and backward) in the compiled HLO.
+
+    64 rows of T = 256 tokens: activations (rows·T·D) far outweigh the weights, so XLA's cost
+    model keeps rows split wherever the program lets it (at a handful of tokens it may gather
+    activations instead of reducing weight gradients, which is right at that size).
+    """
+    import dataclasses
+    import re
+
+    import jax
+    import jax.numpy as jnp
+
+    from fp8rl_jax.generation import Prompts
+    from fp8rl_jax.rl import jit_steps
+    from fp8rl_jax.train import sharding as sh
+    from tests import scaleout_common as sc
+
+    cfg = sc.model_config("dense")
+    rollout_cfg, rl_cfg = sc.rl_configs()
+    rl_cfg = dataclasses.replace(rl_cfg, grad_accum=2, remat="block")
+    rows, T = 64, 256
+    P = T - rollout_cfg.max_new_tokens
+    mesh = sh.make_mesh(sh.MeshConfig(fsdp=8))
+    with jax.set_mesh(mesh):
+        state = jax.eval_shape(lambda: sc.initial_state(cfg))
+        prompts = Prompts(jax.ShapeDtypeStruct((rows, P), jnp.int32),
+                          jax.ShapeDtypeStruct((rows,), jnp.int32))  # fmt: skip
+        s = sh.step_shardings(cfg, rollout_cfg, rl_cfg, mesh, state, prompts)
+        steps = jit_steps(cfg, rollout_cfg, rl_cfg, sc.optimizer(), shardings=s)
+        batch = jax.eval_shape(steps.rollout, state, prompts)
+        rewards = jax.ShapeDtypeStruct((rows,), jnp.float32)
+        hlo = steps.train.lower(state, batch, rewards).compile().as_text()
+    found = sorted({int(r) for r in re.findall(rf"\[(\d+),{T},{cfg.hidden_size}\]", hlo)})
+    return {"micro_rows": rows // 2, "devices": 8, "activation_rows": found}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
@@ -165,6 +203,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--quantize-check", action="store_true")
+    parser.add_argument("--rows-check", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     # Must precede the first jax import: the CPU client's device count is fixed at start-up.
@@ -173,6 +212,8 @@ def main() -> None:
     from tests import scaleout_common as sc
 
     report = {"quantize": quantize_check()} if args.quantize_check else {}
+    if args.rows_check:
+        report["rows"] = rows_check()
     meshes: dict[str, list[str]] = {}
     for case in args.case:
         model, mesh = case.split(":", 1)

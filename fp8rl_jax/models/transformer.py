@@ -20,6 +20,7 @@ from fp8rl_jax.models.layers import linear, rms_norm, swiglu_mlp
 from fp8rl_jax.models.moe import load_balancing_loss, moe_mlp
 from fp8rl_jax.models.remat import remat_block
 from fp8rl_jax.models.rope import rope_cos_sin
+from fp8rl_jax.models.rows import constrain_rows
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
 
 
@@ -133,6 +134,13 @@ def _stack_expert_ids(router: list, shape_BT) -> jax.Array | None:
     return ids.reshape(*shape_BT, *ids.shape[1:]).astype(jnp.int16)
 
 
+def _rows(x_BTD, cache):
+    """A forward without a cache (scoring, training) keeps its rows split over the mesh's batch
+    axes at every block, inside a rematerialized block too (``models.rows``); a rollout's cache
+    places its rows itself."""
+    return constrain_rows(x_BTD) if cache is None else x_BTD
+
+
 def forward(
     weights: dict,
     tokens_BT: jax.Array,
@@ -190,9 +198,10 @@ def forward(
             ids = expert_ids_BTLK[:, :, n_moe].reshape(-1, cfg.num_experts_per_tok)
         # Rematerialization only where a backward pass can follow (no cache: training forwards).
         block = remat_block(
-            lambda p, x, ids, i=i: _layer(p, x, i, inp, ids), remat if cache is None else "none"
+            lambda p, x, ids, i=i: _layer(p, _rows(x, cache), i, inp, ids),
+            remat if cache is None else "none",
         )
-        x, out = block(p, x, ids)
+        x, out = block(p, _rows(x, cache), ids)
         outs.append(out)
     h = rms_norm(x, weights["final_norm"], cfg.rms_norm_eps)
     new_cache = None if cache is None else step.advance([o.kv for o in outs])

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from fp8rl_jax.generation import kv_scale_metrics, recalibrate_kv_scales
+from fp8rl_jax.models.rows import constrain_rows
 from fp8rl_jax.rl.advantages import gae, grpo_advantages, masked_whiten, rloo_advantages
 from fp8rl_jax.rl.dapo import shape_rewards
 from fp8rl_jax.rl.losses import entropy_bonus, kl_loss, masked_mean, policy_loss, value_loss
@@ -182,7 +183,14 @@ def minibatch_grads(trainable: Trainable, mb: MiniBatch, cfg: StepConfig, kv_sca
     def acc(total: Grads, m: MiniBatch):
         return jax.tree.map(jnp.add, total, one(m)), None
 
-    micro = jax.tree.map(lambda x: x.reshape(n_acc, x.shape[0] // n_acc, *x.shape[1:]), mb)
+    # Micro-batch i holds rows i, i + n_acc, i + 2 n_acc, ...: rows split in contiguous blocks
+    # over the devices of a mesh stay split over all of them in every micro-batch (a contiguous
+    # cut would put each micro-batch on a few devices and make the others compute it whole).
+    micro = _rows_split(
+        jax.tree.map(
+            lambda x: jnp.swapaxes(x.reshape(x.shape[0] // n_acc, n_acc, *x.shape[1:]), 0, 1), mb
+        )
+    )
     total = one(jax.tree.map(lambda x: x[0], micro))
     if n_acc > 1:
         total, _ = jax.lax.scan(acc, total, jax.tree.map(lambda x: x[1:], micro))
@@ -242,7 +250,13 @@ def minibatches(batch: RolloutBatch, targets: Targets, rl_cfg: RLConfig, rng) ->
         return jax.tree.map(lambda x: x[perm].reshape(n, B // n, *x.shape[1:]), data)
 
     epochs = jax.vmap(shuffle)(jax.random.split(rng, rl_cfg.ppo_epochs))
-    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), epochs)
+    return _rows_split(jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), epochs))
+
+
+def _rows_split(tree):
+    """Axis 1 (rows) of every [N, rows, ...] leaf split over the mesh's batch axes: the
+    shuffle's gather and the micro-batch cut would otherwise leave every device with every row."""
+    return constrain_rows(tree, axis=1)
 
 
 def _step_metrics(update_metrics, rewards_B, batch, targets: Targets, cfg: StepConfig) -> dict:
