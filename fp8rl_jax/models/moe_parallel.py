@@ -49,9 +49,12 @@ _TOKEN_AXES = ("data", "fsdp", "expert")
 
 
 def expert_mesh(num_experts: int):
-    """The installed abstract mesh if it splits experts (``expert`` > 1 dividing E), else None."""
+    """The installed abstract mesh if it splits experts (``expert`` > 1 dividing E), else None.
+
+    None too inside a ``shard_map`` over ``expert`` (a manual axis: each shard holds whole
+    expert stacks there, e.g. the paged engine's per-shard engines)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or EXPERT_AXIS not in mesh.axis_names:
+    if mesh.empty or EXPERT_AXIS not in mesh.axis_names or EXPERT_AXIS in mesh.manual_axes:
         return None
     n = mesh.shape[EXPERT_AXIS]
     return mesh if n > 1 and num_experts % n == 0 else None

@@ -85,7 +85,7 @@ def generate_paged(
 
     # On a mesh: one engine and pool per batch shard (``sharded``), when the weights allow it.
     scales = (inp.kv_scales, inp.q_scale_LK)
-    axes = () if return_state else batch_axes(b, cfg)
+    axes = () if return_state else batch_axes(b)
     if axes:
         return run_sharded(
             lambda *a: local(*a)[:2], axes, weights, prompts, rng, scales, budget_B,

@@ -20,23 +20,30 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from fp8rl_jax.generation.engine import Prompts, Rollout
-from fp8rl_jax.models import ModelConfig
+from fp8rl_jax.models.rows import BATCH_AXES  # the rollout's batch axes too
 
-BATCH_AXES = ("data", "fsdp", "expert")  # the rollout's batch axes (train.sharding rules)
 _MAX = ("engine_decode_steps", "engine_iterations", "engine_peak_page_fraction")
 _MEAN = ("engine_slot_utilization",)  # the rest are counts: summed
 
 
-def batch_axes(num_requests: int, cfg: ModelConfig) -> tuple[str, ...]:
+def batch_axes(num_requests: int) -> tuple[str, ...]:
     """The installed mesh's batch axes to run one engine per shard over (() = one engine):
     the longest prefix of ``BATCH_AXES`` (size > 1) whose product divides the request count,
-    if every device holds the whole rollout weights."""
+    unless heads are split over ``tensor``.
+
+    Every shard's engine runs the whole model: the weights enter ``shard_map`` replicated
+    (``P()``), so a MoE's expert stacks, split over ``expert`` in the rollout layout, are
+    all-gathered once per rollout (the FP8 experts of Qwen3-30B-A3B: ~29 GB per device) and each
+    engine routes its own tokens locally: an engine's decode loop runs its own number of
+    iterations, so no collective may sit inside it (``models.moe_parallel`` steps aside under a
+    manual ``expert`` axis).
+    """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return ()
     sizes = dict(mesh.shape)
-    if sizes.get("tensor", 1) > 1 or (cfg.num_experts and sizes.get("expert", 1) > 1):
-        return ()  # heads or experts split over devices: the weights are not whole
+    if sizes.get("tensor", 1) > 1:
+        return ()  # heads split over devices: a per-shard engine would need the whole heads
     axes: tuple[str, ...] = ()
     for a in (a for a in BATCH_AXES if sizes.get(a, 1) > 1):
         if num_requests % (math.prod(sizes[x] for x in axes) * sizes[a]):
