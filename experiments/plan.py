@@ -2,7 +2,7 @@
 
   python experiments/plan.py --config=experiments/configs/qwen3_8b.py --topology=8xh100
   python experiments/plan.py --config=experiments/configs/qwen3_30b_a3b.py \\
-      --topology=8xh100,v5p-128 --layers=1,2 --json=/tmp/plan.json
+      --topology=8xh100,v5p-128 --layers=2,4 --json=/tmp/plan.json
 
 Every program a run executes (rollout, train, DAPO generation-batch rollout, eval) is built
 through the trainer's own path (``fp8rl_jax.train.plan``) and compiled for ``--topology``
