@@ -86,10 +86,6 @@ class Programs:
     fold_key: Callable[[jax.Array, Any], jax.Array]  # fold_in, placed like the state's key
     calibrate: Callable[[dict, Prompts], KVScales | None]  # step-0 static KV scales
 
-    @property
-    def steps(self) -> Steps:
-        return Steps(self.rollout, self.train)
-
 
 def eval_fn(model_cfg: ModelConfig, rollout_cfg: RolloutConfig, pin: PinParams | None = None):
     """Un-jitted ``eval_generate(params, prompts, kv_scales) -> tokens_BT``: greedy rollout."""
@@ -155,9 +151,9 @@ def build_programs(
     s = shardings
     step = None if s is None else s.step
     rollout_p = _jit_rollout(model_cfg, rollout_cfg, rl_cfg, step)
-    gen = rollout_p if s is None or s.gen is None else _jit_rollout(
-        model_cfg, rollout_cfg, rl_cfg, s.gen
-    )  # fmt: skip
+    gen = rollout_p
+    if s is not None and s.gen is not None:  # DAPO generation batches of another row count
+        gen = _jit_rollout(model_cfg, rollout_cfg, rl_cfg, s.gen)
     if s is None:
         eval_p = jax.jit(eval_fn(model_cfg, rollout_cfg))
         select = jax.jit(select_rows)
