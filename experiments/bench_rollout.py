@@ -49,7 +49,6 @@ from fp8rl_jax.generation import (  # noqa: E402
     Prompts,
     RolloutConfig,
     SamplingConfig,
-    calibrate_initial_kv_scales,
     calibrate_kv_scales,
     generate,
     prompt_segment_ids,
@@ -65,6 +64,7 @@ from fp8rl_jax.models import (  # noqa: E402
 )
 from fp8rl_jax.models.presets import QWEN3_1P7B  # noqa: E402
 from fp8rl_jax.quant import QuantRecipe  # noqa: E402
+from fp8rl_jax.rl import calibrate_program  # noqa: E402
 
 MODELS = {
     "qwen3-1.7b": QWEN3_1P7B,
@@ -322,7 +322,7 @@ def main(argv=None) -> dict:
     rows, kv_scales = [], None
     for name in args.variants:
         if rollout_config(name, a).static_kv_scales and kv_scales is None:  # no bf16 row ran
-            kv_scales = calibrate_initial_kv_scales(params, prompts, cfg, rollout_config(name, a))
+            kv_scales = calibrate_program(cfg, rollout_config(name, a))(params, prompts)
         try:
             row, amax = bench_variant(name, params, prompts, cfg, a, kv_scales, args, fallbacks)
             if name == "bf16":  # the step-0 calibration pass: a BF16 prefill over the prompts

@@ -32,12 +32,11 @@ from fp8rl_jax.generation import (  # noqa: E402
     PagedConfig,
     RolloutConfig,
     SamplingConfig,
-    calibrate_initial_kv_scales,
     make_prompts,
     rollout,
 )
 from fp8rl_jax.models import init_weights  # noqa: E402
-from fp8rl_jax.rl import RLConfig  # noqa: E402
+from fp8rl_jax.rl import RLConfig, calibrate_program  # noqa: E402
 from fp8rl_jax.rl.precision import policy_weights  # noqa: E402
 from fp8rl_jax.rl.scoring import rollout_segment_ids, sequence_logprobs  # noqa: E402
 from fp8rl_jax.rl.state import StepConfig  # noqa: E402
@@ -83,7 +82,7 @@ def measure(model_name, replay, ro_cfg, prompts):
     """One rollout, scored in both precisions: {precision: stats}."""
     model_cfg = MODELS[model_name]
     params = _params(model_cfg)
-    kv = calibrate_initial_kv_scales(params, prompts, model_cfg, ro_cfg)
+    kv = calibrate_program(model_cfg, ro_cfg)(params, prompts)
     step_cfgs = {
         p: StepConfig(model_cfg, ro_cfg, RLConfig(train_precision=p, router_replay=replay))
         for p in PRECISIONS

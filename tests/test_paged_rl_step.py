@@ -15,10 +15,9 @@ from fp8rl_jax.generation import (
     PagedConfig,
     RolloutConfig,
     SamplingConfig,
-    calibrate_initial_kv_scales,
     make_prompts,
 )
-from fp8rl_jax.rl import RLConfig, init_train_state, jit_steps
+from fp8rl_jax.rl import RLConfig, calibrate_program, init_train_state, jit_steps
 from tests.testing import TINY_MODEL, VOCAB, assert_finite, copy_tree, tiny_params
 
 MODEL, G = TINY_MODEL, 4
@@ -41,7 +40,7 @@ def _prompts():
 
 def _state(rc):
     params = tiny_params()
-    kv = calibrate_initial_kv_scales(params, _prompts(), MODEL, rc)
+    kv = calibrate_program(MODEL, rc)(params, _prompts())
     return init_train_state(params, OPTIMIZER, jax.random.key(1), kv)
 
 

@@ -17,12 +17,12 @@ from fp8rl_jax.fields import is_batched
 from fp8rl_jax.generation import (
     RolloutConfig,
     SamplingConfig,
-    calibrate_initial_kv_scales,
     calibrate_kv_scales,
 )
 from fp8rl_jax.rl import (
     RLConfig,
     RolloutCorrectionConfig,
+    calibrate_program,
     init_train_state,
     jit_steps,
     make_fused_step,
@@ -42,7 +42,7 @@ def _prompts():
 
 def _state(rollout_cfg=FP8_ROLLOUT):
     params = tiny_params()
-    kv = calibrate_initial_kv_scales(params, _prompts(), MODEL, rollout_cfg)
+    kv = calibrate_program(MODEL, rollout_cfg)(params, _prompts())
     return init_train_state(params, OPTIMIZER, jax.random.key(1), kv)
 
 

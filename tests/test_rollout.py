@@ -12,12 +12,12 @@ import pytest
 from fp8rl_jax.generation import (
     RolloutConfig,
     SamplingConfig,
-    calibrate_initial_kv_scales,
     cast_floats,
     generate,
     rollout,
 )
 from fp8rl_jax.quant import QArray, quantize_params
+from fp8rl_jax.rl import calibrate_program
 from tests.testing import TINY_MODEL, tiny_params, tiny_prompts
 
 MODEL = TINY_MODEL
@@ -30,7 +30,7 @@ def _prompts():
 
 def test_rollout_is_cast_quantize_pin_generate():
     params, prompts = tiny_params(), _prompts()
-    kv = calibrate_initial_kv_scales(params, prompts, MODEL, FP8_KV)
+    kv = calibrate_program(MODEL, FP8_KV)(params, prompts)
     greedy = SamplingConfig(temperature=0.0)
     pinned = []
 

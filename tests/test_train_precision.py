@@ -19,7 +19,6 @@ import pytest
 from fp8rl_jax.generation import (
     RolloutConfig,
     SamplingConfig,
-    calibrate_initial_kv_scales,
     cast_floats,
     prompt_segment_ids,
     token_logprobs,
@@ -27,7 +26,7 @@ from fp8rl_jax.generation import (
 from fp8rl_jax.generation.kv import init_cache
 from fp8rl_jax.models import forward
 from fp8rl_jax.quant import quantize_params
-from fp8rl_jax.rl import RLConfig, init_train_state, jit_steps
+from fp8rl_jax.rl import RLConfig, calibrate_program, init_train_state, jit_steps
 from fp8rl_jax.rl.precision import policy_weights
 from fp8rl_jax.rl.scoring import sequence_logprobs
 from fp8rl_jax.rl.state import StepConfig
@@ -91,7 +90,7 @@ def _scored(params, model_cfg, ro_cfg, rl_cfg, kv_scales):
 def _setup(model_cfg, kv_mode):
     params = tiny_params(model_cfg, seed=2)
     ro_cfg = _rollout_cfg(kv_mode)
-    kv = calibrate_initial_kv_scales(params, _sequences()[0], model_cfg, ro_cfg)
+    kv = calibrate_program(model_cfg, ro_cfg)(params, _sequences()[0])
     return params, ro_cfg, kv
 
 
@@ -164,7 +163,7 @@ def test_rl_step_trains_with_fp8_rollout_precision():
     opt = optax.adam(1e-2)
     prompts = tiny_prompts((5, 7, 3, 8), 2)
     params = tiny_params()
-    kv = calibrate_initial_kv_scales(params, prompts, TINY_MODEL, ro_cfg)
+    kv = calibrate_program(TINY_MODEL, ro_cfg)(params, prompts)
     state = init_train_state(params, opt, jax.random.key(1), kv)
     host0 = copy_tree(state)
     rollout, train = jit_steps(TINY_MODEL, ro_cfg, FP8, opt)

@@ -110,16 +110,19 @@ def prompt_segment_ids(prompts: Prompts) -> jax.Array:
 def calibrate_initial_kv_scales(
     params, prompts: Prompts, model_cfg: ModelConfig, rollout_cfg: RolloutConfig
 ) -> KVScales | None:
-    """Step 0 (DESIGN.md §4.5): KV scales from a high-precision pass over the prompts."""
+    """Step 0 (DESIGN.md §4.5): KV scales from a high-precision pass over the prompts.
+
+    Un-jitted: the trainer runs it as ``rl.programs``' ``calibrate`` program.
+    """
     if not rollout_cfg.static_kv_scales:
         return None
     seg = prompt_segment_ids(prompts)
     pos = jnp.maximum(jnp.cumsum(seg, axis=1) - 1, 0)
-    out = jax.jit(
-        lambda p, t, q, s: forward(
-            p, t, model_cfg, positions_BT=q, segment_ids_BT=s, return_qkv_amax=True
-        )
-    )(cast_floats(params, rollout_cfg.compute_dtype), prompts.tokens_BP, pos, seg)
+    params = cast_floats(params, rollout_cfg.compute_dtype)
+    out = forward(
+        params, prompts.tokens_BP, model_cfg, positions_BT=pos, segment_ids_BT=seg,
+        return_qkv_amax=True,
+    )  # fmt: skip
     return calibrate_kv_scales(
         out.qkv_amax, rollout_cfg.kv_calib_percentile, rollout_cfg.kv_calib_margin
     )

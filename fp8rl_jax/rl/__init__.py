@@ -1,4 +1,4 @@
-"""fp8rl_jax.rl: rollout correction, advantages, losses, and the RL step programs."""
+"""fp8rl_jax.rl: rollout correction, advantages, losses, and the RL step, every jitted program."""
 
 from fp8rl_jax.rl.advantages import gae, grpo_advantages, masked_whiten, rloo_advantages
 from fp8rl_jax.rl.chunked import TokenStats, logits_stats, token_stats
@@ -14,7 +14,20 @@ from fp8rl_jax.rl.losses import (
     policy_loss,
     value_loss,
 )
+from fp8rl_jax.rl.programs import (
+    Programs,
+    ProgramShardings,
+    Steps,
+    StepShardings,
+    build_programs,
+    calibrate_program,
+    eval_fn,
+    jit_steps,
+    make_fused_step,
+    sft_program,
+)
 from fp8rl_jax.rl.scoring import Scores, policy_entropy, rollout_segment_ids, sequence_logprobs
+from fp8rl_jax.rl.sft import sft_loss, sft_step
 from fp8rl_jax.rl.state import (
     RLConfig,
     RolloutBatch,
@@ -24,15 +37,7 @@ from fp8rl_jax.rl.state import (
     check_state,
     init_train_state,
 )
-from fp8rl_jax.rl.step import (
-    Steps,
-    StepShardings,
-    jit_steps,
-    make_fused_step,
-    rollout_fn,
-    rollout_step,
-    train_fn,
-)
+from fp8rl_jax.rl.step import rollout_fn, rollout_step, train_fn
 from fp8rl_jax.rl.update import (
     Grads,
     MiniBatch,
@@ -52,6 +57,8 @@ __all__ = [
     "Grads",
     "LossConfig",
     "MiniBatch",
+    "ProgramShardings",
+    "Programs",
     "RLConfig",
     "RolloutBatch",
     "RolloutCorrectionConfig",
@@ -65,11 +72,14 @@ __all__ = [
     "Trainable",
     "UpdateCarry",
     "aggregate_loss",
+    "build_programs",
+    "calibrate_program",
     "check_state",
     "compute_advantages",
     "compute_targets",
     "entropy_bonus",
     "entropy_from_logits",
+    "eval_fn",
     "gae",
     "grpo_advantages",
     "init_train_state",
@@ -94,6 +104,9 @@ __all__ = [
     "rollout_segment_ids",
     "rollout_step",
     "sequence_logprobs",
+    "sft_loss",
+    "sft_program",
+    "sft_step",
     "terminal_rewards",
     "token_stats",
     "token_values",

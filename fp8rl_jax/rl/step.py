@@ -15,17 +15,14 @@ loss forward's logits; KL to a frozen reference policy (``TrainState.ref_params`
 the rollout program) as a loss term and/or a reward penalty; PPO with a value head on the policy
 trunk (``advantage="gae"``, ``TrainState.value_head``), its old values from the scoring forward.
 
-``rollout_fn``/``train_fn`` are the un-jitted programs; ``jit_steps`` is where they are jitted
-(on one device, or with the ``StepShardings`` of a mesh). With a reward that is a JAX function,
-``make_fused_step`` composes both (and the reward) into one program.
+``rollout_fn``/``train_fn`` are the un-jitted programs; ``rl.programs`` jits them (on one device,
+or with the ``StepShardings`` of a mesh), alone or composed with a JAX reward into one program.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -126,85 +123,3 @@ def train_fn(
     """Un-jitted ``train_step(state, batch, rewards_B) -> (state', metrics)`` (steps 5-7)."""
     cfg = StepConfig(model_cfg, rollout_cfg, rl_cfg)
     return functools.partial(train_step, cfg=cfg, optimizer=optimizer)
-
-
-@dataclasses.dataclass(frozen=True)
-class StepShardings:
-    """Where the two programs' inputs and outputs live on a mesh (``train.sharding`` builds it).
-
-    Each field is a pytree of ``jax.sharding.Sharding`` shaped like the value it places.
-    """
-
-    state: TrainState  # the train state, in and out of both programs (kept between steps)
-    prompts: Prompts  # the rollout's prompts
-    batch: RolloutBatch  # the rollout's output, the train program's input
-    rewards: Any  # rewards_B
-    metrics: Any  # the train metrics (replicated: every process can read them)
-    pin_rollout_params: PinParams | None = None  # the quantized weights' rollout layout
-
-
-class Steps(NamedTuple):
-    """The jitted RL programs, each compiled once (at its first call)."""
-
-    rollout: Callable[[TrainState, Prompts], RolloutBatch]
-    train: Callable[[TrainState, RolloutBatch, jax.Array], tuple[TrainState, dict]]
-
-
-def jit_steps(
-    model_cfg: ModelConfig,
-    rollout_cfg: RolloutConfig,
-    rl_cfg: RLConfig,
-    optimizer: optax.GradientTransformation,
-    *,
-    shardings: StepShardings | None = None,
-) -> Steps:
-    """The rollout and train programs, jitted here and only here; the train state is donated.
-
-    Without ``shardings`` each runs where its inputs are (one device). With them, inputs and
-    outputs have those shardings: the new state keeps the old one's, so the next step neither
-    reshards nor recompiles, and the FP8 weights are pinned to their rollout layout.
-    """
-    if shardings is None:
-        return Steps(
-            jax.jit(rollout_fn(model_cfg, rollout_cfg, rl_cfg)),
-            jax.jit(train_fn(model_cfg, rollout_cfg, rl_cfg, optimizer), donate_argnums=(0,)),
-        )
-    s = shardings
-    ro = rollout_fn(model_cfg, rollout_cfg, rl_cfg, pin_rollout_params=s.pin_rollout_params)
-    return Steps(
-        jax.jit(ro, in_shardings=(s.state, s.prompts), out_shardings=s.batch),
-        jax.jit(
-            train_fn(model_cfg, rollout_cfg, rl_cfg, optimizer),
-            in_shardings=(s.state, s.batch, s.rewards),
-            out_shardings=(s.state, s.metrics),
-            donate_argnums=(0,),
-        ),
-    )
-
-
-RewardFn = Callable[[jax.Array, jax.Array, object], jax.Array]
-
-
-def make_fused_step(
-    model_cfg: ModelConfig,
-    rollout_cfg: RolloutConfig,
-    rl_cfg: RLConfig,
-    optimizer: optax.GradientTransformation,
-    reward_fn: RewardFn,
-) -> Callable[[TrainState, Prompts, object], tuple[TrainState, RolloutBatch, dict]]:
-    """Steps 1-7 as one jitted program, for rewards that are JAX functions (DESIGN.md §2).
-
-    ``reward_fn(tokens_BT, response_mask_BT, prompt_data) -> rewards_B`` runs in-graph between
-    the rollout and the update; ``prompt_data`` is any pytree of per-row arrays (targets, ...).
-    Returns ``fused_step(state, prompts, prompt_data) -> (state', batch, metrics)``, state
-    donated; ``metrics`` holds the rollout and the train metrics.
-    """
-    cfg = StepConfig(model_cfg, rollout_cfg, rl_cfg)
-
-    def fused_step(state: TrainState, prompts: Prompts, prompt_data):
-        batch = rollout_step(state, prompts, cfg)
-        rewards_B = reward_fn(batch.tokens_BT, batch.response_mask_BT, prompt_data)
-        new_state, train_metrics = train_step(state, batch, rewards_B, cfg, optimizer)
-        return new_state, batch, {**batch.metrics, **train_metrics}
-
-    return jax.jit(fused_step, donate_argnums=(0,))

@@ -8,7 +8,7 @@ are not all equal (``rl.dapo.informative_groups``: an all-equal group has zero G
 first come first kept, until ``Q`` groups are kept or ``max_num_gen_batches`` batches were
 generated. Slots still empty then hold filtered groups of the first batch with ``keep_BT = 0``:
 they leave the loss, and the train program still sees the same shapes (``rl.dapo.select_rows``,
-jitted once per variant), so nothing recompiles between steps.
+the ``select_rows`` program of ``rl.build_programs``), so nothing recompiles between steps.
 
 Data: generation batch ``k`` of step ``t`` reads problems ``(t·M + k)·Q_gen ..`` with
 ``M = max_num_gen_batches``, so a step's data depends only on ``t`` (a resumed run reproduces an
@@ -17,8 +17,9 @@ folds ``k`` into the state's key, so its responses are drawn independently of ba
 
 On a mesh (``train.placement.OnMesh``, one or several processes) each process generates and
 scores its own rows, the rewards are gathered, and every process makes the same selection; the
-generation batch has its own rollout program (its row count) and the selection writes the train
-program's batch layout, so the same numbers come out as on one device (tested).
+generation batch has its own rollout program (``Programs.gen_rollout``, its row count) and the
+selection writes the train program's batch layout, so the same numbers come out as on one device
+(tested).
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from fp8rl_jax.rl.dapo import informative_groups, select_rows
-from fp8rl_jax.tasks import make_prompt_batch
+from fp8rl_jax.rl import Programs
+from fp8rl_jax.rl.dapo import DAPOConfig, informative_groups
+from fp8rl_jax.tasks import PromptBatch
+from fp8rl_jax.train.placement import SingleDevice
 
 
 class Sampled(NamedTuple):
@@ -65,28 +68,34 @@ class _Slots:
         self.filled += len(groups) if valid else 0
 
 
-def make_dynamic_sampler(run, rollout_step: Callable, score: Callable):
-    """``sample(state, step, on_dispatch) -> Sampled`` for ``run`` (a ``trainer._Run``).
+def make_dynamic_sampler(
+    dapo: DAPOConfig,
+    Q: int,
+    G: int,
+    programs: Programs,
+    place: SingleDevice,
+    prompt_batch: Callable[[range], PromptBatch],
+    score: Callable[[PromptBatch, np.ndarray], tuple[np.ndarray, float]],
+):
+    """``sample(state, step, on_dispatch) -> Sampled``: DAPO's batches of ``Q`` groups of ``G``.
 
-    ``score(batch, tokens_BT) -> (rewards_B, accuracy)`` rewards the host tokens of a prompt
-    batch; ``on_dispatch()`` runs once, after the step's first rollout is dispatched and the
-    previous update has finished (the trainer reads the previous step's metrics there). On a
-    mesh every process scores its own rows; the group filter runs on the gathered rewards, so
-    every process selects the same rows.
+    ``programs``: the run's programs (``gen_rollout``, ``select_rows``, ``fold_key``);
+    ``place``: where the rows live (``train.placement``); ``prompt_batch(problems)``: the host
+    prompt batch of those problem indices, ``G`` rows each; ``score(batch, tokens_BT) ->
+    (rewards_B, accuracy)`` rewards the host tokens of a prompt batch. ``on_dispatch()`` runs
+    once, after the step's first rollout is dispatched and the previous update has finished
+    (the trainer reads the previous step's metrics there). On a mesh every process scores its
+    own rows; the group filter runs on the gathered rewards, so every process selects the same
+    rows.
     """
-    place = run.placement
-    dapo, Q, G = run.exp.rl.dapo, run.exp.trainer.prompts_per_step, run.exp.rl.group_size
     Q_gen, M = dapo.gen_prompts or Q, dapo.max_num_gen_batches
     if Q_gen < Q:
         raise ValueError(f"rl.dapo.gen_prompts ({Q_gen}) must be >= prompts_per_step ({Q})")
-    gen_rollout = place.gen_rollout(run.model_cfg, run.exp, Q_gen * G, rollout_step)
-    merge = place.jit_select(select_rows, run.model_cfg, run.exp)
     train_rows = place.rows(Q * G, G)
 
     def prompts_of(i: int):
         rows = place.rows(Q_gen * G, G)  # this process's groups only
-        problems = range(i * Q_gen + rows.start // G, i * Q_gen + rows.stop // G)
-        batch = make_prompt_batch(run.task, run.tokenizer, problems, G, run.prompt_len)
+        batch = prompt_batch(range(i * Q_gen + rows.start // G, i * Q_gen + rows.stop // G))
         return batch, place.prompts(batch.tokens_BP, batch.lens_B, Q_gen * G)
 
     def sample(state, step: int, on_dispatch: Callable[[], None]) -> Sampled:
@@ -95,8 +104,8 @@ def make_dynamic_sampler(run, rollout_step: Callable, score: Callable):
         merged, wait, correct, filtered = None, 0.0, 0.0, 0
         for k in range(M):
             batch, prompts = prompts_of(step * M + k)
-            key = state.rng if k == 0 else place.fold_key(state.rng, k)
-            ro = gen_rollout(dataclasses.replace(state, rng=key), prompts)
+            key = state.rng if k == 0 else programs.fold_key(state.rng, np.uint32(k))
+            ro = programs.gen_rollout(dataclasses.replace(state, rng=key), prompts)
             if k == 0:
                 jax.block_until_ready(state.step)
                 on_dispatch()
@@ -112,7 +121,7 @@ def make_dynamic_sampler(run, rollout_step: Callable, score: Callable):
             slots.assign(np.flatnonzero(keep_Q)[: Q - slots.filled], rewards, G, valid=True)
             if k == 0:  # the other slots get filtered groups of batch 0, masked until filled
                 slots.assign(np.flatnonzero(~keep_Q)[: Q - slots.filled], rewards, G, valid=False)
-            merged = merge(merged, ro, slots.take_B, slots.valid_B)
+            merged = programs.select_rows(merged, ro, slots.take_B, slots.valid_B)
             if slots.filled == Q:
                 break
         metrics = {

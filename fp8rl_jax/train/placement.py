@@ -1,10 +1,10 @@
 """Where the host loop's arrays live: one device, or a mesh over devices and processes.
 
-``make_placement`` picks ``SingleDevice`` (one device, one process: ``rl.jit_steps`` without
-shardings, host arrays moved with ``jnp.asarray``) or ``OnMesh`` (docs/SCALING.md §6: state
-sharded by ``train_state_shardings``, ``rl.jit_steps`` with ``sharding.step_shardings``, each
-process feeding and scoring only its own rows of every batch). The trainer calls the same methods
-either way.
+``make_placement`` picks ``SingleDevice`` (one device, one process: no shardings, so
+``rl.build_programs`` jits each program plainly; host arrays moved with ``jnp.asarray``) or
+``OnMesh`` (docs/SCALING.md §6: state sharded by ``train_state_shardings``, every program's
+``sharding.program_shardings``, each process feeding and scoring only its own rows of every
+batch). The trainer calls the same methods either way; no program is jitted here.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8rl_jax.generation import Prompts
-from fp8rl_jax.rl import Steps, jit_steps, rollout_fn
+from fp8rl_jax.rl import ProgramShardings
 from fp8rl_jax.train import distributed as dist
 from fp8rl_jax.train import sharding as sh
 
 
 class SingleDevice:
-    """One device, one process: every method is the identity or a plain ``jax.jit``."""
+    """One device, one process: no shardings; every method is the identity or a host copy."""
 
     is_main = True
 
@@ -36,16 +36,10 @@ class SingleDevice:
     def place_state(self, state):
         return state
 
-    def steps(self, model_cfg, exp, optimizer) -> Steps:
-        """The jitted rollout and train programs (``rl.jit_steps``)."""
-        return jit_steps(model_cfg, exp.rollout, exp.rl, optimizer)
-
-    pin_rollout_params = None  # layout of the quantized rollout weights (generation.rollout)
-
-    def jit_eval(self, fn, n_rows: int):
-        """``fn(params, prompts, kv_scales) -> tokens_BT`` jitted."""
-        del n_rows
-        return jax.jit(fn)
+    def shardings(self, exp) -> ProgramShardings | None:
+        """What ``rl.build_programs`` jits every program with (here: nothing, one device)."""
+        del exp
+        return None
 
     def rows(self, n_rows: int, group_size: int = 1) -> slice:
         """The rows of an [n_rows, ...] batch this process builds (here: all)."""
@@ -70,27 +64,10 @@ class SingleDevice:
         del n_local
         return local_mean
 
-    # DAPO dynamic sampling (train.dynamic_sampling): a rollout over generation batches of
-    # another size, the row selection into the train batch, global rewards, one key per batch.
-
-    def gen_rollout(self, model_cfg, exp, n_rows: int, rollout_step):
-        """The rollout program for batches of ``n_rows`` rows (here: the step's own)."""
-        del model_cfg, exp, n_rows
-        return rollout_step
-
-    def jit_select(self, fn, model_cfg, exp):
-        """``fn(buffer, new, take_B, valid_B) -> train batch`` jitted."""
-        del model_cfg, exp
-        return jax.jit(fn)
-
     def all_rows(self, local_B: np.ndarray, n_rows: int, group_size: int) -> np.ndarray:
         """A per-row host vector of every process's rows, from this process's ``local_B``."""
         del n_rows, group_size
         return np.asarray(local_B)
-
-    def fold_key(self, key, k: int):
-        """``fold_in(key, k)``, placed like the state's key."""
-        return _fold_in(key, np.uint32(k))
 
 
 class OnMesh(SingleDevice):
@@ -123,22 +100,15 @@ class OnMesh(SingleDevice):
     def _rows_sh(self, n_rows: int):
         return sh.rows_sharding(n_rows, self.mesh)
 
-    def steps(self, model_cfg, exp, optimizer) -> Steps:
-        """Both programs jitted with the mesh's shardings; FP8 weights gathered once a step."""
-        prompts = sh.abstract_prompts(self.batch_rows, self.prompt_len)
-        shardings = sh.step_shardings(
-            model_cfg, exp.rollout, exp.rl, self.mesh, self.abstract_state, prompts
-        )
-        return jit_steps(model_cfg, exp.rollout, exp.rl, optimizer, shardings=shardings)
-
-    @property
-    def pin_rollout_params(self):
-        return sh.rollout_params_constraint(self.model_cfg, self.mesh)
-
-    def jit_eval(self, fn, n_rows: int):
-        """Eval generation on the mesh: params as trained, prompts and tokens split over rows."""
-        in_sh = (self.state_sh.params, self._prompts_sh(n_rows), self.state_sh.kv_scales)
-        return jax.jit(fn, in_shardings=in_sh, out_shardings=self._rows_sh(n_rows))
+    def shardings(self, exp) -> ProgramShardings:
+        """Every program's shardings on the mesh: the state as trained (FP8 weights pinned to
+        their rollout layout, gathered once a step), batches split over rows."""
+        rows = program_rows(exp)
+        assert rows[0] == self.batch_rows, (rows, self.batch_rows)
+        return sh.program_shardings(
+            self.model_cfg, exp.rollout, exp.rl, self.mesh, self.abstract_state,
+            self.prompt_len, rows,
+        )  # fmt: skip
 
     def rows(self, n_rows: int, group_size: int = 1) -> slice:
         rows = dist.process_rows(self._prompts_sh(n_rows).tokens_BP, (n_rows, self.prompt_len))
@@ -166,23 +136,6 @@ class OnMesh(SingleDevice):
         total, rows = np.asarray(sums).reshape(-1, 2).sum(0)
         return float(round(total)) / float(rows)
 
-    def gen_rollout(self, model_cfg, exp, n_rows: int, rollout_step):
-        if n_rows == self.batch_rows:
-            return rollout_step
-        prompts = sh.abstract_prompts(n_rows, self.prompt_len)
-        s = sh.step_shardings(
-            model_cfg, exp.rollout, exp.rl, self.mesh, self.abstract_state, prompts
-        )
-        ro = rollout_fn(model_cfg, exp.rollout, exp.rl, pin_rollout_params=s.pin_rollout_params)
-        return jax.jit(ro, in_shardings=(s.state, s.prompts), out_shardings=s.batch)
-
-    def jit_select(self, fn, model_cfg, exp):
-        prompts = sh.abstract_prompts(self.batch_rows, self.prompt_len)
-        s = sh.step_shardings(
-            model_cfg, exp.rollout, exp.rl, self.mesh, self.abstract_state, prompts
-        )
-        return jax.jit(fn, out_shardings=s.batch)  # the train program's batch layout
-
     def all_rows(self, local_B, n_rows: int, group_size: int) -> np.ndarray:
         if jax.process_count() == 1:
             return np.asarray(local_B)
@@ -195,16 +148,13 @@ class OnMesh(SingleDevice):
         # a row held by several processes (replicas) has the same value on each
         return (total[0] / np.maximum(total[1], 1.0)).astype(np.asarray(local_B).dtype)
 
-    def fold_key(self, key, k: int):
-        return _fold_in_on(self.state_sh.rng)(key, np.uint32(k))
 
-
-_fold_in = jax.jit(jax.random.fold_in)
-
-
-@functools.cache
-def _fold_in_on(sharding):
-    return jax.jit(jax.random.fold_in, out_shardings=sharding)
+def program_rows(exp) -> tuple[int, int, int]:
+    """Rows of ``exp``'s (step, DAPO generation, eval) batches; generation batches are the
+    step's unless dynamic sampling asks for another size (``rl.dapo.gen_prompts``)."""
+    Q, G, dapo = exp.trainer.prompts_per_step, exp.rl.group_size, exp.rl.dapo
+    gen_rows = (dapo.gen_prompts or Q) * G if dapo.dynamic_sampling else Q * G
+    return Q * G, gen_rows, exp.trainer.eval_size
 
 
 def make_placement(exp, model_cfg, abstract_state, prompt_len: int):
@@ -212,8 +162,7 @@ def make_placement(exp, model_cfg, abstract_state, prompt_len: int):
     if jax.device_count() == 1 and jax.process_count() == 1:
         return SingleDevice()
     mesh = sh.make_mesh(exp.mesh)
-    batch_rows = exp.trainer.prompts_per_step * exp.rl.group_size
-    return OnMesh(mesh, model_cfg, abstract_state, prompt_len, batch_rows)
+    return OnMesh(mesh, model_cfg, abstract_state, prompt_len, program_rows(exp)[0])
 
 
 def _from_every_process(x, sharding):

@@ -1,12 +1,13 @@
 """The planner: compile every program of a run for a target, deviceless, and report its memory.
 
-``plan_programs`` builds an experiment's programs the way the trainer does
-(``experiment_from_config`` -> ``init_train_state`` under ``jax.eval_shape`` ->
-``train.placement.OnMesh`` -> ``sharding.step_shardings`` / ``rl.jit_steps``) on a mesh of
-compile-only devices (``train.topology``), lowers each with ``ShapeDtypeStruct`` inputs that
-carry their shardings, compiles it, and reads XLA's per-device ``memory_analysis()``. The programs:
-``rollout`` and ``train`` (every step), ``gen_rollout`` (DAPO generation batches of another row
-count), ``eval`` (greedy held-out generation). Total = arguments + outputs - aliased + temp.
+``plan_programs`` builds an experiment's programs the way the trainer does, through the same
+functions (``experiment_from_config`` -> ``setup.abstract_train_state`` ->
+``train.placement.OnMesh`` -> ``setup.run_programs``, i.e. ``rl.build_programs`` with the
+placement's shardings) on a mesh of compile-only devices (``train.topology``), lowers each with
+``ShapeDtypeStruct`` inputs that carry their shardings, compiles it, and reads XLA's per-device
+``memory_analysis()``. The programs: ``rollout`` and ``train`` (every step), ``gen_rollout``
+(DAPO generation batches of another row count), ``eval`` (greedy held-out generation). Total =
+arguments + outputs - aliased + temp.
 
 Compiling a 36-layer model takes minutes: ``extrapolate`` fits ``bytes(L) = a + b·L`` to two
 small depths per program and field and predicts the full depth (checked against a full compile
@@ -67,61 +68,44 @@ def _sharded(abstract, shardings):
     return sh.abstract_with_shardings(abstract, shardings)
 
 
-def abstract_state(exp, model_cfg, prompt_len: int):
-    """The trainer's abstract train state (``trainer._train``): FP32 params, optimizer, scales."""
-    from fp8rl_jax.generation import Prompts, calibrate_initial_kv_scales
-    from fp8rl_jax.models import init_weights
-    from fp8rl_jax.rl import init_train_state
+def build_run_programs(exp, model_cfg, mesh, prompt_len: int):
+    """``(programs, shardings, abstract state)`` of a run of ``exp`` on ``mesh``, through the
+    trainer's functions (``trainer._train``)."""
     from fp8rl_jax.train.optim import make_optimizer
+    from fp8rl_jax.train.placement import OnMesh, program_rows
+    from fp8rl_jax.train.setup import abstract_train_state, run_programs
 
-    optimizer = make_optimizer(exp.optim)
-    key = jax.random.key(0)
-    params = jax.eval_shape(lambda: init_weights(model_cfg, key, jnp.float32))
-    kv_scales = None
-    if exp.rollout.static_kv_scales:
-        one = Prompts(jnp.zeros((1, prompt_len), jnp.int32), jnp.ones((1,), jnp.int32))
-        kv_scales = jax.eval_shape(
-            lambda p: calibrate_initial_kv_scales(p, one, model_cfg, exp.rollout), params
-        )
-    state = jax.eval_shape(
-        lambda p, s: init_train_state(p, optimizer, key, s, rl_cfg=exp.rl), params, kv_scales
-    )
-    return state, optimizer
+    state = abstract_train_state(exp, model_cfg)
+    place = OnMesh(mesh, model_cfg, state, prompt_len, program_rows(exp)[0])
+    programs = run_programs(exp, model_cfg, place, make_optimizer(exp.optim))
+    return programs, place.shardings(exp), state
 
 
 def plan_programs(exp, model_cfg, mesh, prompt_len: int) -> list[Program]:
     """The programs a run of ``exp`` executes on ``mesh``, built as the trainer builds them."""
     from fp8rl_jax.rl import rollout_fn
     from fp8rl_jax.train import sharding as sh
-    from fp8rl_jax.train.placement import OnMesh
-    from fp8rl_jax.train.trainer import eval_program
+    from fp8rl_jax.train.placement import program_rows
 
-    state, optimizer = abstract_state(exp, model_cfg, prompt_len)
-    rows = exp.trainer.prompts_per_step * exp.rl.group_size
-    place = OnMesh(mesh, model_cfg, state, prompt_len, rows)
-    state_in = _sharded(state, place.state_sh)
-    steps = place.steps(model_cfg, exp, optimizer)
+    programs, s, state = build_run_programs(exp, model_cfg, mesh, prompt_len)
+    rows, gen_rows, eval_rows = program_rows(exp)
+    state_in = _sharded(state, s.step.state)
 
-    def prompts_in(n):  # as OnMesh places them: split over the batch axes
-        prompts = sh.abstract_prompts(n, prompt_len)
-        return _sharded(prompts, sh.batch_shardings(prompts, mesh))
+    def prompts_in(n, shardings):  # as OnMesh places them: split over the batch axes
+        return _sharded(sh.abstract_prompts(n, prompt_len), shardings)
 
     prompts = sh.abstract_prompts(rows, prompt_len)
-    s = sh.step_shardings(model_cfg, exp.rollout, exp.rl, mesh, state, prompts)
     batch = jax.eval_shape(rollout_fn(model_cfg, exp.rollout, exp.rl), state, prompts)
-    rewards = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=s.rewards)
+    rewards = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=s.step.rewards)
     out = [
-        Program("rollout", steps.rollout, (state_in, prompts_in(rows))),
-        Program("train", steps.train, (state_in, _sharded(batch, s.batch), rewards)),
+        Program("rollout", programs.rollout, (state_in, prompts_in(rows, s.step.prompts))),
+        Program("train", programs.train, (state_in, _sharded(batch, s.step.batch), rewards)),
     ]
-    dapo = exp.rl.dapo
-    gen_rows = (dapo.gen_prompts or exp.trainer.prompts_per_step) * exp.rl.group_size
-    if dapo.dynamic_sampling and gen_rows != rows:
-        gen = place.gen_rollout(model_cfg, exp, gen_rows, steps.rollout)
-        out.append(Program("gen_rollout", gen, (state_in, prompts_in(gen_rows))))
-    n = exp.trainer.eval_size
-    fn = place.jit_eval(eval_program(model_cfg, exp.rollout, place.pin_rollout_params), n)
-    out.append(Program("eval", fn, (state_in.params, prompts_in(n), state_in.kv_scales)))
+    if s.gen is not None:  # DAPO generation batches of another row count
+        gen_in = (state_in, prompts_in(gen_rows, s.gen.prompts))
+        out.append(Program("gen_rollout", programs.gen_rollout, gen_in))
+    eval_in = (state_in.params, prompts_in(eval_rows, s.eval_prompts), state_in.kv_scales)
+    out.append(Program("eval", programs.eval, eval_in))
     return out
 
 

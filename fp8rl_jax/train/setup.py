@@ -1,4 +1,5 @@
-"""Builds the task, tokenizer, model config and initial weights of an experiment."""
+"""Builds the task, tokenizer, model config, initial weights, abstract state and programs of an
+experiment (the trainer, the planner and the export build them here)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from fp8rl_jax.models import (
     load_hf_checkpoint,
     load_tokenizer,
 )
-from fp8rl_jax.rl import TrainState, init_train_state
+from fp8rl_jax.rl import Programs, TrainState, build_programs, init_train_state
 from fp8rl_jax.tasks import CharTokenizer, DataFields, MathDataset, get_task, make_chat_prompt_fn
 from fp8rl_jax.train.experiment import Experiment, ModelSpec, TaskSpec
 from fp8rl_jax.train.optim import make_optimizer
@@ -101,6 +102,12 @@ def abstract_train_state(exp: Experiment, model_cfg: ModelConfig, params=None) -
     return jax.eval_shape(build, params)
 
 
+def run_programs(exp: Experiment, model_cfg: ModelConfig, placement, optimizer) -> Programs:
+    """Every jitted program of ``exp``'s run (``rl.build_programs``) with the shardings of
+    ``placement`` (``train.placement``: none on one device)."""
+    return build_programs(model_cfg, exp.rollout, exp.rl, optimizer, placement.shardings(exp))
+
+
 def resolve_stop_tokens(exp: Experiment, tokenizer) -> Experiment:
     """``exp`` with ``rollout.stop_token_ids`` filled from the HF checkpoint when left empty.
 
@@ -119,4 +126,10 @@ def resolve_stop_tokens(exp: Experiment, tokenizer) -> Experiment:
     return dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, stop_token_ids=ids))
 
 
-__all__ = ["abstract_train_state", "build_model", "build_task", "resolve_stop_tokens"]
+__all__ = [
+    "abstract_train_state",
+    "build_model",
+    "build_task",
+    "resolve_stop_tokens",
+    "run_programs",
+]

@@ -5,15 +5,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from fp8rl_jax.fields import check_choices
 from fp8rl_jax.generation import ComputeDtype, cast_floats
-from fp8rl_jax.models import ModelConfig, forward
-from fp8rl_jax.rl import masked_mean
+from fp8rl_jax.models import ModelConfig
+from fp8rl_jax.rl import sft_program
 from fp8rl_jax.tasks.batch import DemonstrationBatch
 from fp8rl_jax.train.optim import OptimConfig, make_optimizer
 
@@ -52,28 +51,10 @@ def demo_sequences(batch: DemonstrationBatch):
 def make_sft_step(
     model_cfg: ModelConfig, cfg: SFTConfig
 ) -> tuple[optax.GradientTransformation, Callable]:
-    """``(optimizer, step(params, opt_state, tokens, seg, pos, target) -> (p, o, loss))``."""
+    """``(optimizer, step(params, opt_state, tokens, seg, pos, target) -> (p, o, loss))``; the
+    step is ``rl.sft_program`` (``rl.sft_step`` jitted)."""
     optimizer = make_optimizer(cfg.optim)
-
-    def loss_fn(params, tokens_BT, seg_BT, pos_BT, target_BT):
-        out = forward(
-            cast_floats(params, cfg.compute_dtype),
-            tokens_BT,
-            model_cfg,
-            positions_BT=pos_BT,
-            segment_ids_BT=seg_BT,
-        )
-        logp_BTV = jax.nn.log_softmax(out.logits_BTV[:, :-1].astype(jnp.float32), axis=-1)
-        nll_BT = -jnp.take_along_axis(logp_BTV, tokens_BT[:, 1:, None], axis=-1)[..., 0]
-        return masked_mean(nll_BT, target_BT[:, 1:])
-
-    @jax.jit
-    def step(params, opt_state, tokens_BT, seg_BT, pos_BT, target_BT):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens_BT, seg_BT, pos_BT, target_BT)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return optimizer, step
+    return optimizer, sft_program(model_cfg, cfg.compute_dtype, optimizer)
 
 
 def sft_warm_start(params, model_cfg: ModelConfig, cfg: SFTConfig, make_batch, progress=None):

@@ -1,6 +1,7 @@
 """The host loop: SFT warm start, then RL steps with FP8 rollouts, eval, checkpoints, logs, plots.
 
-Each RL step is two compiled programs (``rl.jit_steps``): the rollout program (FP8 weight sync,
+Each RL step is two compiled programs (``rl.build_programs``, which jits every program of the run
+with the shardings ``train.placement`` returns): the rollout program (FP8 weight sync,
 generation, BF16 scoring, rollout correction), then string rewards on the host, then the train
 program. The loop reads step t-1's metrics and non-finite count (a ``Pending`` record) only after
 step t's rollout is dispatched, so logging and the checks overlap the rollout; the host waits only
@@ -28,15 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8rl_jax.generation import (
-    Prompts,
-    SamplingConfig,
-    bucket_length,
-    calibrate_initial_kv_scales,
-    rollout,
-)
+from fp8rl_jax.generation import Prompts, bucket_length
 from fp8rl_jax.models import ModelConfig, Tokenizer
-from fp8rl_jax.rl import TrainState, init_train_state
+from fp8rl_jax.rl import Programs, TrainState, init_train_state
 from fp8rl_jax.tasks import (
     CharTokenizer,
     Example,
@@ -64,6 +59,7 @@ from fp8rl_jax.train.setup import (
     build_model,
     build_task,
     resolve_stop_tokens,
+    run_programs,
 )
 from fp8rl_jax.train.sft import sft_warm_start
 from fp8rl_jax.train.shutdown import Interrupted, StopSignals, signal_name
@@ -127,25 +123,10 @@ class Pending:
     eval_accuracy: float | None = None  # greedy held-out accuracy measured after the step
 
 
-def eval_program(model_cfg: ModelConfig, rollout_cfg, pin=None):
-    """``eval_generate(params, prompts, kv_scales) -> tokens_BT``: greedy, un-jitted."""
-    greedy = SamplingConfig(temperature=0.0)
-
-    def eval_generate(params, prompts, kv_scales):
-        ro, _ = rollout(
-            params, prompts, model_cfg, rollout_cfg, jax.random.key(0), kv_scales,
-            sampling=greedy, pin=pin,
-        )  # fmt: skip
-        return ro.tokens_BT
-
-    return eval_generate
-
-
-def make_eval_fn(run: _Run):
-    """Greedy held-out accuracy of the policy as the rollout engine runs it (same precision)."""
+def make_eval_fn(run: _Run, eval_generate: Callable):
+    """Greedy held-out accuracy of the policy as the rollout engine runs it (same precision);
+    ``eval_generate``: the ``eval`` program (``rl.Programs``)."""
     place, n = run.placement, run.exp.trainer.eval_size
-    program = eval_program(run.model_cfg, run.exp.rollout, place.pin_rollout_params)
-    eval_generate = place.jit_eval(program, n)
 
     def evaluate(state: TrainState) -> float:
         rows = place.rows(n)  # this process's problems only
@@ -162,7 +143,7 @@ def make_eval_fn(run: _Run):
     return evaluate
 
 
-def _initial_state(run: _Run, params, optimizer, rng) -> TrainState:
+def _initial_state(run: _Run, params, optimizer, rng, calibrate: Callable) -> TrainState:
     exp = run.exp
 
     def demo_batch(i):
@@ -189,7 +170,7 @@ def _initial_state(run: _Run, params, optimizer, rng) -> TrainState:
         exp.rl.group_size,
         run.prompt_len,
     )
-    kv_scales = calibrate_initial_kv_scales(params, _prompts(first), run.model_cfg, exp.rollout)
+    kv_scales = calibrate(params, _prompts(first))
     return init_train_state(params, optimizer, rng, kv_scales, rl_cfg=run.exp.rl)
 
 
@@ -245,6 +226,7 @@ def _train(run: _Run, params, ckpt: CheckpointManager, progress: bool) -> dict:
     rng = jax.random.key(tc.seed + 1)
     abstract = abstract_train_state(exp, run.model_cfg, params)
     place = run.placement = make_placement(exp, run.model_cfg, abstract, run.prompt_len)
+    programs = run_programs(exp, run.model_cfg, place, optimizer)
     config = jsonable(exp)
     try:  # a signal here (Interrupted) is no resume error: it exits, every checkpoint in place
         restored = ckpt.restore_latest(place.restore_target(abstract))
@@ -258,7 +240,7 @@ def _train(run: _Run, params, ckpt: CheckpointManager, progress: bool) -> dict:
     else:
         # SFT and the step-0 KV-scale calibration run on each process's first device (every
         # process computes the same values); the result is then placed on the mesh.
-        state = place.place_state(_initial_state(run, params, optimizer, rng))
+        state = place.place_state(_initial_state(run, params, optimizer, rng, programs.calibrate))
     start = int(state.step)
     # Row s holds the metrics of the step that completed s steps, so a run resumed from the
     # checkpoint of step s keeps rows <= s (from scratch, none: row 0 is logged again).
@@ -266,7 +248,7 @@ def _train(run: _Run, params, ckpt: CheckpointManager, progress: bool) -> dict:
         tc.run_dir, tc.loggers, resume_step=start + 1 if start else 0, config=exp
     )
     with contextlib.closing(logger), place.activate():
-        _run_steps(run, state, start, optimizer, ckpt, logger, progress)
+        _run_steps(run, state, start, programs, ckpt, logger, progress)
     ckpt.wait_until_finished()
     if not place.is_main:  # only process 0 holds metrics.jsonl
         return {"run_dir": os.path.abspath(tc.run_dir), "steps": tc.steps,
@@ -294,14 +276,23 @@ def _score(run: _Run, batch, tokens_BT: np.ndarray) -> tuple[np.ndarray, float]:
     return run.reward_fn(run.task, batch.examples, texts)
 
 
-def _make_sampler(run: _Run, rollout_step):
+def _make_sampler(run: _Run, programs: Programs):
     """``sample(state, step, on_dispatch) -> Sampled``: step ``step``'s scored rollout batch.
 
     One rollout per step, or DAPO's dynamic sampling (``train.dynamic_sampling``).
     """
-    place = run.placement
-    if run.exp.rl.dapo.dynamic_sampling:
-        return make_dynamic_sampler(run, rollout_step, lambda b, t: _score(run, b, t))
+    place, rl_cfg = run.placement, run.exp.rl
+    if rl_cfg.dapo.dynamic_sampling:
+        G = rl_cfg.group_size
+
+        def prompt_batch(problems):
+            return make_prompt_batch(run.task, run.tokenizer, problems, G, run.prompt_len)
+
+        return make_dynamic_sampler(
+            rl_cfg.dapo, run.exp.trainer.prompts_per_step, G, programs, place, prompt_batch,
+            lambda b, t: _score(run, b, t),
+        )  # fmt: skip
+    rollout_step = programs.rollout
 
     def sample(state, step: int, on_dispatch) -> Sampled:
         batch, prompts = _step_prompts(run, step)
@@ -349,13 +340,12 @@ def _due(every: int, done: int, last: int) -> bool:
     return (every and done % every == 0) or done == last
 
 
-def _run_steps(run: _Run, state, start, optimizer, ckpt, logger, progress: bool) -> None:
+def _run_steps(run: _Run, state, start, programs: Programs, ckpt, logger, progress: bool) -> None:
     """RL steps ``start .. steps-1``: step t's metrics are read after step t+1 is dispatched."""
     from tqdm.auto import tqdm
 
     tc, place = run.exp.trainer, run.placement
-    rollout_step, train_step = place.steps(run.model_cfg, run.exp, optimizer)
-    evaluate = make_eval_fn(run)
+    evaluate = make_eval_fn(run, programs.eval)
     show = progress and place.is_main
     bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not show,
                desc="GRPO", unit="step")  # fmt: skip
@@ -365,7 +355,7 @@ def _run_steps(run: _Run, state, start, optimizer, ckpt, logger, progress: bool)
         out.eval_acc = evaluate(state)
         logger.log(0, {"eval_accuracy": out.eval_acc})
     pending: Pending | None = None
-    sample = _make_sampler(run, rollout_step)
+    sample = _make_sampler(run, programs)
 
     def read_pending() -> None:  # step t-1's metrics are ready now; read them as rollout t runs
         if pending is not None:
@@ -373,7 +363,7 @@ def _run_steps(run: _Run, state, start, optimizer, ckpt, logger, progress: bool)
 
     for step in bar:
         s = sample(state, step, read_pending)
-        state, train_metrics = train_step(state, s.batch, place.rewards(s.rewards_B))
+        state, train_metrics = programs.train(state, s.batch, place.rewards(s.rewards_B))
         done = step + 1
         ro_metrics = {**s.batch.metrics, **s.metrics}
         pending = Pending(done, ro_metrics, train_metrics, s.accuracy, s.rollout_time_s)

@@ -1,8 +1,8 @@
 """Sharding on a device mesh (DESIGN.md §6, docs/SCALING.md).
 
 ``mesh``: the named axes and building the mesh; ``specs``: logical-axis rules and the shardings
-of weights, train state, batches and KV cache; ``programs``: the shardings the RL programs are
-jitted with (``rl.jit_steps(..., shardings=step_shardings(...))``).
+of weights, train state, batches and KV cache; ``programs``: the shardings the programs are
+jitted with (``rl.build_programs(..., program_shardings(...))``).
 """
 
 from fp8rl_jax.train.sharding.mesh import (
@@ -12,7 +12,12 @@ from fp8rl_jax.train.sharding.mesh import (
     make_mesh,
     mesh_sizes,
 )
-from fp8rl_jax.train.sharding.programs import abstract_prompts, rows_sharding, step_shardings
+from fp8rl_jax.train.sharding.programs import (
+    abstract_prompts,
+    program_shardings,
+    rows_sharding,
+    step_shardings,
+)
 from fp8rl_jax.train.sharding.specs import (
     ROLLOUT_RULES,
     TRAIN_RULES,
@@ -48,6 +53,7 @@ __all__ = [
     "mirror_params",
     "param_shardings",
     "param_specs",
+    "program_shardings",
     "replicated",
     "rollout_params_constraint",
     "rows_sharding",
