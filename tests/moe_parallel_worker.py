@@ -105,6 +105,16 @@ def run(mesh_text: str) -> dict:
             return moe.combine(moe.experts(p, x_ND, d), top_w, d)
 
         hlo_gspmd = jax.jit(gspmd_only).lower(pq_d, x_d).compile().as_text()
+        # The gathered 12 tokens of a shard in 3 dispatch chunks of 4 (moe_parallel.TOKEN_CHUNK)
+        from fp8rl_jax.models import moe_parallel
+
+        chunk, moe_parallel.TOKEN_CHUNK = moe_parallel.TOKEN_CHUNK, 4
+        try:
+            fwd_c, grads_c = _fns(cfg)  # new jits: traced with the small chunk
+            y_c, g_c, yq_c = fwd_c(p_d, x_d), grads_c(p_d, x_d, r_d), fwd_c(pq_d, x_d)
+            chunked_maps = fwd_c.lower(p_d, x_d).as_text().count("while")
+        finally:
+            moe_parallel.TOKEN_CHUNK = chunk
     n = mesh.shape["expert"]
     return {
         "y_scale": float(np.max(np.abs(np.asarray(ref_y)))),
@@ -113,6 +123,10 @@ def run(mesh_text: str) -> dict:
         "max_grad_diff": _diff(ref_g, g),
         "max_fp8_y_diff": _diff(ref_yq, yq),
         "max_y_diff_unsplit": _diff(fwd(p, x6), y6),
+        "max_y_diff_chunked": _diff(ref_y, y_c),
+        "max_grad_diff_chunked": _diff(ref_g, g_c),
+        "max_fp8_y_diff_chunked": _diff(ref_yq, yq_c),
+        "chunked_loops": chunked_maps,
         "fp8_y_scale": float(np.max(np.abs(np.asarray(ref_yq)))),
         "out_sharding": str(y.sharding.spec),
         "expert_shards": n,

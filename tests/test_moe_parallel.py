@@ -27,7 +27,7 @@ def report() -> dict:
     env.pop("XLA_FLAGS", None)
     out = subprocess.run(
         [sys.executable, "-m", "tests.moe_parallel_worker", "--mesh", "data=2,expert=4"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout[out.stdout.index("{") :])
@@ -41,6 +41,35 @@ def test_expert_parallel_forward_and_grads_match_single_device(report):
     assert r["max_fp8_y_diff"] <= TOL * (1 + r["fp8_y_scale"])
     assert r["max_y_diff_unsplit"] <= TOL * (1 + r["y_scale"])  # tokens not split over expert
     assert "expert" in r["out_sharding"]  # tokens come back split as they went in
+
+
+@pytest.mark.slow
+def test_dispatch_in_token_chunks_matches_single_device(report):
+    """TOKEN_CHUNK = 4: each shard's 12 gathered tokens dispatched in 3 chunks (a loop in the
+    program), forward and gradients still equal to one device's."""
+    r = report
+    assert r["chunked_loops"] >= 1
+    assert r["max_y_diff_chunked"] <= TOL * (1 + r["y_scale"])
+    assert r["max_grad_diff_chunked"] <= TOL * (1 + r["g_scale"])
+    assert r["max_fp8_y_diff_chunked"] <= TOL * (1 + r["fp8_y_scale"])
+
+
+@pytest.mark.parametrize(
+    "n, chunk, chunks",
+    [
+        (12, 4, 3),
+        (12, 5, 3),
+        (16384, 16384, 1),
+        (655360, 16384, 40),
+        (655360, 4096, 160),
+        (7, 2, 7),
+    ],
+)
+def test_num_token_chunks_is_the_fewest_equal_chunks(n, chunk, chunks):
+    from fp8rl_jax.models.moe_parallel import num_token_chunks
+
+    assert num_token_chunks(n, chunk) == chunks
+    assert n % chunks == 0 and n // chunks <= chunk
 
 
 @pytest.mark.slow

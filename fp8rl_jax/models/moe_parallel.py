@@ -15,6 +15,11 @@ every mesh axis manual (routing stays outside, under GSPMD):
      ``ragged_dot``), combined into a partial output for all n·N gathered tokens;
   4. ``psum_scatter`` over ``expert``: each token's sum over all experts, back on its own shard.
 
+Steps 2-3 run over chunks of at most ``TOKEN_CHUNK`` gathered tokens (``lax.map``, each chunk
+rematerialized in a backward pass): the dispatch buffers hold n·N·k rows, so Qwen3-30B-A3B's
+scoring of 8 rows x 10K tokens per device over expert = 8 would otherwise sort 5.2M rows of
+2,048 values per layer (~21 GB, and the SwiGLU intermediates after it).
+
 Why all-gather + reduce-scatter rather than an all-to-all of routed rows: with top-k routing
 each token's row goes to up to k shards, so the all-to-all moves ~k·N·D(n-1)/n values per shard
 each way and, being dropless with static shapes, needs receive buffers sized for the worst case
@@ -82,6 +87,19 @@ def _token_axes(mesh, n_tokens: int) -> tuple[str, ...]:
     return axes
 
 
+TOKEN_CHUNK = 4096  # gathered tokens per dispatch: buffers of at most TOKEN_CHUNK·k rows
+
+
+def num_token_chunks(n_tokens: int, chunk: int | None = None) -> int:
+    """The fewest equal chunks of at most ``chunk`` (default ``TOKEN_CHUNK``) tokens that
+    ``n_tokens`` splits into (a divisor of ``n_tokens``; 1 when it is no more than ``chunk``)."""
+    chunk = TOKEN_CHUNK if chunk is None else chunk
+    for c in range(-(-n_tokens // chunk), n_tokens + 1):
+        if n_tokens % c == 0:
+            return c
+    return n_tokens
+
+
 def _shard_body(p, x_ND, top_w_NK, top_i_NK, *, num_local: int, gathered: bool, kernels):
     """One shard: its tokens (gathered over ``expert`` if split) through its own experts."""
     if isinstance(p["w_gate"], QArray):  # quantize per token before gathering: FP8 on the wire
@@ -91,9 +109,21 @@ def _shard_body(p, x_ND, top_w_NK, top_i_NK, *, num_local: int, gathered: bool, 
             (x_ND, top_w_NK, top_i_NK), EXPERT_AXIS, tiled=True
         )
     first = jax.lax.axis_index(EXPERT_AXIS) * num_local
-    d = local_dispatch(top_i_NK, first, num_local)
-    local_w = jnp.where((top_i_NK >= first) & (top_i_NK < first + num_local), top_w_NK, 0.0)
-    y_ND = combine(experts(p, x_ND, d, kernels), local_w, d)
+
+    def local(x_CD, top_w_CK, top_i_CK):  # C tokens through this shard's experts
+        d = local_dispatch(top_i_CK, first, num_local)
+        local_w = jnp.where((top_i_CK >= first) & (top_i_CK < first + num_local), top_w_CK, 0.0)
+        return combine(experts(p, x_CD, d, kernels), local_w, d)
+
+    N = top_i_NK.shape[0]
+    n_chunks = num_token_chunks(N)
+    if n_chunks == 1:
+        y_ND = local(x_ND, top_w_NK, top_i_NK)
+    else:  # bounded dispatch buffers; the backward keeps only each chunk's inputs
+        split = jax.tree.map(
+            lambda a: a.reshape(n_chunks, N // n_chunks, *a.shape[1:]), (x_ND, top_w_NK, top_i_NK)
+        )
+        y_ND = jax.lax.map(lambda a: jax.checkpoint(local)(*a), split).reshape(N, -1)
     if gathered:
         return jax.lax.psum_scatter(y_ND, EXPERT_AXIS, scatter_dimension=0, tiled=True)
     return jax.lax.psum(y_ND, EXPERT_AXIS)
