@@ -299,6 +299,9 @@ def parse_args(argv=None):
     p.add_argument("--target", action="append", default=[], choices=aot.TARGETS)
     p.add_argument("--match", action="append", default=[], help="only cases whose key has this")
     p.add_argument("--sample", type=int, default=None, help="first N cases per op, impl, target")
+    p.add_argument(
+        "--kernels-only", action="store_true", help="only kernels_pallas/<op>/aot_cases.py"
+    )
     p.add_argument("--list", action="store_true", help="list the cases, compile nothing")
     p.add_argument("--allow-failures", action="store_true", help="exit 0 even if cases fail")
     p.add_argument("--jobs", type=int, default=2, help="worker processes at once")
@@ -309,11 +312,14 @@ def parse_args(argv=None):
 
 
 def collect(
-    ops, targets, matches=(), n_sample=None
+    ops, targets, matches=(), n_sample=None, kernels_only=False
 ) -> tuple[list[tuple[str, list[aot.AotCase]]], list[dict]]:
     """Selected cases grouped by (module, target), and records for modules that fail to load."""
     groups, broken = [], []
-    for module in case_modules():
+    modules = case_modules()
+    if kernels_only:  # the Pallas kernels' own cases, not the model / rollout programs
+        modules = [m for m in modules if m.startswith("kernels_pallas.")]
+    for module in modules:
         try:
             cases = [c for c in load_cases(module) if _selected(c, ops, targets, matches)]
             cases = sample(cases, n_sample)
@@ -334,7 +340,12 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args.worker, json.load(sys.stdin), args.quick)
         return 0
-    groups, broken = collect(args.op, args.target, args.match, args.sample)
+    groups, broken = collect(args.op, args.target, args.match, args.sample, args.kernels_only)
+    keys = [c.key for _, cases in groups for c in cases]
+    unmatched = [m for m in args.match if not any(m in k for k in keys)]
+    if unmatched:  # a renamed case must not silently drop out of a subset (CI's)
+        print(f"aot_check: --match selects no case: {unmatched}", file=sys.stderr)
+        return 2
     if args.list:
         for _, cases in groups:
             for c in cases:
@@ -357,7 +368,10 @@ def main(argv=None) -> int:
     summary = summarize(records)
     report = dict(
         tier="export" if args.quick else "compile",
-        filters=dict(op=args.op, target=args.target, match=args.match, sample=args.sample),
+        filters=dict(
+            op=args.op, target=args.target, match=args.match, sample=args.sample,
+            kernels_only=args.kernels_only,
+        ),
         wall_s=wall, smem_budget_bytes=aot.H100_SMEM_BYTES, summary=summary, **_versions(),
         cases=records,
     )  # fmt: skip
