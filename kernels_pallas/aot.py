@@ -6,7 +6,8 @@ block shapes, registers and spills). This module compiles a jitted function for 
 on a CPU-only machine:
 
   * ``cuda``: needs ``jax-cuda12-plugin`` / ``jax-cuda12-pjrt`` of the installed jax version and
-    ``nvidia-cuda-nvcc-cu12`` (ptxas); ``JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1`` lets the plugin
+    ``nvidia-cuda-nvcc-cu12`` (ptxas), or their CUDA 13 versions (``jax-cuda13-*``,
+    ``nvidia-cuda-nvcc``); ``JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1`` lets the plugin
     register without a driver. The whole Mosaic GPU pipeline runs (kernels are compiled to SASS
     when XLA instantiates the custom call), and ptxas reports registers and spills per kernel.
   * ``tpu``: needs ``libtpu``; the full Mosaic TPU compiler runs for a ``v5e:1x1`` or ``v6e:1x1``

@@ -53,8 +53,26 @@ def load_cases(module: str) -> list[aot.AotCase]:
     return list(importlib.import_module(module).cases())
 
 
-def _selected(case: aot.AotCase, ops, targets) -> bool:
-    return (not ops or case.op in ops) and (not targets or case.target in targets)
+def _selected(case: aot.AotCase, ops, targets, matches=()) -> bool:
+    return (
+        (not ops or case.op in ops)
+        and (not targets or case.target in targets)
+        and (not matches or any(m in case.key for m in matches))
+    )
+
+
+def sample(cases: list[aot.AotCase], n: int | None) -> list[aot.AotCase]:
+    """The first ``n`` cases of each (op, impl, target), in order (all when ``n`` is None)."""
+    if n is None:
+        return cases
+    seen: dict[tuple, int] = {}
+    kept = []
+    for c in cases:
+        k = (c.op, c.impl, c.target)
+        seen[k] = seen.get(k, 0) + 1
+        if seen[k] <= n:
+            kept.append(c)
+    return kept
 
 
 def _record(case: aot.AotCase, status: str, reason: str = "", **extra) -> dict:
@@ -220,17 +238,24 @@ def _versions() -> dict:
     return dict(
         git_sha=sha.strip() + ("-dirty" if dirty.stdout.strip() else ""),
         jax=version("jax"), jaxlib=version("jaxlib"),
-        jax_cuda12_plugin=version("jax-cuda12-plugin"), libtpu=version("libtpu"),
+        jax_cuda12_plugin=version("jax-cuda12-plugin"),
+        jax_cuda13_plugin=version("jax-cuda13-plugin"), libtpu=version("libtpu"),
         ptxas=_ptxas_version(), python=sys.version.split()[0],
     )  # fmt: skip
 
 
 def _ptxas_version() -> str | None:
+    """Version of the ptxas Mosaic GPU compiles with: ``bin/ptxas`` under jax's CUDA root (the
+    ``nvidia-cuda-nvcc-cu12`` wheel's ``nvidia/cuda_nvcc``, or CUDA 13's ``nvidia/cu13``)."""
     try:
-        import nvidia.cuda_nvcc as nvcc  # the ptxas the CUDA plugin compiles with
+        from jax._src import lib as jax_lib
+
+        root = jax_lib.cuda_path
     except ImportError:
         return None
-    exe = os.path.join(list(nvcc.__path__)[0], "bin", "ptxas")
+    exe = os.path.join(root or "", "bin", "ptxas")
+    if not root or not os.path.exists(exe):
+        return None
     out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
     return next((ln.split(",")[-1].strip() for ln in out.splitlines() if "release" in ln), None)
 
@@ -272,6 +297,11 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="jax.export lowering only (no ptxas)")
     p.add_argument("--op", action="append", default=[], help="only this op (repeatable)")
     p.add_argument("--target", action="append", default=[], choices=aot.TARGETS)
+    p.add_argument("--match", action="append", default=[], help="only cases whose key has this")
+    p.add_argument("--sample", type=int, default=None, help="first N cases per op, impl, target")
+    p.add_argument(
+        "--kernels-only", action="store_true", help="only kernels_pallas/<op>/aot_cases.py"
+    )
     p.add_argument("--list", action="store_true", help="list the cases, compile nothing")
     p.add_argument("--allow-failures", action="store_true", help="exit 0 even if cases fail")
     p.add_argument("--jobs", type=int, default=2, help="worker processes at once")
@@ -281,12 +311,18 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def collect(ops, targets) -> tuple[list[tuple[str, list[aot.AotCase]]], list[dict]]:
+def collect(
+    ops, targets, matches=(), n_sample=None, kernels_only=False
+) -> tuple[list[tuple[str, list[aot.AotCase]]], list[dict]]:
     """Selected cases grouped by (module, target), and records for modules that fail to load."""
     groups, broken = [], []
-    for module in case_modules():
+    modules = case_modules()
+    if kernels_only:  # the Pallas kernels' own cases, not the model / rollout programs
+        modules = [m for m in modules if m.startswith("kernels_pallas.")]
+    for module in modules:
         try:
-            cases = [c for c in load_cases(module) if _selected(c, ops, targets)]
+            cases = [c for c in load_cases(module) if _selected(c, ops, targets, matches)]
+            cases = sample(cases, n_sample)
         except Exception as e:  # a broken aot_cases.py is one failed row, not a crash
             stub = aot.AotCase(module.split(".")[-2], "-", "-", f"{module}.cases()", None, ())
             broken.append(_record(stub, "fail", aot.one_line(e), error=str(e)[:4000]))
@@ -304,7 +340,12 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args.worker, json.load(sys.stdin), args.quick)
         return 0
-    groups, broken = collect(args.op, args.target)
+    groups, broken = collect(args.op, args.target, args.match, args.sample, args.kernels_only)
+    keys = [c.key for _, cases in groups for c in cases]
+    unmatched = [m for m in args.match if not any(m in k for k in keys)]
+    if unmatched:  # a renamed case must not silently drop out of a subset (CI's)
+        print(f"aot_check: --match selects no case: {unmatched}", file=sys.stderr)
+        return 2
     if args.list:
         for _, cases in groups:
             for c in cases:
@@ -326,7 +367,11 @@ def main(argv=None) -> int:
     print_table(records)
     summary = summarize(records)
     report = dict(
-        tier="export" if args.quick else "compile", filters=dict(op=args.op, target=args.target),
+        tier="export" if args.quick else "compile",
+        filters=dict(
+            op=args.op, target=args.target, match=args.match, sample=args.sample,
+            kernels_only=args.kernels_only,
+        ),
         wall_s=wall, smem_budget_bytes=aot.H100_SMEM_BYTES, summary=summary, **_versions(),
         cases=records,
     )  # fmt: skip

@@ -177,6 +177,34 @@ def test_table_and_summary():
     assert args.quick and args.op == ["fp8_matmul"] and args.target == ["v5e"]
 
 
+def _labels(cases):
+    return [(c.op, c.impl, c.target, c.label) for c in cases]
+
+
+def test_match_and_sample_select_cases():
+    check = _load_aot_check()
+
+    def mk(op, impl, target, label):
+        return aot.AotCase(op, impl, target, label, None, ())
+
+    cases = [
+        mk("fp8_matmul", "pallas_mosaic_gpu", "h100", "M=1"),
+        mk("fp8_matmul", "xla", "h100", "M=1"),
+        mk("fp8_matmul", "pallas_mosaic_gpu", "h100", "M=16"),
+        mk("fp8_matmul", "pallas_mosaic_gpu", "v5e", "M=1"),
+        mk("decode_attention", "pallas_mosaic_gpu", "h100", "B=1"),
+        mk("fp8_matmul", "pallas_mosaic_gpu", "h100", "M=4096"),
+    ]
+    assert _labels(check.sample(cases, 1)) == _labels([cases[i] for i in (0, 1, 3, 4)])
+    assert _labels(check.sample(cases, 2)) == _labels(cases[:5])
+    assert check.sample(cases, None) == cases
+    pallas_h100 = [c for c in cases if check._selected(c, [], ["h100"], ["pallas_mosaic_gpu"])]
+    assert _labels(pallas_h100) == _labels([cases[i] for i in (0, 2, 4, 5)])
+    assert not check._selected(cases[0], ["decode_attention"], [], [])
+    args = check.parse_args(["--sample", "1", "--match", "pallas", "--match", "M=1"])
+    assert args.sample == 1 and args.match == ["pallas", "M=1"]
+
+
 # A decode-loop body by hand: an embedding gather, a matmul, an in-place FP8 cache update, a copy,
 # a free bitcast; the entry also has a smaller loop (find_loop must pick the larger body).
 with open(os.path.join(REPO, "tests", "fixtures", "hlo", "decode_loop.hlo")) as _f:
