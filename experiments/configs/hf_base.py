@@ -15,7 +15,7 @@ compute; DAPO dynamic sampling (veRL: generation batches of 96 prompts, at most 
 here 32 prompts, at most 30: the same budget in a third of the rollout memory) and overlong
 shaping over the last 512 tokens (penalty factor 1.0, no overlong filtering). Memory knobs that
 change no value: log-probs from 512-token chunks of logits, scoring in 64-row micro-batches,
-block rematerialization in the loss, 16 accumulated micro-batches per update, and the paged
+block rematerialization in the loss, 32 accumulated micro-batches per update, and the paged
 rollout engine with a 16 GiB KV page pool per device (``experiments/plan.py`` shows what fits).
 """
 
@@ -66,7 +66,7 @@ def get_config():
     c.rl.score_micro_batch = 64  # rows per scoring forward (8 per device at fsdp=8)
     c.rl.remat = "block"  # keep only each block's input for the backward pass
     c.rl.num_minibatches = 1  # one update per rollout isolates the quantization effect
-    c.rl.grad_accum = 16  # 512-row minibatch in micro-batches of 32 rows (4 per device at 8)
+    c.rl.grad_accum = 32  # 512-row minibatch in micro-batches of 16 rows (2 per device at 8)
     c.optim.lr = 1e-6
     c.optim.weight_decay = 0.1
     c.optim.grad_clip = 1.0
