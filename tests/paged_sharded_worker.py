@@ -1,9 +1,8 @@
 """Subprocess of test_paged_sharded.py: the paged engine on 4 fake CPU devices vs one engine."""
 
-import os
+from tests.cpu_devices import use_fake_cpu_devices
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-os.environ["JAX_PLATFORMS"] = "cpu"
+use_fake_cpu_devices(4)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
