@@ -5,7 +5,9 @@ directory and exports it as ``JAX_COMPILATION_CACHE_DIR``, with no minimum compi
 size, before jax is imported. xdist workers and every test subprocess (trainer runs, sharding
 and multi-process workers, the notebook kernel) inherit the environment, so a program compiled
 by one of them is loaded, not compiled, by the others. The directory is removed when the run
-ends. A ``JAX_COMPILATION_CACHE_DIR`` set by the user is used as is and kept.
+ends. A ``JAX_COMPILATION_CACHE_DIR`` set by the user is used as is and kept. A second directory,
+``FP8RL_TEST_SHARED_DIR``, made and removed the same way, holds outputs that several test files
+read (``testing.shared_once``), made once by whichever worker asks first.
 
 Compile time, not run time, dominates the suite's tiny models, so the run's processes compile
 with LLVM at -O0 (``--xla_backend_optimization_level=0``, appended to ``XLA_FLAGS`` unless the
@@ -25,6 +27,12 @@ _RUN_CACHE = "FP8RL_TEST_COMPILATION_CACHE"  # set by the process that owns the 
 _OWNED: str | None = None
 if _RUN_CACHE not in os.environ and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _OWNED = os.environ[_RUN_CACHE] = tempfile.mkdtemp(prefix="fp8rl_jax_xla_cache_")
+# Outputs made once per test run and read by several test files on any xdist worker
+# (testing.shared_once: the trainer's reference run).
+_RUN_SHARED = "FP8RL_TEST_SHARED_DIR"
+_OWNED_SHARED: str | None = None
+if _RUN_SHARED not in os.environ:
+    _OWNED_SHARED = os.environ[_RUN_SHARED] = tempfile.mkdtemp(prefix="fp8rl_jax_shared_")
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
@@ -36,8 +44,10 @@ if _RUN_CACHE in os.environ:
 
 
 def pytest_unconfigure(config):
-    if _OWNED is not None and not hasattr(config, "workerinput"):
-        shutil.rmtree(_OWNED, ignore_errors=True)
+    if not hasattr(config, "workerinput"):
+        for owned in (_OWNED, _OWNED_SHARED):
+            if owned is not None:
+                shutil.rmtree(owned, ignore_errors=True)
 
 
 def _has_hopper() -> bool:

@@ -7,8 +7,9 @@ first imported): ``python -m tests.moe_parallel_worker [--mesh data=2,expert=4]`
 from __future__ import annotations
 
 import argparse
-import os
 import re
+
+from tests.cpu_devices import use_fake_cpu_devices
 
 
 def _setup(mesh_text: str):
@@ -143,8 +144,7 @@ def main() -> None:
     parser.add_argument("--mesh", default="data=2,expert=4")
     args = parser.parse_args()
     # Must precede the first jax import: the CPU client's device count is fixed at start-up.
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    os.environ["JAX_PLATFORMS"] = "cpu"
+    use_fake_cpu_devices(8)
     import json
 
     print(json.dumps(run(args.mesh), indent=1))

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from tests.cpu_devices import use_fake_cpu_devices
+
 
 def _parse_mesh(text: str) -> dict[str, int]:
     return {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))}
@@ -114,8 +116,7 @@ def main() -> None:
     parser.add_argument("--restore", default=None, help="checkpoint dir to restore (1 process)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
-    os.environ["JAX_PLATFORMS"] = "cpu"
+    use_fake_cpu_devices(args.devices)
     from tests import scaleout_common as sc
 
     if args.num_processes == 1:

@@ -3,10 +3,10 @@ for the dense tiny model (data=2, fsdp=2) and for a tiny MoE whose expert stacks
 ``expert`` as the rollout layout places them (data=2, expert=2), its routing recorded."""
 
 import dataclasses
-import os
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-os.environ["JAX_PLATFORMS"] = "cpu"
+from tests.cpu_devices import use_fake_cpu_devices
+
+use_fake_cpu_devices(4)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -9,7 +9,8 @@ a subprocess, all cases in one process (one jax start-up, one report keyed by mo
 from __future__ import annotations
 
 import argparse
-import os
+
+from tests.cpu_devices import use_fake_cpu_devices
 
 
 def _parse_mesh(text: str) -> dict[str, int]:
@@ -207,8 +208,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     # Must precede the first jax import: the CPU client's device count is fixed at start-up.
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
-    os.environ["JAX_PLATFORMS"] = "cpu"
+    use_fake_cpu_devices(args.devices)
     from tests import scaleout_common as sc
 
     report = {"quantize": quantize_check()} if args.quantize_check else {}

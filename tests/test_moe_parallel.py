@@ -24,7 +24,6 @@ TOL = 1e-5
 @pytest.fixture(scope="module")
 def report() -> dict:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    env.pop("XLA_FLAGS", None)
     out = subprocess.run(
         [sys.executable, "-m", "tests.moe_parallel_worker", "--mesh", "data=2,expert=4"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,

@@ -73,7 +73,7 @@ def _free_port() -> int:
 
 def _env() -> dict:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    for k in ("XLA_FLAGS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(k, None)
     return env
 

@@ -1,5 +1,8 @@
 """Paged decode attention: the reference against a float64 numpy oracle over a shuffled page
-pool (BF16/F32, FP8 static and dynamic scales), and the XLA window ladder against the reference."""
+pool (BF16/F32, FP8 static and dynamic scales), the XLA window ladder against the reference, and
+every Pallas kernel against the reference from one shared table (``KERNEL_CASES``)."""
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -119,7 +122,7 @@ def test_bad_operands_raise_naming_the_operand():
                         impl="nope")  # fmt: skip
 
 
-# ----------------------------------------------------------------------------- Mosaic TPU kernel
+# ------------------------------------------------------------------ the Pallas kernels' operands
 
 
 def _tpu_case(seed, lengths, dtype, scales, y=128, c=128):
@@ -140,19 +143,57 @@ def _tpu_case(seed, lengths, dtype, scales, y=128, c=128):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "dtype,scales,splits,tol",
-    [(jnp.float32, "none", 1, 1e-5), (jnp.bfloat16, "none", 2, 2e-2), (F8, "static", 1, 2e-2),
-     (F8, "dynamic", 3, 2e-2)],
-)  # fmt: skip
-def test_tpu_kernel_interpret_matches_reference(dtype, scales, splits, tol):
-    """Interpret mode (semantics only): rows of 0, 1, 129 (two pages), 384 (all) slots. bf16
-    MXU inputs (q rounded to bf16) for non-F32 pages: tolerance 2e-2, f32 pages 1e-5."""
-    c = _tpu_case(3, [0, 1, 129, 384], dtype, scales)
+# ------------------------------------------------------------ every kernel against the reference
+
+_H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _kernel_case(impl, seed, dtype, scales):
+    """Each kernel's block layout: TPU pages of 128 slots, head dim 128, 2 queries per KV head,
+    rows of 0, 1, 129 (two pages), 384 (all) slots; Mosaic GPU pages of 64 slots, head dim 64,
+    4 queries per KV head, rows of 0, 1, 65, 192 (all) slots."""
+    if impl == "pallas_tpu":
+        return _tpu_case(seed, [0, 1, 129, 384], dtype, scales)
+    c = _tpu_case(seed, [0, 1, 65, 192], dtype, scales, y=64, c=64)
+    c["q"] = jnp.concatenate([c["q"]] * 2, axis=1)[:, :4]  # 4 query heads over 1 KV head
+    return c
+
+
+def _on_target(impl):
+    """Mosaic GPU kernels lower for an (abstract) H100; the TPU interpreter needs no device."""
+    from jax.sharding import AbstractDevice, AbstractMesh
+
+    if impl != "pallas_mosaic_gpu":
+        return contextlib.nullcontext()
+    dev = AbstractDevice(device_kind=_H100, platform="gpu", num_cores=132)
+    return jax.sharding.use_abstract_mesh(AbstractMesh((), (), abstract_device=dev))
+
+
+# (impl, dtype, scales, splits, tol), interpret mode (semantics only). TPU: bf16 MXU inputs (q
+# rounded to bf16) for non-F32 pages, tolerance 2e-2, f32 pages 1e-5. Mosaic GPU: Q and P enter
+# bf16 (BF16 pages) or f16 (FP8 pages) MMAs: measured max error 4.5e-3 / 1.3e-3 (max|o| ~3.5);
+# tolerance 1e-2 / 5e-3, a few units of roundoff x max|V|.
+KERNEL_CASES = [
+    ("pallas_tpu", jnp.float32, "none", 1, 1e-5),
+    ("pallas_tpu", jnp.bfloat16, "none", 2, 2e-2),
+    ("pallas_tpu", F8, "static", 1, 2e-2),
+    ("pallas_tpu", F8, "dynamic", 3, 2e-2),
+    ("pallas_mosaic_gpu", jnp.bfloat16, "none", 1, 1e-2),
+    ("pallas_mosaic_gpu", F8, "static", 2, 5e-3),
+]
+
+
+@pytest.mark.parametrize("impl,dtype,scales,splits,tol", KERNEL_CASES)
+def test_kernel_interpret_matches_reference(impl, dtype, scales, splits, tol):
+    c = _kernel_case(impl, 3 if impl == "pallas_tpu" else 5, dtype, scales)
     want = _run(c)
-    got = _run(c, paged_attention, impl="pallas_tpu", interpret=True,
-               config=PagedBlocks(num_splits=splits))  # fmt: skip
+    with _on_target(impl):
+        got = _run(c, paged_attention, impl=impl, interpret=True,
+                   config=PagedBlocks(num_splits=splits))  # fmt: skip
     np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
+
+
+# ----------------------------------------------------------------------------- Mosaic TPU kernel
 
 
 def test_tpu_kernel_refuses_a_page_size_that_is_not_a_block():
@@ -165,41 +206,16 @@ def test_tpu_kernel_refuses_a_page_size_that_is_not_a_block():
 # ----------------------------------------------------------------------------- Mosaic GPU kernel
 
 
-@pytest.mark.parametrize(
-    "dtype,scales,splits,tol",
-    [(jnp.bfloat16, "none", 1, 1e-2), (F8, "static", 2, 5e-3)],
-)  # fmt: skip
-def test_mosaic_gpu_kernel_interpret_matches_reference(dtype, scales, splits, tol):
-    """GPU interpreter (semantics only) under an abstract H100: pages of 64 slots, head dim 64,
-    4 queries per KV head; rows of 0, 1, 65 and 192 (all) slots. Q and P enter bf16 (BF16
-    pages) or f16 (FP8 pages) MMAs: measured max error 4.5e-3 / 1.3e-3 (max|o| ~3.5); tolerance
-    1e-2 / 5e-3, a few units of roundoff x max|V|."""
-    from jax.sharding import AbstractDevice, AbstractMesh
-
-    c = _tpu_case(5, [0, 1, 65, 192], dtype, scales, y=64, c=64)
-    c["q"] = jnp.concatenate([c["q"]] * 2, axis=1)[:, :4]  # 4 query heads over 1 KV head
-    want = _run(c)
-    dev = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132)
-    with jax.sharding.use_abstract_mesh(AbstractMesh((), (), abstract_device=dev)):
-        got = _run(c, paged_attention, impl="pallas_mosaic_gpu", interpret=True,
-                   config=PagedBlocks(num_splits=splits))  # fmt: skip
-    np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
-
-
 @pytest.mark.parametrize("k_scale", [3e5, 1e-7])
 def test_mosaic_gpu_static_k_scale_outside_f16_range(k_scale):
     """The static K scale goes into the f32 softmax scale, not into q before its f16 cast (which
     overflows at 3e5 · |q| > 65,504 and flushes 1e-7 · |q| to subnormals)."""
-    from jax.sharding import AbstractDevice, AbstractMesh
-
-    c = _tpu_case(6, [0, 1, 65, 192], F8, "static", y=64, c=64)
-    c["q"] = jnp.concatenate([c["q"]] * 2, axis=1)[:, :4]
+    c = _kernel_case("pallas_mosaic_gpu", 6, F8, "static")
     c["ks"] = jnp.full((1,), k_scale, jnp.float32)
     args = (c["q"], c["k"], c["v"], c["lengths"], c["table"])
     kw = dict(k_scale=c["ks"], v_scale=c["vs"], sm_scale=64**-0.5 / k_scale)
     want = paged_attention_reference(*args, **kw)
-    dev = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132)
-    with jax.sharding.use_abstract_mesh(AbstractMesh((), (), abstract_device=dev)):
+    with _on_target("pallas_mosaic_gpu"):
         got = paged_attention(*args, **kw, impl="pallas_mosaic_gpu", interpret=True)
     assert np.all(np.isfinite(np.asarray(got)))
     np.testing.assert_allclose(got, want, atol=5e-3, rtol=5e-3)

@@ -32,7 +32,7 @@ import pytest
 from experiments.configs import tiny
 from experiments.configs.defaults import set_path
 from fp8rl_jax.train.experiment import experiment_from_config
-from tests.testing import TRAINER_ARM, TRAINER_FLAGS, TRAINER_STEPS
+from tests.testing import TRAINER_ARM, TRAINER_FLAGS, TRAINER_STEPS, trainer_reference_run
 
 REPO = Path(__file__).resolve().parents[1]
 ARM, STEPS, TINY = TRAINER_ARM, TRAINER_STEPS, TRAINER_FLAGS
@@ -48,7 +48,7 @@ def _argv(run_dir, *, script="experiments/train.py", worker=None, **changes) -> 
     return [*head, f"--config=experiments/configs/tiny.py:{ARM}", *flags]
 
 
-def _run(argv, timeout=300) -> subprocess.CompletedProcess:
+def _run(argv, timeout=900) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                           umask=0o022)  # fmt: skip
 
@@ -96,10 +96,9 @@ def _listing(path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """One uninterrupted run of STEPS steps (umask 022)."""
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    _ok(_run(_argv(run_dir)))
-    return run_dir
+    """One uninterrupted run of STEPS steps (umask 022; made once per test run, shared with
+    test_trainer.py)."""
+    return trainer_reference_run(tmp_path_factory)
 
 
 # 1. Export safety -------------------------------------------------------------------------

@@ -25,7 +25,6 @@ TOL = 5e-5
 
 def _worker(*args: str, timeout: int = 1800) -> dict:
     env = {**os.environ, "PYTHONPATH": ROOT}
-    env.pop("XLA_FLAGS", None)
     out = subprocess.run(
         [sys.executable, "-m", "tests.sharding_worker", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,

@@ -28,7 +28,7 @@ from experiments.configs.defaults import set_path
 from fp8rl_jax.tasks import score_completions
 from fp8rl_jax.train import trainer
 from fp8rl_jax.train.experiment import experiment_from_config
-from tests.testing import TRAINER_ARM, TRAINER_FLAGS, TRAINER_STEPS
+from tests.testing import TRAINER_ARM, TRAINER_FLAGS, TRAINER_STEPS, trainer_reference_run
 
 REPO = Path(__file__).resolve().parents[1]
 ARM, STEPS, TINY = TRAINER_ARM, TRAINER_STEPS, TRAINER_FLAGS
@@ -53,7 +53,7 @@ def _argv(run_dir, **changes) -> list[str]:
 
 def _cli(env, run_dir, **changes) -> subprocess.CompletedProcess:
     return subprocess.run(
-        _argv(run_dir, **changes), cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        _argv(run_dir, **changes), cwd=REPO, env=env, capture_output=True, text=True, timeout=900
     )
 
 
@@ -82,11 +82,10 @@ def _committed_steps(run_dir) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def reference(env, tmp_path_factory):
-    """One uninterrupted run of STEPS steps."""
-    run_dir = tmp_path_factory.mktemp("reference")
-    _check(_cli(env, run_dir))
-    return run_dir
+def reference(tmp_path_factory):
+    """One uninterrupted run of STEPS steps (made once per test run, shared with
+    test_reliability.py)."""
+    return trainer_reference_run(tmp_path_factory)
 
 
 @pytest.mark.slow
@@ -197,10 +196,10 @@ def test_infinite_learning_rate_is_rejected_by_the_config(env, tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+# The misspelled-field case (kv_cache_dtyp=x) is test_reliability.py::test_cli_errors_are_one_line.
 @pytest.mark.parametrize(
     "flag, needles",
     [
-        ("--config.rollout.kv_cache_dtyp=x", ("kv_cache_dtyp", "did you mean kv_cache_dtype?")),
         (
             "--config.rollout.kv_cache_dtype=int4",
             ("kv_cache_dtype", "'int4'", "bfloat16", "float32", "float8_e4m3fn"),

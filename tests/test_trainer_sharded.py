@@ -49,7 +49,7 @@ WALL_CLOCK = {"rollout_time_s"}
 def env():
     """The test run's environment (with its persistent compilation cache), one device by default."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for k in ("XLA_FLAGS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(k, None)
     return env
 

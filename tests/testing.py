@@ -6,7 +6,12 @@ RL-step and rollout tests, so its programs look alike across files and stay chea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import fcntl
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -65,3 +70,44 @@ TRAINER_FLAGS = {
     "trainer.eval_every": 2,  # = checkpoint_every, so a run stopped at a checkpoint logs the same
     "trainer.checkpoint_every": 2,
 }
+
+
+def shared_once(name: str, make: Callable[[Path], None], fallback: Path) -> Path:
+    """``make(path)`` once per test run, whichever xdist worker asks first; the others wait for it
+    and get the same ``path`` (conftest's ``FP8RL_TEST_SHARED_DIR``; without one, ``fallback``).
+    Readers must leave it as they found it."""
+    root = os.environ.get("FP8RL_TEST_SHARED_DIR")
+    if root is None:
+        make(fallback)
+        return fallback
+    path, done = Path(root) / name, Path(root) / f"{name}.done"
+    with open(Path(root) / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():  # a failed attempt left no marker: this worker tries again
+            make(path)
+            done.touch()
+    return path
+
+
+def trainer_argv(run_dir, *, script: str = "experiments/train.py", head=(), **changes) -> list[str]:
+    """``script`` on TRAINER_ARM with TRAINER_FLAGS, ``trainer.run_dir`` and ``changes``."""
+    flags = {**TRAINER_FLAGS, "trainer.run_dir": run_dir, **changes}
+    return [
+        *(head or (sys.executable, script)),
+        f"--config=experiments/configs/tiny.py:{TRAINER_ARM}",
+        *(f"--config.{k}={v}" for k, v in flags.items()),
+    ]
+
+
+def trainer_reference_run(tmp_path_factory) -> Path:
+    """One uninterrupted TRAINER_STEPS-step run (umask 022), shared by test_trainer.py and
+    test_reliability.py: a run directory they read, copy and resume against, never change."""
+
+    def make(run_dir: Path) -> None:
+        proc = subprocess.run(
+            trainer_argv(run_dir), cwd=Path(__file__).resolve().parents[1], capture_output=True,
+            text=True, timeout=600, umask=0o022,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+
+    return shared_once("trainer_reference", make, tmp_path_factory.mktemp("reference") / "run")

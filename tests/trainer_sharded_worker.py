@@ -17,6 +17,8 @@ import json
 import os
 import sys
 
+from tests.cpu_devices import use_fake_cpu_devices
+
 
 def _value(text: str):
     try:
@@ -36,8 +38,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=12355)
     args = parser.parse_args()
     # Must precede the first jax import: the CPU client's device count is fixed at start-up.
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
-    os.environ["JAX_PLATFORMS"] = "cpu"
+    use_fake_cpu_devices(args.devices)
     if args.num_processes > 1:
         os.environ.update(
             JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{args.port}",
