@@ -123,5 +123,9 @@ def test_dynamic_sampling_on_a_mesh_selects_what_one_device_selects(tmp_path):
     assert len(one) == len(mesh) == 4
     for a, b in zip(one[1:], mesh[1:], strict=True):
         assert {k: a[k] for k in COMPARED} == pytest.approx({k: b[k] for k in COMPARED}, abs=1e-6)
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-4)
+        # The mesh program really splits rows over 4 devices (models.rows; before, XLA ran the
+        # backward on every row everywhere, as one device does): the loss and gradient sums are
+        # cross-device reductions in another order, and Adam (eps 1e-8) turns that rounding in
+        # near-zero gradients into update differences of up to ~lr. Observed: 7.4e-4 (loss ~0.13).
+        assert a["loss"] == pytest.approx(b["loss"], abs=2e-3)
     assert sum(r["dapo_groups_filtered"] for r in one[1:]) > 0  # the filter had work to do
