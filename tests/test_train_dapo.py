@@ -121,11 +121,12 @@ def test_dynamic_sampling_on_a_mesh_selects_what_one_device_selects(tmp_path):
     one = _worker_rows(tmp_path / "one", "--devices", "1")
     mesh = _worker_rows(tmp_path / "mesh", "--devices", "4", "--mesh", "data=2,fsdp=2")
     assert len(one) == len(mesh) == 4
-    for a, b in zip(one[1:], mesh[1:], strict=True):
-        assert {k: a[k] for k in COMPARED} == pytest.approx({k: b[k] for k in COMPARED}, abs=1e-6)
-        # The mesh program really splits rows over 4 devices (models.rows; before, XLA ran the
-        # backward on every row everywhere, as one device does): the loss and gradient sums are
-        # cross-device reductions in another order, and Adam (eps 1e-8) turns that rounding in
-        # near-zero gradients into update differences of up to ~lr. Observed: 7.4e-4 (loss ~0.13).
-        assert a["loss"] == pytest.approx(b["loss"], abs=2e-3)
+    # The first RL step (after the same SFT) selects exactly what one device selects. Later
+    # steps are not compared: the mesh program really splits rows over 4 devices (models.rows),
+    # so its sums are cross-device reductions in another order; Adam (eps 1e-8) turns that
+    # rounding into update differences of up to ~lr, and sampling then diverges (observed at the
+    # third step). Loss of the first step: observed 7.4e-4 apart (loss ~0.13).
+    a, b = one[1], mesh[1]
+    assert {k: a[k] for k in COMPARED} == pytest.approx({k: b[k] for k in COMPARED}, abs=1e-6)
+    assert a["loss"] == pytest.approx(b["loss"], abs=2e-3)
     assert sum(r["dapo_groups_filtered"] for r in one[1:]) > 0  # the filter had work to do
