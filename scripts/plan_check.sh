@@ -41,22 +41,28 @@ judge() {  # exit status of one plan.py run -> fail or not
   fi
 }
 
+# Each config's programs in two processes (train | rollout, eval, gen_rollout): one compile is
+# mostly one core, and this machine has two.
 pids=()
+runs=()
 for entry in "${LIST[@]}"; do
   cfg=${entry%%|*}
   topo=${entry#*|}
-  nice -n 5 "$PY" experiments/plan.py --config="$C/$cfg.py" --topology="$topo" --layers=2,4 \
-    --json="$OUT/plan_$cfg.json" >"$OUT/plan_$cfg.log" 2>&1 &
-  pids+=($!)
-  # two at a time (2 cores)
-  if [ ${#pids[@]} -ge 2 ]; then
-    rc=0; wait "${pids[0]}" || rc=$?; judge $rc; pids=("${pids[@]:1}")
-  fi
+  for part in "train" "rollout,gen_rollout,eval"; do
+    name="${cfg}_${part%%,*}"
+    nice -n 5 "$PY" experiments/plan.py --config="$C/$cfg.py" --topology="$topo" --layers=2,4 \
+      --programs="$part" --json="$OUT/plan_$name.json" >"$OUT/plan_$name.log" 2>&1 &
+    pids+=($!)
+    runs+=("$name")
+    # two at a time (2 cores)
+    if [ ${#pids[@]} -ge 2 ]; then
+      rc=0; wait "${pids[0]}" || rc=$?; judge $rc; pids=("${pids[@]:1}")
+    fi
+  done
 done
 for p in "${pids[@]}"; do rc=0; wait "$p" || rc=$?; judge $rc; done
-for entry in "${LIST[@]}"; do
-  cfg=${entry%%|*}
-  grep -v "^[WEI][0-9]\{4\}\|^\*\|Very slow\|^$\|^[[:space:]]*$" "$OUT/plan_$cfg.log" | grep -v "^If you want" || true
+for name in "${runs[@]}"; do
+  grep -v "^[WEI][0-9]\{4\}\|^\*\|Very slow\|^$\|^[[:space:]]*$" "$OUT/plan_$name.log" | grep -v "^If you want" || true
 done
 echo "plan_check: JSON in $OUT"
 exit $fail
