@@ -293,6 +293,28 @@ def test_a_reader_survives_the_trainer_removing_its_step_mid_read(tmp_path, monk
     assert _committed(tmp_path) == ["3"]  # the held step went at the next clean-up
 
 
+def test_an_empty_step_listing_that_raced_a_save_is_listed_again(tmp_path, monkeypatch, caplog):
+    """orbax lists the directory, then checks each entry; a save's rename (step 2 in) and keep-1
+    clean-up (step 1 out) between the two leave an empty listing although step 2 is there."""
+    with CheckpointManager(tmp_path, max_to_keep=1) as trainer:
+        trainer.save(2, _state(2))
+    with CheckpointManager(tmp_path, read_only=True) as reader:
+        listing = reader._manager.all_steps
+        calls = []
+
+        def raced(*args, **kwargs):
+            calls.append(1)
+            return [] if len(calls) == 1 else listing(*args, **kwargs)
+
+        monkeypatch.setattr(reader._manager, "all_steps", raced)
+        with caplog.at_level("WARNING"):
+            restored = reader.restore_latest(jax.eval_shape(lambda: _state(0)))
+    assert len(calls) == 2
+    assert "raced a save" in caplog.text
+    assert restored.step == 2
+    _assert_same(_state(2), restored.state)
+
+
 class _no_lease:
     def __enter__(self):
         return None

@@ -16,7 +16,8 @@ checkpoint stays in place.
 Readers beside a trainer (`lease`): `restore_latest` holds a shared lease on the step it reads,
 and keep-N (done here, not by orbax) removes only steps no reader holds, so an export never loses
 its checkpoint to the trainer's clean-up; a leased old step is removed by a later clean-up. A step
-removed before its lease was taken is looked for again, up to `_TRIES` times.
+removed before its lease was taken, or an empty step listing that raced a save (orbax lists,
+then checks each entry), is looked for again, up to `_TRIES` times.
 
 Async: `save` returns once device arrays are copied to host (the caller may donate or overwrite
 the state right after); files are written in a background thread. `wait_until_finished` blocks
@@ -318,6 +319,12 @@ class CheckpointManager:
         for _ in range(_TRIES):
             _listed(self._manager.reload)
             steps = sorted(self._manager.all_steps(), reverse=True)
+            if not steps and self._has_step_dirs():
+                # orbax lists the directory, then checks each entry: a trainer that renamed
+                # step n + 1 into place after the listing and removed step n before its check
+                # leaves an empty listing although a committed step exists. List again.
+                logging.warning("the step listing of %s raced a save; again", self.directory)
+                continue
             try:
                 return self._restore_newest(steps, abstract_state)
             except Vanished as e:
@@ -327,6 +334,13 @@ class CheckpointManager:
             "times: is a trainer saving with trainer.keep_checkpoints=1 on a file system "
             "without flock? Export from a copy of the run's checkpoints"
         )
+
+    def _has_step_dirs(self) -> bool:
+        """Whether a committed step directory (named by its number) exists right now."""
+        try:
+            return any(e.name.isdigit() and e.is_dir() for e in os.scandir(self.directory))
+        except OSError:
+            return False
 
     def _restore_newest(self, steps: list[int], abstract_state: Any) -> Restored | None:
         failures = []
