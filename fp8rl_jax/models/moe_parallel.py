@@ -38,19 +38,18 @@ computes the experts replicated (no tensor parallelism inside the experts yet).
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from fp8rl_jax.models.experts import Dispatch, combine, dispatch, experts
+from fp8rl_jax.models.rows import dividing_axes
 from kernels_pallas.backend import KernelImpls
 from kernels_pallas.qarray import QArray
 from kernels_pallas.quantize import quantize_activations
 
 EXPERT_AXIS = "expert"
-_TOKEN_AXES = ("data", "fsdp", "expert")
 
 
 def expert_mesh(num_experts: int):
@@ -75,16 +74,6 @@ def local_dispatch(top_i_NK: jax.Array, first: jax.Array, num_local: int) -> Dis
     local = (top_i_NK >= first) & (top_i_NK < first + num_local)
     d = dispatch(jnp.where(local, top_i_NK - first, num_local), num_local + 1)
     return Dispatch(d.order_R, d.token_R, d.group_sizes_E[:num_local])
-
-
-def _token_axes(mesh, n_tokens: int) -> tuple[str, ...]:
-    """The batch axes (in mesh order) the tokens split over: the longest dividing prefix."""
-    axes: tuple[str, ...] = ()
-    for a in (a for a in _TOKEN_AXES if a in mesh.axis_names and mesh.shape[a] > 1):
-        if n_tokens % (math.prod(mesh.shape[x] for x in axes) * mesh.shape[a]):
-            break
-        axes += (a,)
-    return axes
 
 
 TOKEN_CHUNK = 4096  # gathered tokens per dispatch: buffers of at most TOKEN_CHUNK·k rows
@@ -136,7 +125,7 @@ def expert_parallel_mlp(p, x_ND, top_w_NK, top_i_NK, mesh, kernels: KernelImpls)
     are summed per shard, then across shards).
     """
     n = mesh.shape[EXPERT_AXIS]
-    axes = _token_axes(mesh, x_ND.shape[0])
+    axes = dividing_axes(dict(mesh.shape), x_ND.shape[0])  # the tokens' batch axes
     tok = P(axes or None)
     experts_p = {k: v for k, v in p.items() if k != "router"}
     body = functools.partial(

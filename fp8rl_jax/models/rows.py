@@ -12,6 +12,7 @@ identity.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -19,19 +20,25 @@ from jax.sharding import PartitionSpec as P
 BATCH_AXES = ("data", "fsdp", "expert")  # the mesh axes rows are split over (train.sharding)
 
 
+def dividing_axes(sizes: Mapping[str, int], rows: int, axes=BATCH_AXES) -> tuple[str, ...]:
+    """The longest prefix of ``axes`` (those in ``sizes`` with size > 1) whose product of
+    sizes divides ``rows``: the axes ``rows`` rows split evenly over."""
+    out: tuple[str, ...] = ()
+    for a in (a for a in axes if sizes.get(a, 1) > 1):
+        if rows % (math.prod(sizes[b] for b in out) * sizes[a]):
+            break
+        out += (a,)
+    return out
+
+
 def row_axes(rows: int) -> tuple[str, ...]:
-    """The longest prefix of the installed mesh's automatic ``BATCH_AXES`` (size > 1) whose
-    product divides ``rows``; () without a mesh."""
+    """``dividing_axes`` over the installed mesh's automatic ``BATCH_AXES``; () without a
+    mesh."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return ()
-    sizes, auto = dict(mesh.shape), set(mesh.auto_axes)
-    axes: tuple[str, ...] = ()
-    for a in (a for a in BATCH_AXES if a in auto and sizes.get(a, 1) > 1):
-        if rows % (math.prod(sizes[b] for b in axes) * sizes[a]):
-            break
-        axes += (a,)
-    return axes
+    auto = set(mesh.auto_axes)
+    return dividing_axes({a: n for a, n in mesh.shape.items() if a in auto}, rows)
 
 
 def constrain_rows(tree, axis: int = 0):

@@ -20,7 +20,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from fp8rl_jax.generation.engine import Prompts, Rollout
-from fp8rl_jax.models.rows import BATCH_AXES  # the rollout's batch axes too
+from fp8rl_jax.models.rows import dividing_axes  # the rollout's batch axes too
 
 _MAX = ("engine_decode_steps", "engine_iterations", "engine_peak_page_fraction")
 _MEAN = ("engine_slot_utilization",)  # the rest are counts: summed
@@ -44,12 +44,7 @@ def batch_axes(num_requests: int) -> tuple[str, ...]:
     sizes = dict(mesh.shape)
     if sizes.get("tensor", 1) > 1:
         return ()  # heads split over devices: a per-shard engine would need the whole heads
-    axes: tuple[str, ...] = ()
-    for a in (a for a in BATCH_AXES if sizes.get(a, 1) > 1):
-        if num_requests % (math.prod(sizes[x] for x in axes) * sizes[a]):
-            break
-        axes += (a,)
-    return axes
+    return dividing_axes(sizes, num_requests)
 
 
 def _reduce(metrics: dict, axes) -> dict:
