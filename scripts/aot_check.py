@@ -62,17 +62,21 @@ def _selected(case: aot.AotCase, ops, targets, matches=()) -> bool:
 
 
 def sample(cases: list[aot.AotCase], n: int | None) -> list[aot.AotCase]:
-    """The first ``n`` cases of each (op, impl, target), in order (all when ``n`` is None)."""
+    """``n`` evenly spaced cases of each (op, impl, target), the first and the last among them
+    (decode and prefill shapes both), in order; all when ``n`` is None."""
     if n is None:
         return cases
-    seen: dict[tuple, int] = {}
-    kept = []
-    for c in cases:
-        k = (c.op, c.impl, c.target)
-        seen[k] = seen.get(k, 0) + 1
-        if seen[k] <= n:
-            kept.append(c)
-    return kept
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(cases):
+        groups.setdefault((c.op, c.impl, c.target), []).append(i)
+    keep = set()
+    for idx in groups.values():
+        m = len(idx)
+        picks = (
+            range(m) if m <= n else ({0} if n == 1 else {j * (m - 1) // (n - 1) for j in range(n)})
+        )
+        keep.update(idx[j] for j in picks)
+    return [c for i, c in enumerate(cases) if i in keep]
 
 
 def _record(case: aot.AotCase, status: str, reason: str = "", **extra) -> dict:
@@ -298,7 +302,9 @@ def parse_args(argv=None):
     p.add_argument("--op", action="append", default=[], help="only this op (repeatable)")
     p.add_argument("--target", action="append", default=[], choices=aot.TARGETS)
     p.add_argument("--match", action="append", default=[], help="only cases whose key has this")
-    p.add_argument("--sample", type=int, default=None, help="first N cases per op, impl, target")
+    p.add_argument(
+        "--sample", type=int, default=None, help="N evenly spaced cases per op, impl, target"
+    )
     p.add_argument(
         "--kernels-only", action="store_true", help="only kernels_pallas/<op>/aot_cases.py"
     )

@@ -196,7 +196,9 @@ def test_match_and_sample_select_cases():
         mk("fp8_matmul", "pallas_mosaic_gpu", "h100", "M=4096"),
     ]
     assert _labels(check.sample(cases, 1)) == _labels([cases[i] for i in (0, 1, 3, 4)])
-    assert _labels(check.sample(cases, 2)) == _labels(cases[:5])
+    # evenly spaced: the first and the last of (fp8_matmul, pallas_mosaic_gpu, h100), M=1, M=4096
+    assert _labels(check.sample(cases, 2)) == _labels([cases[i] for i in (0, 1, 3, 4, 5)])
+    assert check.sample(cases, 3) == cases
     assert check.sample(cases, None) == cases
     pallas_h100 = [c for c in cases if check._selected(c, [], ["h100"], ["pallas_mosaic_gpu"])]
     assert _labels(pallas_h100) == _labels([cases[i] for i in (0, 2, 4, 5)])
