@@ -55,6 +55,7 @@ def main(argv):
     del argv
     from fp8rl_jax.train import plan as P
     from fp8rl_jax.train import plan_models
+    from fp8rl_jax.train.checks import row_split_warnings
     from fp8rl_jax.train.topology import parse_topology
 
     config_path = flags.FLAGS["config"].config_filename
@@ -76,13 +77,16 @@ def main(argv):
               f"model {preset}, mesh {plan_models.mesh_text(exp, topo)}, P={_PROMPT_LEN.value}, "
               f"A={exp.rollout.max_new_tokens}, engine {exp.rollout.engine}")  # fmt: skip
         print(P.format_table(results, topo))
+        split = row_split_warnings(exp, topo.chips)
+        for line in split:  # fits, but computes rows several times over
+            print(f"warning: {line}")
         rows = [m.as_dict(topo) for m in results]
         ok &= all(r["fits"] for r in rows)
         records.append(dict(config=config_path, topology=topo.name, chips=topo.chips,
                             hosts=topo.hosts, model=preset, prompt_len=_PROMPT_LEN.value,
                             max_new_tokens=exp.rollout.max_new_tokens,
                             engine=exp.rollout.engine, mesh=plan_models.mesh_text(exp, topo),
-                            programs=rows))  # fmt: skip
+                            programs=rows, row_split_warnings=split))  # fmt: skip
     if _JSON.value:
         with open(_JSON.value, "w") as f:
             json.dump(records, f, indent=1)

@@ -139,3 +139,34 @@ def test_a_config_meant_for_gpus_stops_on_a_cpu_only_jax():
     n = jax.device_count()
     with pytest.raises(ConfigError, match=rf"data={8 * n},.*found only CPU devices"):
         check_devices(_experiment(base, **{"mesh.data": 8 * n, "trainer.allow_cpu": True}))
+
+
+@pytest.mark.parametrize(
+    ("mesh", "devices", "grad_accum", "want"),
+    [
+        # 512 rows / 32 = 16-row micro-batches: over data=4 only of 4 x 8 devices (8x each row)
+        ({"mesh.data": -1, "mesh.fsdp": 8}, 32, 32, "16 rows splits over 4 of the 32 devices"),
+        ({"mesh.data": -1, "mesh.fsdp": 8}, 32, 16, None),  # 32 rows: one per device
+        ({"mesh.data": 1, "mesh.fsdp": -1}, 8, 32, None),  # 16 rows over 8: two per device
+        # fsdp=4 divides 16, expert=8 does not: 4 of 32 devices, rl.grad_accum=16 the fix
+        ({"mesh.data": 1, "mesh.fsdp": -1, "mesh.expert": 8}, 32, 32, "over 4 of the 32"),
+    ],
+)
+def test_rows_that_do_not_split_over_every_device_are_named(mesh, devices, grad_accum, want):
+    from experiments.configs import qwen3_8b
+    from fp8rl_jax.train.checks import row_split_warnings
+
+    fix = REPO / "tests" / "fixtures"
+    paths = {
+        "model.hf_checkpoint": str(fix / "hf" / "qwen3"),
+        "task.jsonl_path": str(fix / "verl" / "dapo_math_tiny.parquet"),
+    }
+    exp = _experiment(qwen3_8b, **paths, **mesh, **{"rl.grad_accum": grad_accum})
+    lines = row_split_warnings(exp, devices)
+    if want is None:
+        assert lines == []
+        return
+    assert len(lines) == 1 and want in lines[0]
+    assert lines[0].startswith("config.rl.grad_accum=32:")
+    assert "computed on 8 devices" in lines[0]
+    assert lines[0].endswith("rl.grad_accum=16 gives micro-batches of 32 rows")

@@ -6,12 +6,17 @@ the task's data or the run directory, and raise ``ConfigError`` naming the field
 
 from __future__ import annotations
 
+import logging
+import math
+
 import jax
 
+from fp8rl_jax.models.rows import BATCH_AXES, dividing_axes
 from fp8rl_jax.tasks import Task
 from fp8rl_jax.train.config import ConfigError
 from fp8rl_jax.train.experiment import Experiment
 from fp8rl_jax.train.run_dir import CONFIG_FILE, config_changes, read_config
+from fp8rl_jax.train.sharding.mesh import MESH_AXES
 
 
 def device_summary() -> str:
@@ -45,6 +50,54 @@ def check_devices(exp: Experiment) -> None:
             "config.trainer.allow_cpu=False: this config is meant for GPUs/TPUs, but "
             f"{_SETUP_HINT}. To run it on the CPU anyway: --config.trainer.allow_cpu=True"
         )
+    for line in row_split_warnings(exp, jax.device_count()):
+        logging.warning("%s", line)
+
+
+def row_split_warnings(exp: Experiment, num_devices: int) -> list[str]:
+    """One line per batch whose rows do not split over every device of the mesh's batch axes
+    (``data x fsdp x expert``): its rows then split over the longest dividing prefix of those
+    axes only (``models.rows``) and each row is computed on several devices, with that many
+    times the activations and FLOPs per device. [] when every batch splits evenly.
+    """
+    sizes = dict(zip(MESH_AXES, exp.mesh.axis_sizes(num_devices), strict=True))
+    devices = math.prod(sizes[a] for a in BATCH_AXES)
+    rows = exp.trainer.prompts_per_step * exp.rl.group_size
+    parts = exp.rl.num_minibatches * exp.rl.grad_accum
+    micro = rows // parts
+    advice = _micro_batch_advice(rows, devices, exp.rl.num_minibatches, exp.rl.grad_accum)
+    batches = [
+        (micro, "a loss micro-batch", f"rl.grad_accum={exp.rl.grad_accum}", advice),
+        (rows, "a rollout", f"trainer.prompts_per_step x rl.group_size = {rows}", ""),
+    ]
+    score = exp.rl.score_micro_batch
+    if 0 < score < rows:
+        batches.append((score, "a scoring micro-batch", f"rl.score_micro_batch={score}", ""))
+    out = []
+    for n, what, field, fix in batches:
+        covered = math.prod(sizes[a] for a in dividing_axes(sizes, n))
+        if covered < devices:
+            out.append(
+                f"config.{field}: {what} of {n} rows splits over {covered} of the {devices} "
+                f"devices of mesh data x fsdp x expert, so each row is computed on "
+                f"{devices // covered} devices ({devices // covered}x its activations and FLOPs)"
+                + (f"; {fix}" if fix else f"; make it a multiple of {devices}")
+            )
+    return out
+
+
+def _micro_batch_advice(rows: int, devices: int, minibatches: int, grad_accum: int) -> str:
+    """The largest ``rl.grad_accum`` below today's whose micro-batches split over every
+    device."""
+    fits = [
+        g
+        for g in range(1, grad_accum)
+        if rows % (minibatches * g) == 0 and (rows // (minibatches * g)) % devices == 0
+    ]
+    if not fits:
+        return f"make the rows per micro-batch a multiple of {devices}"
+    g = max(fits)
+    return f"rl.grad_accum={g} gives micro-batches of {rows // (minibatches * g)} rows"
 
 
 def check_eval_size(exp: Experiment, task: Task) -> None:
