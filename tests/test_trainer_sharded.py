@@ -153,7 +153,8 @@ def test_two_processes_match_one_and_their_checkpoint_resumes_on_one_device(
     assert {lo for _, lo, _ in p0["rows"]} == {0} and {lo for _, lo, _ in p1["rows"]} == {8}
     # Both processes computed the same rows (replicated metrics); only process 0 wrote them.
     assert [r["step"] for r in p0["logged"]] == [1, 2, 3] and p0["logged"] == p1["logged"]
-    assert p0["compiles_after_first_save"] == p1["compiles_after_first_save"] == 0
+    # Every program compiled (or loaded from the cache) by the first save; none after it.
+    assert p0["programs_made_after_first_save"] == p1["programs_made_after_first_save"] == 0
     assert p0["saved_step"] == p1["saved_step"] == 3
     # Only process 0 reads and writes metrics.jsonl (both share this run_dir, as on a shared
     # file system); the other one returns a summary without the eval history.
