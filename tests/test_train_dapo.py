@@ -123,9 +123,10 @@ def test_dynamic_sampling_on_a_mesh_selects_what_one_device_selects(tmp_path):
     assert [r["step"] for r in one] == [r["step"] for r in mesh] == [0, 1]
     # The first RL step (after the same SFT) selects exactly what one device selects. Later
     # steps could not be compared, so they are not run: the mesh program really splits rows
-    # over 4 devices (models.rows), so its sums are cross-device reductions in another order; Adam (eps 1e-8) turns that
-    # rounding into update differences of up to ~lr, and sampling then diverges (observed at the
-    # third step). Loss of the first step: observed 7.4e-4 apart (loss ~0.13).
+    # over 4 devices (models.rows), so its sums are cross-device reductions in another order;
+    # Adam (eps 1e-8) turns that rounding into update differences of up to ~lr, and sampling
+    # then diverges (observed at the third step). Loss of the first step: observed 7.4e-4 apart
+    # (loss ~0.13).
     a, b = one[1], mesh[1]
     assert {k: a[k] for k in COMPARED} == pytest.approx({k: b[k] for k in COMPARED}, abs=1e-6)
     assert a["loss"] == pytest.approx(b["loss"], abs=2e-3)
