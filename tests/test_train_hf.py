@@ -1,7 +1,11 @@
 """The real-model path end to end on a tiny HF checkpoint: qwen3_8b.py's DAPO recipe (FP8 W8A8,
-FP8 KV cache with recalibrated static scales, token TIS, dynamic sampling, overlong shaping) on the
+FP8 KV cache with recalibrated static scales, token TIS, dynamic sampling, overlong shaping) on a
 veRL-layout parquet fixture (chat prompts through the tokenizer's template), math-verify rewards,
-stop tokens from the checkpoint; then the FP8 export of the trained policy round-trips."""
+stop tokens from the checkpoint; then the FP8 export of the trained policy round-trips.
+
+One run (``test_dapo_recipe_trains_on_nonzero_math_verify_rewards``) checks all of it: a second
+run on tests/fixtures/verl (a tokenizer that cannot write a digit, so all-zero rewards) repeated
+the same path and programs (tests/test_tasks_datasets.py reads that parquet)."""
 
 import json
 import math
@@ -17,62 +21,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures"
-FLAGS = {
-    "model.hf_checkpoint": FIX / "hf" / "qwen3",
-    "task.jsonl_path": FIX / "verl" / "dapo_math_tiny.parquet",
-    "task.eval_fraction": 0.25,  # held out of the 32 rows by hash
-    "task.tokenizer_path": FIX / "hf" / "tokenizer",
-    "rollout.max_new_tokens": 8,
-    "rl.dapo.overlong_buffer": 4,  # the penalty starts after 4 of the 8 tokens
-    "rl.dapo.gen_prompts": 3,  # oversampling: 3 prompts per generation batch for 2 kept
-    "rl.dapo.max_num_gen_batches": 2,
-    "trainer.steps": 2,
-    "trainer.prompts_per_step": 2,
-    "rl.group_size": 2,
-    "trainer.eval_size": 2,
-    "trainer.loggers": "('jsonl',)",  # W&B has its own test (test_train_logging_wandb.py)
-    "trainer.allow_cpu": True,  # the real-model recipe, here on the CPU
-    # 32-blocks: the fixture's sizes (64, 32, 128) are whole blocks, so the FP8 export is servable
-    "rollout.quant.weight_block": "(32, 32)",
-    "rollout.quant.act_group": 32,
-    # hf_base's scale settings, sized down: 2 accumulated micro-batches, an 8 MiB page pool
-    "rl.grad_accum": 2,
-    "rollout.paged.kv_memory_bytes": 8 * 2**20,
-}
-
-
-def test_dapo_recipe_trains_on_verl_parquet_and_exports_fp8(tmp_path):
-    run_dir = tmp_path / "run"
-    flags = {**FLAGS, "trainer.run_dir": run_dir}
-    argv = [sys.executable, "experiments/train.py", "--config=experiments/configs/qwen3_8b.py"]
-    argv += [f"--config.{k}={v}" for k, v in flags.items()]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
-    for r in rows[1:]:
-        assert all(math.isfinite(r[k]) for k in ("kl", "loss", "grad_norm", "is_weight_mean"))
-        assert r["quant_nonfinite"] == 0 and r["nonfinite_skips"] == 0
-        # the recalibrated static FP8 KV scales are logged, finite and positive, none invalid
-        assert 0 < r["kv_scale_k_min"] <= r["kv_scale_k_max"] < math.inf
-        assert 0 < r["kv_scale_v_min"] <= r["kv_scale_v_max"] < math.inf
-        assert r["kv_scale_invalid"] == 0
-        # DAPO: generation batches and group counts add up; eq. 13 penalty in [-1, 0]
-        assert 1 <= r["dapo_gen_batches"] <= 2
-        seen = 3 * r["dapo_gen_batches"]
-        assert r["dapo_groups_kept"] + r["dapo_groups_filtered"] <= seen
-        assert r["dapo_unfilled_frac"] == 1 - r["dapo_groups_kept"] / 2
-        assert -1.0 <= r["overlong_penalty_mean"] <= 0.0 and 0 <= r["truncated_frac"] <= 1
-    config = json.loads((run_dir / "config.json").read_text())
-    assert config["rollout"]["kv_cache_dtype"] == "float8_e4m3fn"
-    assert config["rl"]["correction"]["is_level"] == "token"
-    assert config["task"]["verifier"] == "math_verify"
-    assert config["rl"]["dapo"]["dynamic_sampling"] is True
-    assert "stop tokens from the checkpoint: (2,)" in proc.stdout  # <|im_end|>
-    assert (run_dir / "summary.json").exists()
-    _check_fp8_export(flags, tmp_path)
 
 
 def _check_fp8_export(flags, tmp_path):
@@ -114,6 +62,7 @@ DIGITS_FLAGS = {
     "model.hf_checkpoint": DIGITS,
     "task.jsonl_path": DIGITS / "sums.parquet",
     "task.eval_fraction": 0.25,
+    "task.tokenizer_path": DIGITS,  # named apart from the checkpoint (here the same files)
     "rollout.max_new_tokens": 6,  # \boxed{7} is 5 tokens, then <|im_end|>
     "rl.dapo.overlong_buffer": 2,
     "rl.dapo.gen_prompts": 4,
@@ -137,18 +86,20 @@ DIGITS_FLAGS = {
 
 
 @pytest.mark.slow
-def test_dapo_trains_on_nonzero_math_verify_rewards(tmp_path):
+def test_dapo_recipe_trains_on_nonzero_math_verify_rewards_and_exports_fp8(tmp_path):
     """The DAPO path on data it can solve: math-verify rewards 1 and 0, groups kept and filtered,
-    slots left empty masked out, and an update that moves the policy (the DAPO test above trains
-    on all-zero rewards: its fixture tokenizer cannot write a digit)."""
-    flags = {**DIGITS_FLAGS, "trainer.run_dir": tmp_path / "run"}
+    slots left empty masked out, and an update that moves the policy; its logged KV scales and
+    counts, its config, and the FP8 export of the trained policy."""
+    run_dir = tmp_path / "run"
+    flags = {**DIGITS_FLAGS, "trainer.run_dir": run_dir}
     argv = [sys.executable, "experiments/train.py", "--config=experiments/configs/qwen3_8b.py"]
     argv += [f"--config.{k}={v}" for k, v in flags.items()]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    rows = [json.loads(line) for line in lines][1:]
+    all_rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in all_rows] == [0, 1, 2]
+    rows = all_rows[1:]
     assert max(r["reward_mean"] for r in rows) > 0  # math-verify said 1 somewhere
     assert sum(r["dapo_groups_kept"] for r in rows) > 0  # groups with mixed rewards
     assert sum(r["dapo_groups_filtered"] for r in rows) > 0  # groups all right or all wrong
@@ -157,3 +108,22 @@ def test_dapo_trains_on_nonzero_math_verify_rewards(tmp_path):
         assert r["dapo_unfilled_frac"] == 1 - r["dapo_groups_kept"] / 2  # empty slots masked
         if r["dapo_groups_kept"]:
             assert r["grad_norm"] > 0 and r["advantage_abs_mean"] > 0 and r["loss"] != 0
+        assert all(math.isfinite(r[k]) for k in ("kl", "loss", "grad_norm", "is_weight_mean"))
+        assert r["quant_nonfinite"] == 0 and r["nonfinite_skips"] == 0
+        # the recalibrated static FP8 KV scales are logged, finite and positive, none invalid
+        assert 0 < r["kv_scale_k_min"] <= r["kv_scale_k_max"] < math.inf
+        assert 0 < r["kv_scale_v_min"] <= r["kv_scale_v_max"] < math.inf
+        assert r["kv_scale_invalid"] == 0
+        # DAPO: generation batches and group counts add up; eq. 13 penalty in [-1, 0]
+        assert 1 <= r["dapo_gen_batches"] <= 2
+        seen = DIGITS_FLAGS["rl.dapo.gen_prompts"] * r["dapo_gen_batches"]
+        assert r["dapo_groups_kept"] + r["dapo_groups_filtered"] <= seen
+        assert -1.0 <= r["overlong_penalty_mean"] <= 0.0 and 0 <= r["truncated_frac"] <= 1
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["rollout"]["kv_cache_dtype"] == "float8_e4m3fn"
+    assert config["rl"]["correction"]["is_level"] == "token"
+    assert config["task"]["verifier"] == "math_verify"
+    assert config["rl"]["dapo"]["dynamic_sampling"] is True
+    assert "stop tokens from the checkpoint: (2,)" in proc.stdout  # <|im_end|>
+    assert (run_dir / "summary.json").exists()
+    _check_fp8_export(flags, tmp_path)

@@ -107,40 +107,41 @@ def test_run_dir_holds_all_outputs(reference):
 
 
 @pytest.mark.slow
-def test_resume_reproduces_uninterrupted_run(env, reference, tmp_path):
-    first = _check(_cli(env, tmp_path, **{"trainer.steps": 4}))
-    assert "resumed" not in first.stdout
-    resumed = _check(_cli(env, tmp_path))
-    assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
-    _assert_same_metrics(tmp_path, reference)
-
-
-@pytest.mark.slow
-def test_sigkill_then_restart_reproduces_uninterrupted_run(env, reference, tmp_path):
-    proc = subprocess.Popen(
-        _argv(tmp_path),
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while not _committed_steps(tmp_path) and proc.poll() is None:
-            assert time.monotonic() < deadline, "no checkpoint after 300 s"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+def test_sigkill_restart_and_a_longer_rerun_reproduce_uninterrupted_run(env, reference, tmp_path):
+    """A run SIGKILLed once its first checkpoint is committed restarts from it with
+    ``trainer.steps=4`` and ends there; a rerun with the original 6 steps resumes at step 4. The
+    metrics of each equal the uninterrupted reference (one chain: three runs, not four)."""
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "killed.out", "w") as out:
+        proc = subprocess.Popen(
+            _argv(run_dir), cwd=REPO, env=env, stdout=out, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while not _committed_steps(run_dir) and proc.poll() is None:
+                assert time.monotonic() < deadline, "no checkpoint after 300 s"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGKILL)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
     assert proc.returncode == -signal.SIGKILL, f"run ended before the kill:\n{stderr[-2000:]}"
-    assert not (tmp_path / "summary.json").exists()
-    killed_at = max(_committed_steps(tmp_path))
+    assert "resumed" not in (tmp_path / "killed.out").read_text()
+    assert not (run_dir / "summary.json").exists()
+    killed_at = max(_committed_steps(run_dir))
     assert killed_at < STEPS
-    resumed = _check(_cli(env, tmp_path))
-    assert "resumed from" in resumed.stdout
-    _assert_same_metrics(tmp_path, reference)
+
+    restarted = _check(_cli(env, run_dir, **{"trainer.steps": 4}))
+    assert "resumed from" in restarted.stdout and f"at step {killed_at}" in restarted.stdout
+    got, want = _metrics(run_dir), _metrics(reference)[:5]
+    assert [r["step"] for r in got] == [0, 1, 2, 3, 4]
+    for g, w in zip(got, want):
+        np.testing.assert_equal(g, w, err_msg=f"step {w['step']}")  # exact
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4
+
+    resumed = _check(_cli(env, run_dir))
+    assert "resumed from" in resumed.stdout and "at step 4" in resumed.stdout
+    _assert_same_metrics(run_dir, reference)
 
 
 def _damage(step_dir: Path):

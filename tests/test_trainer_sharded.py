@@ -115,12 +115,20 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_two_processes_match_one_process(env, reference, tmp_path):
+def test_two_processes_match_one_and_their_checkpoint_resumes_on_one_device(
+    env, reference, tmp_path
+):
+    """Two processes (2 fake devices each, one 4-device mesh) for 3 steps; then one process on
+    one device resumes their checkpoint of step 3 and runs step 4. The only two-process test:
+    the trainer's loop over rows, metrics, evaluation and orbax checkpoints, with
+    ``--probe`` spies (trainer_sharded_worker.py) for what the files do not show."""
     port = str(_free_port())
     args = ("--devices", "2", "--mesh", "data=2,fsdp=2", "--num-processes", "2", "--port", port)
+    probes = [tmp_path / f"probe{i}.json" for i in range(2)]
+    run_dir = tmp_path / "run"
     procs = [
         subprocess.Popen(
-            _cmd(tmp_path, 3, *args, "--process-id", str(i)),
+            _cmd(run_dir, 3, *args, "--process-id", str(i), "--probe", str(probes[i])),
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
@@ -136,11 +144,41 @@ def test_two_processes_match_one_process(env, reference, tmp_path):
             p.kill()
     assert all(p.returncode == 0 for p in procs), "\n".join(o[1][-3000:] for o in outs)
     s0, s1 = (json.loads(o[0].strip().splitlines()[-1]) for o in outs)
+    p0, p1 = (json.loads(p.read_text()) for p in probes)
     assert (s0["process_index"], s1["process_index"], s0["devices"]) == (0, 1, 4)
+    assert (p0["process_count"], p0["local_devices"], p1["local_devices"]) == (2, 2, 2)
+    # Each process fed its own half of every batch (16 rollout rows, 16 eval prompts).
+    assert [16, 0, 8] in p0["rows"] and [16, 8, 16] in p1["rows"]
+    assert all(n == 16 and hi - lo == 8 for n, lo, hi in p0["rows"] + p1["rows"])
+    assert {lo for _, lo, _ in p0["rows"]} == {0} and {lo for _, lo, _ in p1["rows"]} == {8}
+    # Both processes computed the same rows (replicated metrics); only process 0 wrote them.
+    assert [r["step"] for r in p0["logged"]] == [1, 2, 3] and p0["logged"] == p1["logged"]
+    # Every program compiled (or loaded from the cache) by the first save; none after it.
+    assert p0["programs_made_after_first_save"] == p1["programs_made_after_first_save"] == 0
+    assert p0["saved_step"] == p1["saved_step"] == 3
     # Only process 0 reads and writes metrics.jsonl (both share this run_dir, as on a shared
     # file system); the other one returns a summary without the eval history.
     assert [s for s, _ in s0["eval_accuracy"]] == [0, 2, 3] and "eval_accuracy" not in s1
-    rows = _metrics(tmp_path)
+    rows = _metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     _assert_close(rows, reference)
-    assert (tmp_path / "checkpoints" / "2").is_dir() and (tmp_path / "checkpoints" / "3").is_dir()
+    _assert_close(p0["logged"], reference[1:])
+    assert (run_dir / "checkpoints" / "2").is_dir() and (run_dir / "checkpoints" / "3").is_dir()
+
+    # One process (4 devices, the same mesh) resumes their checkpoint of step 3 exactly and goes
+    # on; the same checkpoint also restores exactly onto one device.
+    probe = tmp_path / "probe_resume.json"
+    one_process = ("--devices", "4", "--mesh", "data=2,fsdp=2")
+    summary, stdout = _run(
+        env, run_dir, 4, *one_process, "--probe", str(probe), "--written", f"{probes[0]}.npz"
+    )  # fmt: skip
+    assert (summary["process_index"], summary["devices"]) == (0, 4) and "at step 3" in stdout
+    resumed = json.loads(probe.read_text())
+    assert resumed["process_count"] == 1 and [16, 0, 16] in resumed["rows"]
+    for key in ("restored", "restored_on_one_device"):
+        restored_step, max_diff, n_leaves = resumed[key]
+        assert restored_step == 3 and n_leaves > 0, key
+        assert max_diff == 0.0, key  # exact round trip: 2 processes -> 1 process, -> 1 device
+    rows = _metrics(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    _assert_close(rows, reference)

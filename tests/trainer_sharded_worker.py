@@ -8,6 +8,13 @@ Run by tests/test_trainer_sharded.py (the fake device count is fixed when jax is
         --num-processes 2 --process-id I --port P --set trainer.run_dir=DIR
 The config is ``experiments/configs/tiny.py:<arm>`` plus the ``--set`` overrides and a ``mesh``
 section; the summary that ``train`` returns is printed as JSON on the last line.
+
+``--probe OUT.json`` spies on the run (``_install_probe``) without changing it: the rows each
+process fed (``OnMesh.rows``), every row it computed for metrics.jsonl (process 1 computes them
+but does not write them), the programs compiled or loaded from the persistent cache after the
+first checkpoint save (warm programs: none expected), and the params of each saved step
+(process 0 writes the last to OUT.json.npz), or the params a resumed run restored (compared
+with ``--written``, an npz of another run's save).
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ def main() -> None:
     parser.add_argument("--num-processes", type=int, default=1)
     parser.add_argument("--process-id", type=int, default=0)
     parser.add_argument("--port", type=int, default=12355)
+    parser.add_argument("--probe", default=None, help="write what the run did to this JSON")
+    parser.add_argument("--written", default=None, help="npz of saved params to compare restores")
     args = parser.parse_args()
     # Must precede the first jax import: the CPU client's device count is fixed at start-up.
     use_fake_cpu_devices(args.devices)
@@ -69,13 +78,109 @@ def main() -> None:
             **{k: int(v) for k, v in (kv.split("=") for kv in args.mesh.split(","))},
         }
     exp = experiment_from_config(raw)
-    assert maybe_initialize_distributed(exp.distributed) == (args.num_processes > 1)
+    started = maybe_initialize_distributed(exp.distributed)
+    assert started or args.num_processes == 1  # launch_local.sh starts it from the environment
+    probe = _install_probe(args.written) if args.probe else None
     summary = train(exp, progress=False)
     import jax
 
     summary["process_index"] = jax.process_index()
     summary["devices"] = jax.device_count()
+    if probe is not None:
+        _write_probe(probe, args.probe)
     print(json.dumps(summary))
+
+
+def _install_probe(written: str | None) -> dict:
+    """Wraps OnMesh.rows, _Output.read, CheckpointManager.save / restore_latest to record."""
+    import jax
+    import numpy as np
+
+    from fp8rl_jax.train import checkpoint, placement, trainer
+    from fp8rl_jax.train import distributed as dist
+    from tests.scaleout_common import flat_params, max_diffs
+
+    counter = _ProgramCounter()
+    probe = {"rows": [], "logged": [], "saved": None, "counter": counter}
+    rows, read = placement.OnMesh.rows, trainer._Output.read
+    save, restore = checkpoint.CheckpointManager.save, checkpoint.CheckpointManager.restore_latest
+
+    def spy_rows(self, n_rows, group_size=1):
+        got = rows(self, n_rows, group_size)
+        probe["rows"].append([n_rows, got.start, got.stop])
+        return got
+
+    def spy_read(self, p):
+        row = {**p.rollout_metrics, **p.train_metrics}
+        if p.eval_accuracy is not None:
+            row["eval_accuracy"] = p.eval_accuracy
+        probe["logged"].append({"step": p.step, **{k: float(v) for k, v in row.items()}})
+        return read(self, p)
+
+    def spy_save(self, step, state, *a, **kw):
+        active, counter.active = counter.active, False  # the gather below compiles
+        probe["saved"] = (int(step), flat_params(dist.gather_to_host(state.params)))
+        counter.active = active
+        out = save(self, step, state, *a, **kw)
+        counter.active = True  # every program has run once by the first save
+        return out
+
+    def spy_restore(self, abstract_state):
+        got = restore(self, abstract_state)
+        if got is not None and written:
+            want = dict(np.load(written))
+            diffs = max_diffs(want, flat_params(got.state.params))
+            probe["restored"] = [got.step, max(diffs.values()), len(diffs)]
+            # The same checkpoint onto one device (explicit shardings: the trainer's one-device
+            # placement restores without any, which orbax refuses for a 4-device checkpoint).
+            one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            target = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), abstract_state
+            )
+            on_one = restore(self, target)
+            diffs = max_diffs(want, flat_params(on_one.state.params))
+            probe["restored_on_one_device"] = [on_one.step, max(diffs.values()), len(diffs)]
+        return got
+
+    placement.OnMesh.rows, trainer._Output.read = spy_rows, spy_read
+    checkpoint.CheckpointManager.save = spy_save
+    checkpoint.CheckpointManager.restore_latest = spy_restore
+    probe.update(process_count=jax.process_count(), local_devices=jax.local_device_count())
+    return probe
+
+
+class _ProgramCounter:
+    """Counts executables made while ``active``: XLA compiles and loads from the persistent
+    compilation cache (a program jit did not hold in memory either way)."""
+
+    EVENTS = (
+        "/jax/core/compile/backend_compile_duration",
+        "/jax/compilation_cache/cache_retrieval_time_sec",
+    )
+
+    def __init__(self):
+        import jax
+
+        self.count, self.active = 0, False
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, event, duration, **kwargs):
+        if self.active and event in self.EVENTS:
+            self.count += 1
+
+
+def _write_probe(probe: dict, path: str) -> None:
+    import jax
+    import numpy as np
+
+    counter, saved = probe.pop("counter"), probe.pop("saved")
+    probe["programs_made_after_first_save"] = counter.count
+    if saved is not None:
+        probe["saved_step"] = saved[0]
+        if jax.process_index() == 0:
+            np.savez(path + ".npz", **saved[1])
+    with open(path, "w") as f:
+        json.dump(probe, f)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@
 # process fails, and kills the others.
 #
 # Examples:
-#   # 2 processes x 2 CPU devices: the multi-process RL smoke test (4-device mesh)
-#   experiments/launch/launch_local.sh 2 --cpu 2 -- python -m tests.multiprocess_worker \
-#       --num-processes 2 --mesh fsdp=2,tensor=2 --ckpt /tmp/fp8rl_mp_ckpt
+#   # 2 processes x 2 CPU devices: the multi-process trainer smoke run (4-device mesh)
+#   experiments/launch/launch_local.sh 2 --cpu 2 -- python -m tests.trainer_sharded_worker \
+#       --devices 2 --mesh data=2,fsdp=2 --set trainer.run_dir=/tmp/fp8rl_mp_run
 #   # 8 GPUs, one process each, the multi-host entry point:
 #   experiments/launch/launch_local.sh 8 -- python experiments/launch/train_multihost.py \
 #       --config=experiments/configs/qwen3_8b_multihost.py
