@@ -31,7 +31,11 @@ class SingleDevice:
         return contextlib.nullcontext()
 
     def restore_target(self, abstract_state):
-        return abstract_state
+        """Every leaf on this one device: a checkpoint a mesh saved restores here too (orbax
+        needs a target sharding for arrays saved sharded)."""
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one),
+                            abstract_state)  # fmt: skip
 
     def place_state(self, state):
         return state
