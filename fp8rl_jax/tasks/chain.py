@@ -1,0 +1,70 @@
+"""A long-response task: repeated subtraction written out step by step (issue 24, item 3).
+
+``ch:0347-7=`` -> ``0340,0333,...,0004``: subtract the stride k from n until the next step would
+go below zero, writing every intermediate value zero-padded to ``width`` digits. The response has
+``steps * (width + 1) - 1`` characters, so ``min_steps`` / ``max_steps`` set the response length
+(e.g. width 3, 25-75 steps: 99-299 tokens). Every value is a function of the previous one and k,
+so a tiny model learns it from a short warm start, and one wrong step anywhere makes the whole
+chain wrong: errors compound with length, as in long chain-of-thought answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import ClassVar
+
+import numpy as np
+
+from fp8rl_jax.tasks.base import Example, GeneratedTask, Grade
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainTask(GeneratedTask):
+    """Written repeated subtraction: ``ch:<n>-<k>=`` -> ``n-k,n-2k,...,n mod k`` (fixed width)."""
+
+    min_steps: int = 25  # fewest subtractions (values written) per problem
+    max_steps: int = 75  # most subtractions per problem
+    width: int = 3  # digits per value (zero-padded); n < 10**width
+    max_stride: int = 9  # k is uniform in [1, max_stride] (one digit)
+
+    name: ClassVar[str] = "chain"
+    prefix: ClassVar[str] = "ch"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(
+                f"chain: need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}"
+            )
+        if not 1 <= self.max_stride <= 9:
+            raise ValueError(f"chain.max_stride must be in [1, 9], got {self.max_stride}")
+        if (self.max_steps + 1) * self.max_stride > 10**self.width:
+            raise ValueError(
+                f"chain: (max_steps + 1) * max_stride = {(self.max_steps + 1) * self.max_stride} "
+                f"does not fit width={self.width} digits"
+            )
+
+    def response_length(self, steps: int) -> int:
+        """Characters of a chain of ``steps`` values (EOS not counted)."""
+        return steps * (self.width + 1) - 1
+
+    def _generate(self, rng: np.random.Generator) -> Example:
+        steps = int(rng.integers(self.min_steps, self.max_steps + 1))
+        k = int(rng.integers(1, self.max_stride + 1))
+        n = steps * k + int(rng.integers(0, k))  # exactly `steps` subtractions stay >= 0
+        return Example(
+            prompt=f"{self.prefix}:{n:0{self.width}d}-{k}=",
+            answer=chain_answer(n, k, self.width),
+            meta={"n": n, "k": k, "steps": steps},
+        )
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        text = completion.strip()
+        well_formed = re.fullmatch(rf"\d{{{self.width}}}(,\d{{{self.width}}})*", text) is not None
+        return Grade(correct=text == example.answer, well_formed=well_formed)
+
+
+def chain_answer(n: int, k: int, width: int) -> str:
+    """``n-k, n-2k, ...`` while >= 0, each zero-padded to ``width`` digits, comma-separated."""
+    return ",".join(f"{v:0{width}d}" for v in range(n - k, -1, -k))
