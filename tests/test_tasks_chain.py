@@ -60,3 +60,20 @@ def test_chain_from_task_spec():
     assert isinstance(task, ChainTask) and (task.min_steps, task.max_steps) == (4, 6)
     assert task.max_stride == 2
     assert get_task("chain").max_steps == 75
+
+
+def test_chain_partial_credit_by_hand():
+    task = ChainTask(min_steps=4, max_steps=4, partial_credit=0.5, format_reward=0.1)
+    ex = task.sample(0)
+    values = ex.answer.split(",")  # 4 values
+    two_right = ",".join([*values[:2], "999", values[3]])
+    g = task.grade(ex, two_right)
+    assert not g.correct and g.well_formed and g.prefix == 0.5
+    assert task.reward(ex, two_right) == 0.5 * 0.5
+    assert task.reward(ex, ",".join(values[:3])) == 0.5 * 0.75  # stopped one value early
+    assert task.reward(ex, "999") == 0.1  # no right prefix: the format reward
+    assert task.reward(ex, ex.answer + ",000") == 0.5  # all values then one too many: not correct
+    assert task.reward(ex, ex.answer) == 1.0
+    assert ChainTask(format_reward=0.0).reward(ex, two_right) == 0.0  # partial_credit=0
+    with pytest.raises(ValueError, match="partial_credit"):
+        ChainTask(partial_credit=1.0)

@@ -27,6 +27,7 @@ class ChainTask(GeneratedTask):
     max_steps: int = 75  # most subtractions per problem
     width: int = 3  # digits per value (zero-padded); n < 10**width
     max_stride: int = 9  # k is uniform in [1, max_stride] (one digit)
+    partial_credit: float = 0.0  # a wrong chain earns this x (share of leading values right)
 
     name: ClassVar[str] = "chain"
     prefix: ClassVar[str] = "ch"
@@ -39,6 +40,8 @@ class ChainTask(GeneratedTask):
             )
         if not 1 <= self.max_stride <= 9:
             raise ValueError(f"chain.max_stride must be in [1, 9], got {self.max_stride}")
+        if not 0.0 <= self.partial_credit < 1.0:
+            raise ValueError(f"chain.partial_credit must be in [0, 1), got {self.partial_credit}")
         if (self.max_steps + 1) * self.max_stride > 10**self.width:
             raise ValueError(
                 f"chain: (max_steps + 1) * max_stride = {(self.max_steps + 1) * self.max_stride} "
@@ -59,10 +62,28 @@ class ChainTask(GeneratedTask):
             meta={"n": n, "k": k, "steps": steps},
         )
 
-    def grade(self, example: Example, completion: str) -> Grade:
+    def grade(self, example: Example, completion: str) -> ChainGrade:
         text = completion.strip()
         well_formed = re.fullmatch(rf"\d{{{self.width}}}(,\d{{{self.width}}})*", text) is not None
-        return Grade(correct=text == example.answer, well_formed=well_formed)
+        want, got = example.answer.split(","), text.split(",")
+        right = next(
+            (i for i, (w, g) in enumerate(zip(want, got)) if w != g), min(len(want), len(got))
+        )
+        return ChainGrade(
+            correct=text == example.answer, well_formed=well_formed, prefix=right / len(want)
+        )
+
+    def reward_of(self, grade: Grade) -> float:
+        """1.0 if correct, else the larger of the format reward and partial_credit x prefix."""
+        partial = self.partial_credit * getattr(grade, "prefix", 0.0)
+        return 1.0 if grade.correct else max(super().reward_of(grade), partial)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainGrade(Grade):
+    """A chain's grade, with the share of the answer's values that the completion starts with."""
+
+    prefix: float = 0.0  # leading values equal to the answer's / values in the answer
 
 
 def chain_answer(n: int, k: int, width: int) -> str:

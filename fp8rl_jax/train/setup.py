@@ -63,7 +63,10 @@ def build_task(spec: TaskSpec, hf_checkpoint: str = ""):
         kwargs["digits"] = spec.digits
     elif spec.name == "chain":
         kwargs |= dict(
-            min_steps=spec.min_steps, max_steps=spec.max_steps, max_stride=spec.max_stride
+            min_steps=spec.min_steps,
+            max_steps=spec.max_steps,
+            max_stride=spec.max_stride,
+            partial_credit=spec.partial_credit,
         )
     tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else CharTokenizer()
     return get_task(spec.name, **kwargs), tokenizer
