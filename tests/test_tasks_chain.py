@@ -3,6 +3,7 @@
 import pytest
 
 from fp8rl_jax.tasks import ChainTask, CharTokenizer, chain_answer, get_task
+from fp8rl_jax.tasks.chain import right_steps
 from fp8rl_jax.train.experiment import TaskSpec
 from fp8rl_jax.train.setup import build_task
 
@@ -62,18 +63,29 @@ def test_chain_from_task_spec():
     assert get_task("chain").max_steps == 75
 
 
+def test_right_steps_by_hand():
+    # ch:037-8= -> 029,021,013,005
+    assert right_steps("029,021,013,005", 37, 8, 3, 4) == 4
+    assert right_steps("029,022,014,005", 37, 8, 3, 4) == 2  # 022 wrong, 014 = 022 - 8 right
+    assert right_steps("028,020,012,004", 37, 8, 3, 4) == 3  # only the first step is wrong
+    assert right_steps("029,21,013,005", 37, 8, 3, 4) == 2  # "21" is no value; 013 has no base
+    assert right_steps("029,021,013,005,-03", 37, 8, 3, 4) == 4  # past the answer: ignored
+    assert right_steps("", 37, 8, 3, 4) == 0
+
+
 def test_chain_partial_credit_by_hand():
     task = ChainTask(min_steps=4, max_steps=4, partial_credit=0.5, format_reward=0.1)
     ex = task.sample(0)
+    n, k = ex.meta["n"], ex.meta["k"]
     values = ex.answer.split(",")  # 4 values
-    two_right = ",".join([*values[:2], "999", values[3]])
-    g = task.grade(ex, two_right)
-    assert not g.correct and g.well_formed and g.prefix == 0.5
-    assert task.reward(ex, two_right) == 0.5 * 0.5
+    one_slip = ",".join([values[0], f"{n - 2 * k + 1:03d}", f"{n - 3 * k + 1:03d}", values[3]])
+    g = task.grade(ex, one_slip)  # steps 1 and 4 wrong, 2 and 3 right
+    assert not g.correct and g.well_formed and g.steps == 0.5
+    assert task.reward(ex, one_slip) == 0.5 * 0.5
     assert task.reward(ex, ",".join(values[:3])) == 0.5 * 0.75  # stopped one value early
-    assert task.reward(ex, "999") == 0.1  # no right prefix: the format reward
+    assert task.reward(ex, "999") == 0.1  # no right step: the format reward
     assert task.reward(ex, ex.answer + ",000") == 0.5  # all values then one too many: not correct
     assert task.reward(ex, ex.answer) == 1.0
-    assert ChainTask(format_reward=0.0).reward(ex, two_right) == 0.0  # partial_credit=0
+    assert ChainTask(format_reward=0.0).reward(ex, one_slip) == 0.0  # partial_credit=0
     with pytest.raises(ValueError, match="partial_credit"):
         ChainTask(partial_credit=1.0)

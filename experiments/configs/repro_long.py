@@ -4,7 +4,7 @@ Parent: tiny.py (itself base.py). Pass the arm after a colon, e.g.
 ``--config=experiments/configs/repro_long.py:fp8_tis``. Changes from tiny.py: the task is
 ``chain`` (written repeated subtraction, 4 tokens per step; ``task.min_steps``..``max_steps`` set
 the response length, here MIN_STEPS..MAX_STEPS steps = RESPONSE_TOKENS), the rollout budget fits
-the longest chain + EOS, wrong chains earn PARTIAL_CREDIT x their right prefix, the
+the longest chain + EOS, wrong chains earn PARTIAL_CREDIT x their share of right steps, the
 rollout runs on ENGINE, and the run length is set here once for the
 sweep. The sweep varies only ``trainer.seed`` (model init, SFT, sampling). Arms:
   bf16_none      BF16 rollout, no correction                             [E1 baseline]
@@ -32,7 +32,7 @@ MAX_STRIDE = 9  # stride k in [1, 9]
 RESPONSE_TOKENS = 4 * MAX_STEPS  # 3-digit values + commas (4 * steps - 1) and EOS
 ENGINE = "paged"  # the paged engine runs on CPU at these sizes (pilot in REPORT.md)
 PAGE_SIZE = 32  # tokens per KV page
-PARTIAL_CREDIT = 0.5  # a wrong chain earns 0.5 x its share of right leading values
+PARTIAL_CREDIT = 0.5  # a wrong chain earns 0.5 x its share of right steps
 SFT_STEPS = 300  # warm start: greedy held-out accuracy off zero, far from 1 (pilot)
 SFT_BATCH = 32  # demonstrations per SFT step
 RL_STEPS = 60  # per run (pilot: REPORT.md, "How it was run")

@@ -27,7 +27,7 @@ class ChainTask(GeneratedTask):
     max_steps: int = 75  # most subtractions per problem
     width: int = 3  # digits per value (zero-padded); n < 10**width
     max_stride: int = 9  # k is uniform in [1, max_stride] (one digit)
-    partial_credit: float = 0.0  # a wrong chain earns this x (share of leading values right)
+    partial_credit: float = 0.0  # a wrong chain earns this x (share of right steps)
 
     name: ClassVar[str] = "chain"
     prefix: ClassVar[str] = "ch"
@@ -65,25 +65,37 @@ class ChainTask(GeneratedTask):
     def grade(self, example: Example, completion: str) -> ChainGrade:
         text = completion.strip()
         well_formed = re.fullmatch(rf"\d{{{self.width}}}(,\d{{{self.width}}})*", text) is not None
-        want, got = example.answer.split(","), text.split(",")
-        right = next(
-            (i for i, (w, g) in enumerate(zip(want, got)) if w != g), min(len(want), len(got))
-        )
+        n_values = len(example.answer.split(","))
+        right = right_steps(text, example.meta["n"], example.meta["k"], self.width, n_values)
         return ChainGrade(
-            correct=text == example.answer, well_formed=well_formed, prefix=right / len(want)
+            correct=text == example.answer, well_formed=well_formed, steps=right / n_values
         )
 
     def reward_of(self, grade: Grade) -> float:
-        """1.0 if correct, else the larger of the format reward and partial_credit x prefix."""
-        partial = self.partial_credit * getattr(grade, "prefix", 0.0)
+        """1.0 if correct, else the larger of the format reward and partial_credit x steps."""
+        partial = self.partial_credit * getattr(grade, "steps", 0.0)
         return 1.0 if grade.correct else max(super().reward_of(grade), partial)
 
 
 @dataclasses.dataclass(frozen=True)
 class ChainGrade(Grade):
-    """A chain's grade, with the share of the answer's values that the completion starts with."""
+    """A chain's grade, with the share of right subtraction steps."""
 
-    prefix: float = 0.0  # leading values equal to the answer's / values in the answer
+    steps: float = 0.0  # right steps among the first values / values in the answer
+
+
+def right_steps(text: str, n: int, k: int, width: int, n_values: int) -> int:
+    """Steps i < n_values whose value v_i is ``width`` digits and v_i = v_{i-1} − k (v_{-1} = n).
+
+    Each step is judged from the value written before it, so one slip costs one step, not the
+    rest of the chain (dense credit for GRPO); values past the answer's count are ignored.
+    """
+    prev, right = n, 0
+    for token in text.split(",")[:n_values]:
+        value = int(token) if len(token) == width and token.isdigit() else None
+        right += value is not None and value == prev - k
+        prev = value if value is not None else -(10**width)
+    return right
 
 
 def chain_answer(n: int, k: int, width: int) -> str:
