@@ -61,8 +61,15 @@ def arm_config(arm: str, seed: int, out: str, steps: int | None, quick: bool):
     return c
 
 
-def run_sweep(arms, seeds, out: str, steps: int | None, quick: bool, keep_checkpoints: bool):
-    """Runs every (arm, seed) without summary.json, one at a time; returns runs done now."""
+def run_sweep(
+    arms, seeds, out: str, steps: int | None, quick: bool, keep_checkpoints: bool,
+    config_fn=None,
+):  # fmt: skip
+    """Runs every (arm, seed) without summary.json, one at a time; returns runs done now.
+
+    ``config_fn(arm, seed, out, steps, quick)``: the run's config (default: this sweep's).
+    """
+    config_fn = config_fn or arm_config
     import jax
 
     from fp8rl_jax.train.experiment import experiment_from_config
@@ -78,7 +85,7 @@ def run_sweep(arms, seeds, out: str, steps: int | None, quick: bool, keep_checkp
         if os.path.exists(os.path.join(rd, "summary.json")):
             print(f"[{i}/{len(todo)}] {arm} seed={seed}: done before, skipped", flush=True)
             continue
-        config = arm_config(arm, seed, out, steps, quick)
+        config = config_fn(arm, seed, out, steps, quick)
         exp = experiment_from_config(config)
         os.makedirs(rd, exist_ok=True)
         write_resolved_config(rd, config)

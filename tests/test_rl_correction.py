@@ -247,3 +247,36 @@ def test_rs_bounds_default_to_reciprocal():
     assert RolloutCorrectionConfig(rs_upper=4.0).rs_bounds == (0.25, 4.0)
     assert RolloutCorrectionConfig(rs_upper=1.001, rs_lower=0.999).rs_bounds == (0.999, 1.001)
     assert math.isclose(1.0 / RolloutCorrectionConfig().rs_bounds[0], 2.0)
+
+
+def test_kl_by_length_by_hand():
+    from fp8rl_jax.rl.correction import kl_by_length, length_edges
+
+    assert length_edges(40) == (0, 32) and length_edges(32) == (0,)
+    assert length_edges(200) == (0, 32, 64, 128)
+    # Row 0: a prompt token, then 35 response tokens with d = 0.1 (positions 0..31) and d = 1.0
+    # (positions 32..34), then padding. Row 1: 3 response tokens with d = -0.2. Row 2: none.
+    T = 40
+    valid = np.zeros((3, T), bool)
+    valid[0, 1:36] = True
+    valid[1, :3] = True
+    diff = np.full((3, T), 7.0, np.float32)  # garbage outside the mask
+    diff[0, 1:33], diff[0, 33:36], diff[1, :3] = 0.1, 1.0, -0.2
+    m = jax.jit(kl_by_length)(jnp.asarray(np.where(valid, diff, 0.0)), jnp.asarray(valid))
+    assert set(m) == {f"{k}{a}" for k in ("kl_pos", "tokens_pos", "seq_kl_len", "seqs_len")
+                      for a in (0, 32)}  # fmt: skip
+    np.testing.assert_allclose(m["tokens_pos0"], 35)  # 32 + 3 tokens at positions < 32
+    np.testing.assert_allclose(m["kl_pos0"], (32 * 0.1 + 3 * -0.2) / 35, rtol=1e-6)
+    np.testing.assert_allclose(m["tokens_pos32"], 3)
+    np.testing.assert_allclose(m["kl_pos32"], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(m["seqs_len0"], 1)  # row 1 (length 3); the empty row 2 is no row
+    np.testing.assert_allclose(m["seq_kl_len0"], -0.6, rtol=1e-6)
+    np.testing.assert_allclose(m["seqs_len32"], 1)  # row 0 (length 35)
+    np.testing.assert_allclose(m["seq_kl_len32"], 32 * 0.1 + 3 * 1.0, rtol=1e-6)
+
+
+def test_rollout_correction_reports_kl_by_length():
+    _, _, m = correct()
+    np.testing.assert_allclose(m["kl_pos0"], m["kl"], rtol=1e-6)  # T=3: one bucket
+    np.testing.assert_allclose(m["seq_kl_len0"], -np.mean(np.log(SEQ_RHO)), rtol=1e-5)
+    assert float(m["tokens_pos0"]) == 5 and float(m["seqs_len0"]) == 2

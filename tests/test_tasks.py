@@ -17,7 +17,7 @@ from fp8rl_jax.tasks import (
     score_completions,
 )
 
-GENERATED = ["addition", "multiplication", "countdown", "reverse", "sort"]
+GENERATED = ["addition", "multiplication", "countdown", "reverse", "sort", "chain"]
 
 
 # --- tokenizer ---------------------------------------------------------------------------------

@@ -168,6 +168,7 @@ def mismatch_metrics(logp_old_BT, logp_rollout_BT, mask_BT, weights_BT, keep_BT,
     with Bessel's correction as ``torch.std`` in veRL: sqrt(Σ (d − d̄)² / (N − 1)), 0 for N <= 1
     (torch gives NaN there);
     probs_pearson = corr(p_roll, p_old) (0 when either has zero variance).
+    Per length bucket (``kl_by_length``): kl_pos{a}, tokens_pos{a}, seq_kl_len{a}, seqs_len{a}.
     Every metric is a finite fp32 scalar, 0 when the mask is empty (denominators are guarded).
     """
     f32 = jnp.float32
@@ -210,7 +211,43 @@ def mismatch_metrics(logp_old_BT, logp_rollout_BT, mask_BT, weights_BT, keep_BT,
     }
     metrics |= _weight_stats(weights_BT, valid_BT, keep_BT)
     metrics |= _prob_stats(jnp.exp(logp_old_BT), jnp.exp(logp_rollout_BT), valid_BT)
+    metrics |= kl_by_length(diff_BT, valid_BT)
     return jax.lax.stop_gradient(metrics)
+
+
+def length_edges(max_len: int) -> tuple[int, ...]:
+    """Bucket starts 0, 32, 64, 128, ... below ``max_len`` (the ``kl_by_length`` buckets)."""
+    edges, e = [0], 32
+    while e < max_len:
+        edges.append(e)
+        e *= 2
+    return tuple(edges)
+
+
+def kl_by_length(diff_BT, valid_BT):
+    """Mismatch KL per response-position bucket and per response-length bucket.
+
+    With d_t = lp_roll − lp_old, p_t the index of token t in its response (0 first) and n_b the
+    response length of row b, for each bucket [a, a') of ``length_edges(T)`` (last: [a, ∞)):
+    kl_pos{a} = mean d_t over valid tokens with a <= p_t < a'  (does the per-token mismatch grow
+    along the response?), tokens_pos{a} = their count; seq_kl_len{a} = mean Σ_t d_t over rows with
+    a <= n_b < a' (the sequence log-ratio, which grows with length), seqs_len{a} = their count.
+    An empty bucket gives 0 with count 0; weight by the counts when averaging over steps.
+    """
+    f32 = jnp.float32
+    edges = length_edges(diff_BT.shape[-1])
+    pos_BT = jnp.cumsum(valid_BT.astype(jnp.int32), axis=-1) - 1
+    len_B = jnp.sum(valid_BT.astype(jnp.int32), axis=-1)
+    seq_kl_B = jnp.sum(jnp.where(valid_BT, diff_BT, 0.0), axis=-1)
+    out = {}
+    for a, b in zip(edges, (*edges[1:], None), strict=True):
+        in_tok_BT = valid_BT & (pos_BT >= a) & (True if b is None else pos_BT < b)
+        in_seq_B = (len_B >= max(a, 1)) & (True if b is None else len_B < b)
+        out[f"kl_pos{a}"] = masked_mean(diff_BT, in_tok_BT)
+        out[f"tokens_pos{a}"] = jnp.sum(in_tok_BT.astype(f32))
+        out[f"seq_kl_len{a}"] = masked_mean(seq_kl_B, in_seq_B)
+        out[f"seqs_len{a}"] = jnp.sum(in_seq_B.astype(f32))
+    return out
 
 
 def _masked_max(x_BT, valid_BT):

@@ -16,6 +16,7 @@ from fp8rl_jax.tasks.batch import (
     make_prompt_batch,
     score_completions,
 )
+from fp8rl_jax.tasks.chain import ChainTask, chain_answer
 from fp8rl_jax.tasks.countdown import CountdownTask, grade_countdown, parse_arithmetic
 from fp8rl_jax.tasks.datasets import (
     DATA_FORMATS,
@@ -44,7 +45,15 @@ from fp8rl_jax.tasks.verifiers import (
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls
-    for cls in (AdditionTask, MultiplicationTask, CountdownTask, ReverseTask, SortTask, MathTask)
+    for cls in (
+        AdditionTask,
+        MultiplicationTask,
+        CountdownTask,
+        ReverseTask,
+        SortTask,
+        ChainTask,
+        MathTask,
+    )
 }
 
 
@@ -67,6 +76,7 @@ __all__ = [
     "VERIFIERS",
     "VERL_FIELDS",
     "AdditionTask",
+    "ChainTask",
     "CharTokenizer",
     "CountdownTask",
     "DataFields",
@@ -84,6 +94,7 @@ __all__ = [
     "SortTask",
     "Task",
     "answers_match",
+    "chain_answer",
     "chat_prompt",
     "extract_final_answer",
     "get_task",

@@ -102,6 +102,10 @@ class TaskSpec:
     digits: int = 2  # arithmetic tasks: operand digits
     seed: int = 0  # problem generator seed
     format_reward: float = 0.0  # reward for a well-formed but wrong answer
+    min_steps: int = 25  # chain task: fewest subtractions written (response length knob)
+    max_steps: int = 75  # chain task: most subtractions written (3-digit values: 4 tokens each)
+    max_stride: int = 9  # chain task: the stride k is uniform in [1, max_stride]
+    partial_credit: float = 0.0  # chain task: a wrong chain's reward per share of right steps
     jsonl_path: str = ""  # math task: local data file, JSONL or (veRL) parquet
     eval_jsonl_path: str = ""  # math task: held-out file; "" = hold out eval_fraction of train
     eval_fraction: float = 0.1  # math task without an eval file: share of questions held out

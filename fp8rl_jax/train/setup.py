@@ -61,6 +61,13 @@ def build_task(spec: TaskSpec, hf_checkpoint: str = ""):
     kwargs = {"seed": spec.seed, "format_reward": spec.format_reward}
     if spec.name in ("addition", "multiplication"):
         kwargs["digits"] = spec.digits
+    elif spec.name == "chain":
+        kwargs |= dict(
+            min_steps=spec.min_steps,
+            max_steps=spec.max_steps,
+            max_stride=spec.max_stride,
+            partial_credit=spec.partial_credit,
+        )
     tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else CharTokenizer()
     return get_task(spec.name, **kwargs), tokenizer
 
