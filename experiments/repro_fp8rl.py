@@ -130,11 +130,16 @@ def _write_sweeps(out: str, sweeps: list[dict]) -> None:
         json.dump(sweeps, f, indent=1)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT})")
-    p.add_argument("--arms", default=None, help=f"comma list of {tuple(repro.ARMS)}")
-    p.add_argument("--seeds", type=int, default=5, help="trainer.seed = 0 .. N-1")
+def sweep_cli(argv, *, script: str, description: str, all_arms, quick_arms, default_seeds: int,
+              default_out: str, quick_out: str, sweep):  # fmt: skip
+    """The sweep drivers' shared command line: parses ``argv``, picks the arms, seeds and output
+    folder, and unless ``--report-only`` runs ``sweep(arms, seeds, out, args)`` (returns the runs
+    done) between a start and an end record in ``<out>/SWEEP_FILE``. Returns
+    ``(args, arms, seeds, out, command)``; the caller writes its report."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", default=None, help=f"output folder (default {default_out})")
+    p.add_argument("--arms", default=None, help=f"comma list of {tuple(all_arms)}")
+    p.add_argument("--seeds", type=int, default=default_seeds, help="trainer.seed = 0 .. N-1")
     p.add_argument("--steps", type=int, default=None, help="RL steps per run (default: config)")
     p.add_argument("--quick", action="store_true", help="smoke check: 2 arms, 1 seed, 2 steps")
     p.add_argument("--report-only", action="store_true", help="only redraw REPORT.md and PNGs")
@@ -142,36 +147,39 @@ def main(argv=None) -> int:
         "--keep-checkpoints", action="store_true", help="keep checkpoints/ and tensorboard/"
     )
     args = p.parse_args(argv)
-
-    if args.quick:
-        arms = list(QUICK_ARMS)
-        seeds = [0]
-        out = args.out or "runs/repro_quick"
-    else:
-        arms = list(repro.ARMS)
-        seeds = list(range(args.seeds))
-        out = args.out or DEFAULT_OUT
+    arms = list(quick_arms if args.quick else all_arms)
+    seeds = [0] if args.quick else list(range(args.seeds))
+    out = args.out or (quick_out if args.quick else default_out)
     if args.arms:
         arms = args.arms.split(",")
-        bad = [a for a in arms if a not in repro.ARMS]
+        bad = [a for a in arms if a not in all_arms]
         if bad:
-            p.error(f"unknown arms {bad}; expected some of {tuple(repro.ARMS)}")
+            p.error(f"unknown arms {bad}; expected some of {tuple(all_arms)}")
     os.makedirs(out, exist_ok=True)
-    command = ".venv/bin/python experiments/repro_fp8rl.py " + " ".join(
+    command = f".venv/bin/python experiments/{script} " + " ".join(
         a for a in (argv if argv is not None else sys.argv[1:]) if a != "--report-only"
     )
-
     if not args.report_only:
         sweeps = read_sweeps(out)
         record = {"argv": command.strip(), "start": _now()}
         sweeps.append(record)
         _write_sweeps(out, sweeps)
-        record["runs_done"] = run_sweep(
-            arms, seeds, out, args.steps, args.quick, args.keep_checkpoints
-        )
+        record["runs_done"] = sweep(arms, seeds, out, args)
         record["end"] = _now()
         _write_sweeps(out, sweeps)
-    path = write_report(out, arms, seeds, command.strip())
+    return args, arms, seeds, out, command.strip()
+
+
+def main(argv=None) -> int:
+    def sweep(arms, seeds, out, args):
+        return run_sweep(arms, seeds, out, args.steps, args.quick, args.keep_checkpoints)
+
+    _, arms, seeds, out, command = sweep_cli(
+        argv, script="repro_fp8rl.py", description=__doc__.split("\n\n")[0],
+        all_arms=repro.ARMS, quick_arms=QUICK_ARMS, default_seeds=5, default_out=DEFAULT_OUT,
+        quick_out="runs/repro_quick", sweep=sweep,
+    )  # fmt: skip
+    path = write_report(out, arms, seeds, command)
     print(f"report: {path}")
     return 0
 

@@ -17,7 +17,6 @@ Resumable as ``repro_fp8rl.py``: a run with ``<out>/runs/<arm>/seed<s>/summary.j
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import math
@@ -29,11 +28,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from experiments.configs import repro_long  # noqa: E402
-from experiments.repro_fp8rl import _now, _write_sweeps, run_sweep  # noqa: E402
+from experiments.repro_fp8rl import run_sweep, sweep_cli  # noqa: E402
 from experiments.repro_report import (  # noqa: E402
     _runs,
     read_run_metrics,
-    read_sweeps,
     run_dir,
     write_report,
 )
@@ -200,46 +198,22 @@ def header_lines() -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT})")
-    p.add_argument("--arms", default=None, help=f"comma list of {tuple(repro_long.ARMS)}")
-    p.add_argument("--seeds", type=int, default=3, help="trainer.seed = 0 .. N-1")
-    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default: config)")
-    p.add_argument("--quick", action="store_true", help="smoke check: 2 arms, 1 seed, 2 steps")
-    p.add_argument("--report-only", action="store_true", help="only redraw REPORT.md and PNGs")
-    p.add_argument(
-        "--keep-checkpoints", action="store_true", help="keep checkpoints/, tensorboard/"
-    )
-    args = p.parse_args(argv)
-
-    arms = list(QUICK_ARMS if args.quick else repro_long.ARMS)
-    seeds = [0] if args.quick else list(range(args.seeds))
-    out = args.out or ("runs/repro_long_quick" if args.quick else DEFAULT_OUT)
-    if args.arms:
-        arms = args.arms.split(",")
-        bad = [a for a in arms if a not in repro_long.ARMS]
-        if bad:
-            p.error(f"unknown arms {bad}; expected some of {tuple(repro_long.ARMS)}")
-    os.makedirs(out, exist_ok=True)
-    given = argv if argv is not None else sys.argv[1:]
-    command = ".venv/bin/python experiments/repro_long.py " + " ".join(
-        a for a in given if a != "--report-only"
-    )
-    if not args.report_only:
-        sweeps = read_sweeps(out)
-        record = {"argv": command.strip(), "start": _now()}
-        sweeps.append(record)
-        _write_sweeps(out, sweeps)
+    def sweep(arms, seeds, out, args):
         with SFTCache().patch() as cache:
-            record["runs_done"] = run_sweep(
+            done = run_sweep(
                 arms, seeds, out, args.steps, args.quick, args.keep_checkpoints, arm_config
             )
         print(f"SFT warm starts reused: {cache.hits}")
-        record["end"] = _now()
-        _write_sweeps(out, sweeps)
+        return done
+
+    args, arms, seeds, out, command = sweep_cli(
+        argv, script="repro_long.py", description=__doc__.split("\n\n")[0],
+        all_arms=repro_long.ARMS, quick_arms=QUICK_ARMS,
+        default_seeds=3, default_out=DEFAULT_OUT, quick_out="runs/repro_long_quick", sweep=sweep,
+    )  # fmt: skip
     eval_size = 8 if args.quick else repro_long.EVAL_SIZE
     path = write_report(
-        out, arms, seeds, command.strip(), header=header_lines(), eval_size=eval_size,
+        out, arms, seeds, command, header=header_lines(), eval_size=eval_size,
         sections=plot_length_curves(out, arms, seeds),
     )  # fmt: skip
     print(f"report: {path}")

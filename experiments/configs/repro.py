@@ -48,10 +48,15 @@ def get_config(arm: str = "fp8_tis"):
         c.model.num_experts = 4
     if fp8_kv:
         c.rollout.kv_cache_dtype = "float8_e4m3fn"
-    c.trainer.run_dir = f"runs/repro_{arm}"
-    c.trainer.steps = RL_STEPS
-    c.trainer.eval_every = EVAL_EVERY
-    c.trainer.eval_size = EVAL_SIZE
+    return sweep_trainer(c, f"runs/repro_{arm}", RL_STEPS, EVAL_EVERY, EVAL_SIZE)
+
+
+def sweep_trainer(c, run_dir: str, steps: int, eval_every: int, eval_size: int):
+    """A sweep run's trainer settings (repro.py, repro_long.py): ``c`` with them set."""
+    c.trainer.run_dir = run_dir
+    c.trainer.steps = steps
+    c.trainer.eval_every = eval_every
+    c.trainer.eval_size = eval_size
     c.trainer.checkpoint_every = 0  # the sweep resumes per run (summary.json), not mid-run
     c.trainer.keep_checkpoints = 1
     c.trainer.plots = False  # the sweep draws its own comparison plots

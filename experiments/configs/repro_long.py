@@ -16,6 +16,7 @@ sweep. The sweep varies only ``trainer.seed`` (model init, SFT, sampling). Arms:
 """
 
 from experiments.configs import tiny
+from experiments.configs.repro import sweep_trainer
 
 # arm -> (tiny.py arm, rl.train_precision)
 ARMS = {
@@ -60,11 +61,4 @@ def get_config(arm: str = "fp8_tis"):
     c.sft.batch_size = SFT_BATCH
     c.rl.group_size = GROUP_SIZE
     c.trainer.prompts_per_step = PROMPTS_PER_STEP
-    c.trainer.run_dir = f"runs/repro_long_{arm}"
-    c.trainer.steps = RL_STEPS
-    c.trainer.eval_every = EVAL_EVERY
-    c.trainer.eval_size = EVAL_SIZE
-    c.trainer.checkpoint_every = 0  # the sweep resumes per run (summary.json), not mid-run
-    c.trainer.keep_checkpoints = 1
-    c.trainer.plots = False  # the sweep draws its own comparison plots
-    return c
+    return sweep_trainer(c, f"runs/repro_long_{arm}", RL_STEPS, EVAL_EVERY, EVAL_SIZE)
