@@ -178,22 +178,26 @@ def test_rl_step_trains_with_fp8_rollout_precision():
     assert all(d > 0 for d in jax.tree.leaves(deltas)), deltas
 
 
-def test_fp8_backward_gradients_are_close_to_the_bf16_backward():
-    """``rl.fp8_backward``: the same straight-through gradients, from FP8 dgrad/wgrad GEMMs."""
-    params, ro_cfg, kv = _setup(TINY_MODEL, "static")
+@pytest.mark.parametrize(
+    "model_cfg,leaf", [(TINY_MODEL, ("mlp", "w_up")), (MOE, ("mlp", "w_up"))], ids=["dense", "moe"]
+)
+def test_fp8_backward_gradients_are_close_to_the_bf16_backward(model_cfg, leaf):
+    """``rl.fp8_backward``: the same straight-through gradients, from FP8 dgrad/wgrad GEMMs (MoE:
+    the expert stacks' grouped FP8 backward, ``fp8_train_matmul.grouped``)."""
+    params, ro_cfg, kv = _setup(model_cfg, "static")
     fp8_bwd = RLConfig(group_size=2, train_precision="fp8_rollout", fp8_backward=True)
 
     def objective(p, rl_cfg):
         prompts, tokens, pos, seg = _sequences()
-        weights, kv_quant = policy_weights(p, StepConfig(TINY_MODEL, ro_cfg, rl_cfg), kv)
+        weights, kv_quant = policy_weights(p, StepConfig(model_cfg, ro_cfg, rl_cfg), kv)
         scores = sequence_logprobs(
-            weights, tokens, pos, seg, TINY_MODEL, ro_cfg.sampling, kv_quant=kv_quant
+            weights, tokens, pos, seg, model_cfg, ro_cfg.sampling, kv_quant=kv_quant
         )
         return jnp.sum(scores.logp_BT * seg)
 
     g_bf16 = jax.grad(objective)(params, FP8)
     g_fp8 = jax.grad(objective)(params, fp8_bwd)
-    w_bf16 = g_bf16["layers"][0]["mlp"]["w_up"]
-    w_fp8 = g_fp8["layers"][0]["mlp"]["w_up"]
+    w_bf16 = g_bf16["layers"][0][leaf[0]][leaf[1]]
+    w_fp8 = g_fp8["layers"][0][leaf[0]][leaf[1]]
     rel = float(jnp.linalg.norm(w_fp8 - w_bf16) / jnp.linalg.norm(w_bf16))
     assert 1e-3 < rel < 0.15  # FP8 rounding of the backward operands, nothing more

@@ -1,5 +1,6 @@
 """FP8 training GEMMs: the rollout's W8A8 forward with straight-through BF16 or FP8 (DeepSeek-V3)
-backward GEMMs, beside a float64 reference (``reference.py``)."""
+backward GEMMs (``api.py``; MoE expert stacks: ``grouped.py``), beside a float64 reference
+(``reference.py``)."""
 
 from kernels_pallas.fp8_train_matmul.api import (
     BACKWARDS,
@@ -10,7 +11,15 @@ from kernels_pallas.fp8_train_matmul.api import (
     quantize_train_weight,
     transpose_weight,
 )
-from kernels_pallas.fp8_train_matmul.reference import train_matmul_grads_reference
+from kernels_pallas.fp8_train_matmul.grouped import (
+    grouped_fp8_grads,
+    quantize_token_groups,
+    token_tiles,
+)
+from kernels_pallas.fp8_train_matmul.reference import (
+    grouped_train_grads_reference,
+    train_matmul_grads_reference,
+)
 
 __all__ = [
     "BACKWARDS",
@@ -18,7 +27,11 @@ __all__ = [
     "bf16_grads",
     "fp8_grads",
     "fp8_train_matmul",
+    "grouped_fp8_grads",
+    "grouped_train_grads_reference",
+    "quantize_token_groups",
     "quantize_train_weight",
+    "token_tiles",
     "train_matmul_grads_reference",
     "transpose_weight",
 ]

@@ -4,6 +4,10 @@ Each case compiles ``(y, dx, dw)`` of one linear layer of a train step (``jax.vj
 forward and the dgrad through the target's ``fp8_matmul`` kernel (Mosaic GPU on H100, Mosaic
 TPU on v5e/v6e), the wgrad through ``fp8_matmul``'s XLA path (1D1D scaling), for the BF16 and
 the FP8 (DeepSeek-V3) backward. Token counts M are the rows of one training micro-batch.
+
+``GROUPED``: the MoE expert stacks of Qwen3-30B-A3B (E=128, top-8, D=2048, expert F=768) with the
+FP8 backward of ``grouped.py``: forward and dgrad through the target's ``grouped_fp8_matmul``
+kernel, wgrad in XLA (128-token tiles per expert), at the rows of a 4,096-token micro-batch.
 """
 
 from __future__ import annotations
@@ -14,7 +18,14 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas.aot import AotCase
-from kernels_pallas.fp8_train_matmul.api import TrainMatmulConfig, fp8_train_matmul
+from kernels_pallas.fp8_train_matmul.api import (
+    TrainMatmulConfig,
+    fp8_train_matmul,
+    quantize_train_weight,
+)
+from kernels_pallas.fp8_train_matmul.grouped import grouped_fp8_grads
+from kernels_pallas.grouped_fp8_matmul import grouped_fp8_matmul
+from kernels_pallas.quantize import quantize_activations
 
 # (model, layer, K, N, token counts M)
 LAYERS = (
@@ -24,6 +35,11 @@ LAYERS = (
 )
 KINDS = (("pallas_mosaic_gpu", "h100"), ("pallas_tpu", "v5e"), ("pallas_tpu", "v6e"))
 BACKWARDS = ("bf16", "fp8")
+# (model, layer, E, K, N of each stack, rows = tokens x top-k)
+GROUPED = (
+    ("Qwen3-30B-A3B", "experts gate+up", 128, 2048, (768, 768), 4096 * 8),
+    ("Qwen3-30B-A3B", "experts down", 128, 768, (2048,), 4096 * 8),
+)
 
 
 def train_gemms(x, w, dy, *, cfg: TrainMatmulConfig):
@@ -32,8 +48,33 @@ def train_gemms(x, w, dy, *, cfg: TrainMatmulConfig):
     return (y, *vjp(dy))
 
 
+def grouped_train_gemms(x, ws, dys, group_sizes_E, *, cfg: TrainMatmulConfig):
+    """``(y, dx, dws)`` of one expert stack set: the W8A8 grouped forward and its FP8 backward."""
+    ws_q = tuple(quantize_train_weight(w, cfg) for w in ws)
+    x_q = quantize_activations(x, 128, cfg.dtype)
+    y = grouped_fp8_matmul(x_q, ws_q if len(ws_q) > 1 else ws_q[0], group_sizes_E,
+                           out_dtype=x.dtype, impl=cfg.impl)  # fmt: skip
+    return (y, *grouped_fp8_grads(x, ws_q, dys, group_sizes_E, cfg))
+
+
+def _grouped_cases() -> list[AotCase]:
+    sds, bf16 = jax.ShapeDtypeStruct, jnp.bfloat16
+    out = []
+    for impl, target in KINDS:
+        for model, layer, e, k, ns, rows in GROUPED:
+            cfg = TrainMatmulConfig(backward="fp8", impl=impl)
+            ws = tuple(sds((e, k, n), bf16) for n in ns)
+            dys = tuple(sds((rows, n), bf16) for n in ns)
+            args = (sds((rows, k), bf16), ws, dys, sds((e,), jnp.int32))
+            n = "+".join(map(str, ns))
+            label = f"{model} {layer} E={e} K={k} N={n} rows={rows} (fp8 backward, grouped)"
+            fn = functools.partial(grouped_train_gemms, cfg=cfg)
+            out.append(AotCase("fp8_train_matmul", impl, target, label, fn, args))
+    return out
+
+
 def cases() -> list[AotCase]:
-    """Every (kernel, target) x layer x token count x backward."""
+    """Every (kernel, target) x layer x token count x backward, then the grouped experts."""
     sds, bf16 = jax.ShapeDtypeStruct, jnp.bfloat16
     out = []
     for impl, target in KINDS:
@@ -45,4 +86,4 @@ def cases() -> list[AotCase]:
                     label = f"{model} {layer} K={k} N={n} M={m} ({backward} backward)"
                     fn = functools.partial(train_gemms, cfg=cfg)
                     out.append(AotCase("fp8_train_matmul", impl, target, label, fn, args))
-    return out
+    return out + _grouped_cases()

@@ -36,3 +36,46 @@ def train_matmul_grads_reference(x_MK, w_KN, dy_MN, cfg):
     x_t = _f64(quantize_activations(x_MK.T, GROUP, cfg.dtype))  # [K, M]
     dy_t = _f64(quantize_blockwise(dy_MN.T, (1, GROUP), cfg.dtype))  # [N, M]
     return y, dx, x_t @ dy_t.T
+
+
+def _tiles_f64(a_RC: np.ndarray, group_sizes, dtype) -> np.ndarray:
+    """``a`` through FP8 in 128-token tiles restarting at every expert (float64 values x̂ · s)."""
+    from kernels_pallas.fp8_train_matmul.api import GROUP
+
+    out, start = np.zeros(a_RC.shape, np.float64), 0
+    for size in (int(g) for g in group_sizes):
+        for t in range(start, start + size, GROUP):
+            stop = min(t + GROUP, start + size)
+            # one tile [rows, C]: its transpose [C, rows] as one activation group per column
+            tile = quantize_activations(np.asarray(a_RC[t:stop].T, np.float32), stop - t, dtype)
+            out[t:stop] = _f64(tile).T
+        start += size
+    return out
+
+
+def grouped_train_grads_reference(x_RD, ws_EDF, dys_RF, group_sizes, cfg):
+    """``(dx, (dw_i, ...))`` in float64 for the FP8 backward of the grouped expert GEMM.
+
+    Row r of expert e(r) (rows sorted by expert, ``group_sizes`` rows each): ``dx_r = Σ_i
+    q₁ₓ₁₂₈(dy_i)_r · ŵ_{i,e(r)}`` (the forward's 128x128-block weights), ``dw_{i,e} = Σ_{r ∈ e}
+    q_t(x)_rᵀ · q_t(dy_i)_r`` with q_t the 128-token tiles of each expert's rows
+    (``kernels_pallas.fp8_train_matmul.grouped``). Rows past Σ sizes get dx = 0.
+    """
+    from kernels_pallas.fp8_train_matmul.api import GROUP, quantize_train_weight
+
+    sizes = [int(g) for g in group_sizes]
+    bounds = np.cumsum([0, *sizes])
+    x_hat = _tiles_f64(np.asarray(x_RD, np.float32), sizes, cfg.dtype)
+    dx = np.zeros(np.shape(x_RD), np.float64)
+    dws = []
+    for w, dy in zip(ws_EDF, dys_RF, strict=True):
+        w_q = _f64(quantize_train_weight(w, cfg))  # [E, F, D]
+        dy_q = _f64(quantize_activations(np.asarray(dy, np.float32), GROUP, cfg.dtype))
+        dy_t = _tiles_f64(np.asarray(dy, np.float32), sizes, cfg.dtype)
+        dw = np.zeros(np.shape(w), np.float64)
+        for e in range(len(sizes)):
+            a, b = bounds[e], bounds[e + 1]
+            dx[a:b] += dy_q[a:b] @ w_q[e]
+            dw[e] = x_hat[a:b].T @ dy_t[a:b]
+        dws.append(dw)
+    return dx, tuple(dws)
