@@ -126,7 +126,11 @@ def _grouped_bwd(cfg, res, dy):
     dys = jnp.split(dy, list(jnp.cumsum(jnp.array(splits))[:-1].tolist()), axis=-1)
     if cfg.backward == "fp8":  # DeepSeek-V3's FP8 dgrad / wgrad (fp8_train_matmul.grouped)
         dx, dws = grouped_fp8_grads(x, ws_q, tuple(dys), gs, cfg)
-        return dx.astype(x.dtype), tuple(d.astype(w.dtype) for d, w in zip(dws, ws, strict=True)), None
+        return (
+            dx.astype(x.dtype),
+            tuple(d.astype(w.dtype) for d, w in zip(dws, ws, strict=True)),
+            None,
+        )
     dx = jnp.zeros(x.shape, jnp.float32)
     dws = []
     for w, d in zip(ws, dys, strict=True):

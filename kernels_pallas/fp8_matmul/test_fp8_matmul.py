@@ -133,7 +133,7 @@ def _tol_bound(xq, wq, config, out_dtype, ref, hopper_device=False):
     operands; the Hopper kernel on a device its FP8 WGMMA accumulation
     (``hopper_fp8_numerics.DEVICE_REL``); a BF16 output adds its own rounding (2^-8 relative,
     covering a nearby f32)."""
-    from tests import hopper_fp8_numerics as hw
+    from kernels_pallas.fp8_matmul import hopper_fp8_numerics as hw
 
     xa = np.abs(np.asarray(dequantize(xq), np.float64))
     wa = np.abs(np.asarray(dequantize(wq), np.float64))
@@ -400,7 +400,7 @@ def test_device_tolerance_covers_emulated_hopper_accumulation():
     """The -m gpu tolerance (``hopper_fp8_numerics.device_bound``: 2^-11 of Σ|x̂ ŵ| s) holds for
     the emulated Hopper FP8 accumulation (14-bit block FMAs inside a 128-K step), with margin,
     where the old ``rtol=1e-4`` of |y| fails: it judged the hardware's documented rounding."""
-    from tests import hopper_fp8_numerics as hw
+    from kernels_pallas.fp8_matmul import hopper_fp8_numerics as hw
 
     _, _, xq, wq = _operands(64, 512, 128, seed=21)
     ops = _np_operands(xq, wq)
@@ -418,7 +418,7 @@ def test_device_tolerance_covers_emulated_hopper_accumulation():
 @pytest.mark.parametrize("m", [1, 16, 64, 512])
 def test_mosaic_gpu_kernel_on_hopper_real_shapes(m):
     """On the device: within the Hopper FP8 accumulation bound (``hopper_fp8_numerics``)."""
-    from tests import hopper_fp8_numerics as hw
+    from kernels_pallas.fp8_matmul import hopper_fp8_numerics as hw
 
     x, _, xq, wq = _operands(m, 4096, 1024, seed=11)
     ref = np.asarray(fp8_matmul_reference(xq, wq, out_dtype=jnp.float32))
