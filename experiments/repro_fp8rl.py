@@ -73,7 +73,6 @@ def run_sweep(
     import jax
 
     from fp8rl_jax.train.experiment import experiment_from_config
-    from fp8rl_jax.train.logging import write_resolved_config
     from fp8rl_jax.train.trainer import train
 
     # Seed-major: every arm gets seed 0 before any gets seed 1, so a cut-short sweep still
@@ -87,8 +86,7 @@ def run_sweep(
             continue
         config = config_fn(arm, seed, out, steps, quick)
         exp = experiment_from_config(config)
-        os.makedirs(rd, exist_ok=True)
-        write_resolved_config(rd, config)
+        os.makedirs(rd, exist_ok=True)  # the trainer records the resolved config.json
         t0 = time.perf_counter()
         summary = train(exp, progress=False)
         wall = time.perf_counter() - t0

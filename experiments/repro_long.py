@@ -30,7 +30,10 @@ import numpy as np  # noqa: E402
 from experiments.configs import repro_long  # noqa: E402
 from experiments.repro_fp8rl import run_sweep, sweep_cli  # noqa: E402
 from experiments.repro_report import (  # noqa: E402
+    _mean_std,
     _runs,
+    _series,
+    plot_arms,
     read_run_metrics,
     run_dir,
     write_report,
@@ -179,6 +182,61 @@ def plot_length_curves(out: str, arms, seeds) -> list[str]:
     return lines
 
 
+def reward_section(out: str, arms, seeds) -> list[str]:
+    """Held-out mean reward (exact chains 1, wrong ones partial credit x right steps): a table of
+    step 0, final and gain (each paired with ``bf16_none`` on the same seed) and its curve."""
+    runs = {arm: dict(_runs(out, arm, seeds)) for arm in arms}
+    series = {
+        arm: {s: _series(read_run_metrics(rd), "eval_reward") for s, rd in r.items()}
+        for arm, r in runs.items()
+    }
+    series = {arm: {s: v for s, v in d.items() if v} for arm, d in series.items()}
+    if not any(series.values()):
+        return []
+    title = "held-out mean reward (partial credit), mean ± std over seeds"
+    lines = [
+        "## Held-out mean reward",
+        "",
+        "Greedy held-out reward under the task's own reward (1 for an exact chain, else "
+        f"{repro_long.PARTIAL_CREDIT} x the share of right steps, at least the format reward): "
+        "a finer measure than exact match, whose few percent move by one problem in "
+        f"{repro_long.EVAL_SIZE}. `gain` = final − step 0; `gain vs BF16`: minus `bf16_none`'s "
+        "gain on the same seed. Mean ± sample std over seeds.",
+        "",
+        "| arm | seeds | step 0 | final | gain | gain vs BF16 (paired) |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def gain(d):
+        return d[max(d)] - d[min(d)]
+
+    base = series.get("bf16_none", {})
+    for arm, d in series.items():
+        if not d:
+            lines.append(f"| {arm} | 0 | - | - | - | - |")
+            continue
+        first, last = (
+            _mean_std([v[min(v)] for v in d.values()]),
+            _mean_std([v[max(v)] for v in d.values()]),
+        )
+        gains = _mean_std([gain(v) for v in d.values()])
+        paired = [gain(v) - gain(base[s]) for s, v in d.items() if s in base]
+        vs = (
+            "-"
+            if arm == "bf16_none" or not paired
+            else "{:+.3f} ± {:.3f}".format(*_mean_std(paired))
+        )
+        lines.append(
+            f"| {arm} | {len(d)} | {first[0]:.3f} ± {first[1]:.3f} | {last[0]:.3f} ± "
+            f"{last[1]:.3f} | {gains[0]:+.3f} ± {gains[1]:.3f} | {vs} |"
+        )
+    if plot_arms(
+        out, arms, "eval_reward", os.path.join(out, "eval_reward.png"), title, seeds=seeds
+    ):
+        lines += ["", f"![{title}](eval_reward.png)"]
+    return [*lines, ""]
+
+
 def header_lines() -> list[str]:
     rl = repro_long
     return [
@@ -214,7 +272,7 @@ def main(argv=None) -> int:
     eval_size = 8 if args.quick else repro_long.EVAL_SIZE
     path = write_report(
         out, arms, seeds, command, header=header_lines(), eval_size=eval_size,
-        sections=plot_length_curves(out, arms, seeds),
+        sections=reward_section(out, arms, seeds) + plot_length_curves(out, arms, seeds),
     )  # fmt: skip
     print(f"report: {path}")
     return 0

@@ -22,6 +22,7 @@ def test_arms_config():
     assert arms.get_config("fp8_mis").rl.correction.rs_level == "token"
     assert arms.get_config("fp8_none").rl.train_precision == "bf16"
     assert not arms.get_config("bf16_none").rollout.quant.enabled
+    assert (c.optim.lr, c.rl.num_minibatches, c.sft.steps) == (arms.LR, 1, arms.SFT_STEPS)
     with pytest.raises(ValueError, match="expected one of"):
         arms.get_config("fp4_tis")
 
@@ -53,10 +54,14 @@ def test_quick_sweep_writes_report_with_length_curves(tmp_path):
     assert repro_long.main(["--quick", f"--out={out}"]) == 0
     report = pathlib.Path(out, "REPORT.md").read_text()
     for arm in repro_long.QUICK_ARMS:
-        assert os.path.exists(os.path.join(repro_long.run_dir(out, arm, 0), "summary.json"))
+        rd = repro_long.run_dir(out, arm, 0)
+        assert os.path.exists(os.path.join(rd, "summary.json"))
+        assert not os.path.exists(os.path.join(rd, "config.1.json"))  # one config, the trainer's
         assert f"| {arm} | 1 |" in report
     assert "Missing runs" not in report and "## Mismatch vs response length" in report
-    for name in ("accuracy.png", "mismatch_kl.png", "kl_vs_position.png", "kl_vs_length.png"):
+    assert "## Held-out mean reward" in report
+    names = ("accuracy.png", "mismatch_kl.png", "kl_vs_position.png", "kl_vs_length.png")
+    for name in (*names, "eval_reward.png"):
         assert os.path.exists(os.path.join(out, name)), name
     stats = json.loads(pathlib.Path(out, "summary.json").read_text())
     assert stats["fp8_none"]["kl"][0] > stats["bf16_none"]["kl"][0]  # FP8 rollouts mismatch more

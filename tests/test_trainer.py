@@ -260,3 +260,35 @@ def test_export_hf_writes_the_trained_policy(env, reference, tmp_path):
     assert all(np.isfinite(np.asarray(w)).all() for w in jax.tree.leaves(weights))
     # SFT + RL moved the weights away from the initialization
     assert not np.allclose(weights["layers"][0]["mlp"]["w_up"], fresh["layers"][0]["mlp"]["w_up"])
+
+
+def test_held_out_eval_gives_exact_accuracy_and_the_tasks_mean_reward():
+    """``make_eval_fn``: greedy held-out (accuracy, mean reward), the reward with partial credit."""
+    import dataclasses
+
+    from fp8rl_jax.tasks import CharTokenizer
+    from fp8rl_jax.tasks.chain import ChainTask
+    from fp8rl_jax.train.experiment import Experiment
+
+    task, tok, prompt_len = (
+        ChainTask(min_steps=3, max_steps=3, partial_credit=0.5),
+        CharTokenizer(),
+        16,
+    )
+    exp = Experiment()
+    exp = dataclasses.replace(exp, trainer=dataclasses.replace(exp.trainer, eval_size=2))
+    run = trainer._Run(exp, task, tok, None, prompt_len)  # the model config is not read
+    ex0, ex1 = (task.sample(i, "eval") for i in range(2))
+    last = ex1.answer.split(",")
+    last[-1] = f"{(int(last[-1]) + 1) % 1000:03d}"  # the third of 3 values wrong: 2 right steps
+    completions = [ex0.answer, ",".join(last)]
+
+    def eval_generate(params, prompts, kv_scales):
+        width = max(len(c) for c in completions) + 1
+        rows = [tok.encode(c, add_eos=True) + [tok.pad_id] * width for c in completions]
+        return np.concatenate([np.asarray(prompts.tokens_BP), [r[:width] for r in rows]], axis=1)
+
+    state = type("State", (), {"params": None, "kv_scales": None})()
+    acc, reward = trainer.make_eval_fn(run, eval_generate)(state)
+    assert acc == 0.5
+    np.testing.assert_allclose(reward, (1.0 + 0.5 * 2 / 3) / 2, rtol=1e-6)  # > format_reward 0.1

@@ -113,7 +113,7 @@ def _install_probe(written: str | None) -> dict:
     def spy_read(self, p):
         row = {**p.rollout_metrics, **p.train_metrics}
         if p.eval_accuracy is not None:
-            row["eval_accuracy"] = p.eval_accuracy
+            row["eval_accuracy"], row["eval_reward"] = p.eval_accuracy, p.eval_reward
         probe["logged"].append({"step": p.step, **{k: float(v) for k, v in row.items()}})
         return read(self, p)
 

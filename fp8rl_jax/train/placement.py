@@ -63,9 +63,10 @@ class SingleDevice:
         """Device rewards of the global batch from this process's rows."""
         return jnp.asarray(rewards_B, jnp.float32)
 
-    def mean_over_rows(self, local_mean: float, n_local: int) -> float:
-        """The mean over all rows of a per-row quantity, from this process's mean of its rows."""
-        del n_local
+    def mean_over_rows(self, local_mean: float, n_local: int, *, counts: bool = True) -> float:
+        """The mean over all rows of a per-row quantity, from this process's mean of its rows
+        (``counts``: a 0/1 quantity, whose per-process sums are rounded to exact counts)."""
+        del n_local, counts
         return local_mean
 
     def all_rows(self, local_B: np.ndarray, n_rows: int, group_size: int) -> np.ndarray:
@@ -130,7 +131,7 @@ class OnMesh(SingleDevice):
         rewards_B = np.asarray(rewards_B, np.float32)
         return dist.global_batch(rewards_B, self._rows_sh(self.batch_rows), self.batch_rows)
 
-    def mean_over_rows(self, local_mean: float, n_local: int) -> float:
+    def mean_over_rows(self, local_mean: float, n_local: int, *, counts: bool = True) -> float:
         if jax.process_count() == 1:
             return local_mean
         from jax.experimental import multihost_utils
@@ -138,7 +139,7 @@ class OnMesh(SingleDevice):
         # Sums of exact per-row counts: every process gets the same float as one process would.
         sums = multihost_utils.process_allgather(np.array([local_mean * n_local, n_local]))
         total, rows = np.asarray(sums).reshape(-1, 2).sum(0)
-        return float(round(total)) / float(rows)
+        return (float(round(total)) if counts else float(total)) / float(rows)
 
     def all_rows(self, local_B, n_rows: int, group_size: int) -> np.ndarray:
         if jax.process_count() == 1:

@@ -121,24 +121,30 @@ class Pending:
     train_accuracy: float  # exact accuracy of the step's responses (host verifier)
     rollout_time_s: float  # previous train program done -> this rollout's tokens on the host
     eval_accuracy: float | None = None  # greedy held-out accuracy measured after the step
+    eval_reward: float | None = None  # mean held-out reward (the task's, partial credit included)
 
 
 def make_eval_fn(run: _Run, eval_generate: Callable):
-    """Greedy held-out accuracy of the policy as the rollout engine runs it (same precision);
-    ``eval_generate``: the ``eval`` program (``rl.Programs``)."""
+    """Greedy held-out (accuracy, mean reward) of the policy as the rollout engine runs it (same
+    precision); ``eval_generate``: the ``eval`` program (``rl.Programs``). The reward is the
+    task's (``partial_credit`` and ``format_reward`` included): a finer curve than exact match
+    when responses are long."""
     place, n = run.placement, run.exp.trainer.eval_size
 
-    def evaluate(state: TrainState) -> float:
+    def evaluate(state: TrainState) -> tuple[float, float]:
         rows = place.rows(n)  # this process's problems only
         batch = make_prompt_batch(
             run.task, run.tokenizer, range(rows.start, rows.stop), 1, run.prompt_len, split="eval"
         )
         prompts = place.prompts(batch.tokens_BP, batch.lens_B, n)
         tokens = place.local_tokens(eval_generate(state.params, prompts, state.kv_scales))
-        _, acc = score_completions(
+        rewards_B, acc = score_completions(
             run.task, batch.examples, _completions(run.tokenizer, tokens, run.prompt_len)
         )
-        return place.mean_over_rows(float(acc), len(batch.examples))
+        n_local = len(batch.examples)
+        reward = float(np.mean(rewards_B)) if n_local else 0.0
+        acc = place.mean_over_rows(float(acc), n_local)
+        return acc, place.mean_over_rows(reward, n_local, counts=False)
 
     return evaluate
 
@@ -321,6 +327,7 @@ class _Output:
         metrics = dict(p.rollout_metrics)
         if p.eval_accuracy is not None:
             metrics["eval_accuracy"] = self.eval_acc = p.eval_accuracy
+            metrics["eval_reward"] = p.eval_reward
         row = {k: float(v) for k, v in {**metrics, **p.train_metrics}.items()}
         row.update(train_accuracy=p.train_accuracy, rollout_time_s=p.rollout_time_s)
         self.logger.log(p.step, row)
@@ -352,8 +359,8 @@ def _run_steps(run: _Run, state, start, programs: Programs, ckpt, logger, progre
     out = _Output(logger, bar, ckpt, tc)
     run.stop.arm()  # from here a signal lets the step finish, then saves it
     if start == 0:
-        out.eval_acc = evaluate(state)
-        logger.log(0, {"eval_accuracy": out.eval_acc})
+        out.eval_acc, reward = evaluate(state)
+        logger.log(0, {"eval_accuracy": out.eval_acc, "eval_reward": reward})
     pending: Pending | None = None
     sample = _make_sampler(run, programs)
 
@@ -368,7 +375,8 @@ def _run_steps(run: _Run, state, start, programs: Programs, ckpt, logger, progre
         ro_metrics = {**s.batch.metrics, **s.metrics}
         pending = Pending(done, ro_metrics, train_metrics, s.accuracy, s.rollout_time_s)
         if _due(tc.eval_every, done, tc.steps):
-            pending = dataclasses.replace(pending, eval_accuracy=evaluate(state))
+            acc, reward = evaluate(state)
+            pending = dataclasses.replace(pending, eval_accuracy=acc, eval_reward=reward)
         stop = done < tc.steps and run.stop.requested()  # a signal: save this step and stop
         if stop or _due(tc.checkpoint_every, done, tc.steps):
             # Row `done` is written before its checkpoint can commit: a run killed after the
