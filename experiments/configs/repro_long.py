@@ -5,7 +5,8 @@ Parent: tiny.py (itself base.py). Pass the arm after a colon, e.g.
 ``chain`` (written repeated subtraction, 4 tokens per step; ``task.min_steps``..``max_steps`` set
 the response length, here MIN_STEPS..MAX_STEPS steps = RESPONSE_TOKENS), the rollout budget fits
 the longest chain + EOS, wrong chains earn PARTIAL_CREDIT x their share of right steps, the
-rollout runs on ENGINE, and the run length is set here once for the
+rollout runs on ENGINE, a longer SFT warm start, a lower lr with one update per RL step (the
+pilots in experiments/results/repro_long/PILOT.md), and the run length is set here once for the
 sweep. The sweep varies only ``trainer.seed`` (model init, SFT, sampling). Arms:
   bf16_none      BF16 rollout, no correction                             [E1 baseline]
   fp8_none       FP8 W8A8 (E4M3, 128x128 / 1x128), no correction         [the paper's 4th claim]
@@ -34,9 +35,11 @@ RESPONSE_TOKENS = 4 * MAX_STEPS  # 3-digit values + commas (4 * steps - 1) and E
 ENGINE = "paged"  # the paged engine runs on CPU at these sizes (pilot in REPORT.md)
 PAGE_SIZE = 32  # tokens per KV page
 PARTIAL_CREDIT = 0.5  # a wrong chain earns 0.5 x its share of right steps
-SFT_STEPS = 300  # warm start: greedy held-out accuracy off zero, far from 1 (pilot)
+SFT_STEPS = 600  # warm start: greedy held-out exact match ~16%, far from 1 (PILOT.md, 4th)
 SFT_BATCH = 32  # demonstrations per SFT step
 RL_STEPS = 50  # per run: ~6 min on 2 loaded cores, ~3 min free (PILOT.md)
+LR = 1e-4  # tiny.py's 3e-4 (and 2 of 4 minibatch updates) collapse this long-chain policy
+NUM_MINIBATCHES = 1  # one update per RL step (PILOT.md, third and fourth pilots)
 PROMPTS_PER_STEP = 8  # x GROUP_SIZE responses per RL step
 GROUP_SIZE = 8
 EVAL_EVERY = 10
@@ -59,6 +62,8 @@ def get_config(arm: str = "fp8_tis"):
     c.rollout.paged.page_size = PAGE_SIZE
     c.sft.steps = SFT_STEPS
     c.sft.batch_size = SFT_BATCH
+    c.optim.lr = LR
+    c.rl.num_minibatches = NUM_MINIBATCHES
     c.rl.group_size = GROUP_SIZE
     c.trainer.prompts_per_step = PROMPTS_PER_STEP
     return sweep_trainer(c, f"runs/repro_long_{arm}", RL_STEPS, EVAL_EVERY, EVAL_SIZE)
