@@ -39,16 +39,22 @@ def train_matmul_grads_reference(x_MK, w_KN, dy_MN, cfg):
 
 
 def _tiles_f64(a_RC: np.ndarray, group_sizes, dtype) -> np.ndarray:
-    """``a`` through FP8 in 128-token tiles restarting at every expert (float64 values x̂ · s)."""
-    from kernels_pallas.fp8_train_matmul.api import GROUP
+    """``a`` through FP8 in 128-token tiles restarting at every expert (float64 values x̂ · s).
 
+    NumPy, in ``quantize_activations``' f32 arithmetic (``inv = fp8_max / max(amax, tiny)``,
+    ``x̂ = cast(clip(x · inv))``, ``s = max(amax, tiny) / fp8_max``) per tile and column.
+    """
+    from kernels_pallas.fp8_train_matmul.api import GROUP
+    from kernels_pallas.qarray import SCALE_TINY, fp8_dtype, fp8_max
+
+    f32, m = np.float32, np.float32(fp8_max(dtype))
     out, start = np.zeros(a_RC.shape, np.float64), 0
     for size in (int(g) for g in group_sizes):
         for t in range(start, start + size, GROUP):
-            stop = min(t + GROUP, start + size)
-            # one tile [rows, C]: its transpose [C, rows] as one activation group per column
-            tile = quantize_activations(np.asarray(a_RC[t:stop].T, np.float32), stop - t, dtype)
-            out[t:stop] = _f64(tile).T
+            tile = np.asarray(a_RC[t : min(t + GROUP, start + size)], f32)
+            amax = np.maximum(np.max(np.abs(tile), axis=0), f32(SCALE_TINY))
+            q = np.clip(tile * (m / amax), -m, m).astype(fp8_dtype(dtype))
+            out[t : t + len(tile)] = q.astype(np.float64) * (amax / m).astype(np.float64)
         start += size
     return out
 
