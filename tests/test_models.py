@@ -413,3 +413,24 @@ def test_query_chunked_attention_equals_one_block_values_and_gradients():
     g_chunked = jax.grad(loss, argnums=(0, 1, 2))(q, k, v, 4)
     for a, b in zip(g_one, g_chunked, strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+def test_segment_mask_rows_equal_the_materialized_mask_and_attention_is_unchanged():
+    """``SegmentMask`` (the forward's mask, rows made per query block) gives the values of
+    ``causal_segment_mask`` bit for bit, rows past T masked, and the same attention."""
+    from fp8rl_jax.models.attention import SegmentMask, attention, causal_segment_mask
+
+    seg = jnp.array([[0, 0] + [1] * 9, [1] * 6 + [2] * 5], jnp.int32)
+    full, lazy = causal_segment_mask(seg), SegmentMask(seg)
+    np.testing.assert_array_equal(lazy.rows(0, 11), full)
+    np.testing.assert_array_equal(lazy.rows(8, 4)[:, :3], full[:, 8:11])
+    assert not lazy.rows(8, 4)[:, 3:].any()  # query 11 does not exist
+    assert not lazy.rows(0, 11)[0, :, :2].any()  # padding is never a key
+    assert lazy.rows(0, 11)[1, 7, 6] and not lazy.rows(0, 11)[1, 7, 5]  # segment 2 starts at 6
+    rng = np.random.default_rng(1)
+    q = jnp.asarray(rng.normal(size=(2, 11, 4, 16)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(2, 11, 2, 16)), jnp.float32) for _ in range(2))
+    for chunk in (4, 64):  # 3 blocks with a padded row; one block
+        a = attention(q, k, v, full, sm_scale=0.25, q_chunk=chunk)
+        b = attention(q, k, v, lazy, sm_scale=0.25, q_chunk=chunk)
+        np.testing.assert_array_equal(a, b)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -39,11 +41,33 @@ def fake_quantize_q(q_BTHC: jax.Array, q_scale_K: jax.Array, dtype=jnp.float8_e4
     return q.reshape(B, T, H, C).astype(q_BTHC.dtype)
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SegmentMask:
+    """The mask of ``causal_segment_mask`` kept as its segment ids: query rows are built per
+    block (``rows``), so no ``[B, T, T]`` array exists (at T = 10K that is 100 MB per row, and
+    XLA may keep copies of it per layer for the backward pass)."""
+
+    segment_ids_BT: jax.Array  # 0 = padding; queries and keys are the same T tokens
+
+    def rows(self, start, num: int) -> jax.Array:
+        """[B, num, T]: the mask rows of queries ``start .. start + num - 1`` (rows past T: none
+        visible, as the padding of a materialized mask)."""
+        seg = self.segment_ids_BT
+        T = seg.shape[1]
+        q = start + jnp.arange(num)
+        seg_q = jnp.take(seg, jnp.minimum(q, T - 1), axis=1)  # [B, num]
+        keys = jnp.arange(T)
+        causal = (keys[None, :] <= q[:, None]) & (q[:, None] < T)  # [num, T]
+        same = seg_q[:, :, None] == seg[:, None, :]
+        return causal[None] & same & (seg[:, None, :] != 0)
+
+
 def attention(
     q_BTHC: jax.Array,
     k_BSKC: jax.Array,
     v_BSKC: jax.Array,
-    mask_BTS: jax.Array,
+    mask_BTS: jax.Array | SegmentMask,
     *,
     sm_scale: float,
     q_chunk: int = Q_CHUNK,
@@ -53,21 +77,30 @@ def attention(
     Query head ``h`` reads KV head ``h // (H / K)``; scores and softmax are f32. More than
     ``q_chunk`` queries run in blocks of ``q_chunk`` (``lax.map``, rematerialized in the
     backward pass), so memory holds one block's scores; rows are independent, so the result is
-    the same. The decode path (T = 1 over a cache) has the same contract as
-    ``kernels_pallas.decode_attention`` when each row's unmasked slots are one contiguous range.
+    the same. ``mask_BTS``: a boolean array, or a ``SegmentMask`` whose rows are made per block
+    (the same values; no ``[B, T, S]`` mask in memory). The decode path (T = 1 over a cache) has
+    the same contract as ``kernels_pallas.decode_attention`` when each row's unmasked slots are
+    one contiguous range.
     """
     B, T, H, C = q_BTHC.shape
     k, v = k_BSKC, v_BSKC
+    lazy = isinstance(mask_BTS, SegmentMask)
     if q_BTHC.shape[1] <= q_chunk:
-        return _attend(q_BTHC, k, v, mask_BTS, sm_scale)
+        return _attend(q_BTHC, k, v, mask_BTS.rows(0, T) if lazy else mask_BTS, sm_scale)
     n = -(-T // q_chunk)
     pad = n * q_chunk - T  # padded query rows see no slot and are dropped below
     q_nBQHC = jnp.pad(q_BTHC, ((0, 0), (0, pad), (0, 0), (0, 0)))
     q_nBQHC = q_nBQHC.reshape(B, n, q_chunk, H, C).swapaxes(0, 1)
-    m_nBQS = jnp.pad(mask_BTS, ((0, 0), (0, pad), (0, 0)))
-    m_nBQS = m_nBQS.reshape(B, n, q_chunk, -1).swapaxes(0, 1)
-    block = jax.checkpoint(lambda qm: _attend(qm[0], k, v, qm[1], sm_scale))
-    o_nBQHC = jax.lax.map(block, (q_nBQHC, m_nBQS))
+    if lazy:  # each block makes its own mask rows, inside the rematerialized block
+        xs = (q_nBQHC, jnp.arange(n) * q_chunk)
+        block = jax.checkpoint(
+            lambda qi: _attend(qi[0], k, v, mask_BTS.rows(qi[1], q_chunk), sm_scale)
+        )
+    else:
+        m_nBQS = jnp.pad(mask_BTS, ((0, 0), (0, pad), (0, 0)))
+        xs = (q_nBQHC, m_nBQS.reshape(B, n, q_chunk, -1).swapaxes(0, 1))
+        block = jax.checkpoint(lambda qm: _attend(qm[0], k, v, qm[1], sm_scale))
+    o_nBQHC = jax.lax.map(block, xs)
     return o_nBQHC.swapaxes(0, 1).reshape(B, n * q_chunk, H, C)[:, :T]
 
 

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from fp8rl_jax.models.attention import (
+    SegmentMask,
     attention,
-    causal_segment_mask,
     project_qkv,
     qkv_amax,
 )
@@ -63,14 +63,14 @@ def lm_head(weights: dict, h_BTD: jax.Array, cfg: ModelConfig) -> jax.Array:
 class _Uncached:
     """The ``CacheStep`` of a forward without a cache: causal attention within segments."""
 
-    mask_BTT: jax.Array
+    mask: SegmentMask  # causal within segments, its rows made per query block
     positions_BT: jax.Array
     kv_quant: object = None  # quant.KVFakeQuant: K/V as the rollout's FP8 cache holds them
 
     def attend(self, layer, q_BTHC, k_BTKC, v_BTKC, sm_scale):
         if self.kv_quant is not None:  # rl.train_precision="fp8_rollout"
             k_BTKC, v_BTKC = self.kv_quant(layer, k_BTKC, v_BTKC)
-        return attention(q_BTHC, k_BTKC, v_BTKC, self.mask_BTT, sm_scale=sm_scale), None
+        return attention(q_BTHC, k_BTKC, v_BTKC, self.mask, sm_scale=sm_scale), None
 
     def advance(self, writes):
         return None
@@ -79,7 +79,7 @@ class _Uncached:
 def _uncached(segment_ids_BT: jax.Array, kv_quant=None) -> _Uncached:
     B, T = segment_ids_BT.shape
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    return _Uncached(causal_segment_mask(segment_ids_BT), pos, kv_quant)
+    return _Uncached(SegmentMask(segment_ids_BT), pos, kv_quant)
 
 
 class _Inputs(NamedTuple):
