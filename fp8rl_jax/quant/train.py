@@ -20,7 +20,6 @@ as if the forward had not been quantized; the backward GEMMs are BF16 (or FP8 wi
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -30,12 +29,11 @@ from fp8rl_jax.quant.recipe import QuantRecipe
 from kernels_pallas.decode_attention import dequantize_kv
 from kernels_pallas.fp8_train_matmul import (
     TrainMatmulConfig,
-    grouped_fp8_grads,
+    grouped_fp8_train_matmul,
     quantize_train_weight,
 )
-from kernels_pallas.grouped_fp8_matmul import grouped_fp8_matmul
 from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_dtype, fp8_max
-from kernels_pallas.quantize import quantize_activations, saturating_cast
+from kernels_pallas.quantize import saturating_cast
 
 
 @jax.tree_util.register_dataclass
@@ -95,63 +93,14 @@ def train_weights(params, recipe: QuantRecipe | None, *, fp8_backward=False, imp
 # --- MoE expert stacks: the rollout's grouped GEMM, straight-through ---
 
 
-def _ragged(x_RD, w_EDF, group_sizes_E):
-    prec = jax.lax.Precision.HIGHEST if w_EDF.dtype == jnp.float32 else None
-    return jax.lax.ragged_dot(x_RD.astype(w_EDF.dtype), w_EDF, group_sizes_E, precision=prec,
-                              preferred_element_type=jnp.float32)  # fmt: skip
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _grouped(x_RD, ws_EDF: tuple, group_sizes_E, cfg: TrainMatmulConfig):
-    return _grouped_forward(x_RD, ws_EDF, group_sizes_E, cfg)[0]
-
-
-def _grouped_forward(x_RD, ws_EDF, group_sizes_E, cfg):
-    ws_q = tuple(quantize_train_weight(w, cfg) for w in ws_EDF)
-    x_q = quantize_activations(x_RD, ws_q[0].block_shape[1], ws_q[0].values.dtype)
-    w_arg = ws_q if len(ws_q) > 1 else ws_q[0]
-    y = grouped_fp8_matmul(x_q, w_arg, group_sizes_E, out_dtype=x_RD.dtype, impl=cfg.impl,
-                           interpret=cfg.interpret)  # fmt: skip
-    return y, ws_q
-
-
-def _grouped_fwd(x, ws, gs, cfg):
-    y, ws_q = _grouped_forward(x, ws, gs, cfg)
-    return y, (x, ws, gs, ws_q if cfg.backward == "fp8" else None)
-
-
-def _grouped_bwd(cfg, res, dy):
-    x, ws, gs, ws_q = res
-    splits = [w.shape[-1] for w in ws]
-    dys = jnp.split(dy, list(jnp.cumsum(jnp.array(splits))[:-1].tolist()), axis=-1)
-    if cfg.backward == "fp8":  # DeepSeek-V3's FP8 dgrad / wgrad (fp8_train_matmul.grouped)
-        dx, dws = grouped_fp8_grads(x, ws_q, tuple(dys), gs, cfg)
-        return (
-            dx.astype(x.dtype),
-            tuple(d.astype(w.dtype) for d, w in zip(dws, ws, strict=True)),
-            None,
-        )
-    dx = jnp.zeros(x.shape, jnp.float32)
-    dws = []
-    for w, d in zip(ws, dys, strict=True):
-        _, vjp = jax.vjp(lambda a, b: _ragged(a, b, gs), x, w)  # BF16 GEMMs, f32 accumulation
-        ddx, ddw = vjp(d.astype(jnp.float32))
-        dx, dws = dx + ddx.astype(jnp.float32), [*dws, ddw]
-    return dx.astype(x.dtype), tuple(dws), None
-
-
-_grouped.defvjp(_grouped_fwd, _grouped_bwd)
-
-
 def grouped_train_matmul(x_RD, w, group_sizes_E) -> jax.Array:
     """Sorted rows times their expert's ``TrainQWeight`` (or a tuple of them, one launch).
 
-    Forward: ``grouped_fp8_matmul`` exactly as the rollout calls it (1x128 activation groups);
-    backward: straight-through, ``jax.lax.ragged_dot`` in the compute dtype, or with
-    ``fp8_backward`` the FP8 dgrad / wgrad of ``kernels_pallas.fp8_train_matmul.grouped``.
+    ``kernels_pallas.fp8_train_matmul.grouped_fp8_train_matmul``: the forward exactly as the
+    rollout's ``grouped_fp8_matmul`` call, straight-through BF16 or (``fp8_backward``) FP8 GEMMs.
     """
     ws = w if isinstance(w, tuple) else (w,)
-    return _grouped(x_RD, tuple(t.w for t in ws), group_sizes_E, ws[0].cfg)
+    return grouped_fp8_train_matmul(x_RD, tuple(t.w for t in ws), group_sizes_E, ws[0].cfg)
 
 
 # --- K/V through the rollout's FP8 cache ---

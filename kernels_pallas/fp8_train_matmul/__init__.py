@@ -13,6 +13,7 @@ from kernels_pallas.fp8_train_matmul.api import (
 )
 from kernels_pallas.fp8_train_matmul.grouped import (
     grouped_fp8_grads,
+    grouped_fp8_train_matmul,
     quantize_token_groups,
     token_tiles,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "fp8_grads",
     "fp8_train_matmul",
     "grouped_fp8_grads",
+    "grouped_fp8_train_matmul",
     "grouped_train_grads_reference",
     "quantize_token_groups",
     "quantize_train_weight",

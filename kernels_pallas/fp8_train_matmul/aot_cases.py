@@ -18,14 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas.aot import AotCase
-from kernels_pallas.fp8_train_matmul.api import (
-    TrainMatmulConfig,
-    fp8_train_matmul,
-    quantize_train_weight,
-)
-from kernels_pallas.fp8_train_matmul.grouped import grouped_fp8_grads
-from kernels_pallas.grouped_fp8_matmul import grouped_fp8_matmul
-from kernels_pallas.quantize import quantize_activations
+from kernels_pallas.fp8_train_matmul.api import TrainMatmulConfig, fp8_train_matmul
+from kernels_pallas.fp8_train_matmul.grouped import grouped_fp8_train_matmul
 
 # (model, layer, K, N, token counts M)
 LAYERS = (
@@ -48,13 +42,10 @@ def train_gemms(x, w, dy, *, cfg: TrainMatmulConfig):
     return (y, *vjp(dy))
 
 
-def grouped_train_gemms(x, ws, dys, group_sizes_E, *, cfg: TrainMatmulConfig):
+def grouped_train_gemms(x, ws, dy, group_sizes_E, *, cfg: TrainMatmulConfig):
     """``(y, dx, dws)`` of one expert stack set: the W8A8 grouped forward and its FP8 backward."""
-    ws_q = tuple(quantize_train_weight(w, cfg) for w in ws)
-    x_q = quantize_activations(x, 128, cfg.dtype)
-    y = grouped_fp8_matmul(x_q, ws_q if len(ws_q) > 1 else ws_q[0], group_sizes_E,
-                           out_dtype=x.dtype, impl=cfg.impl)  # fmt: skip
-    return (y, *grouped_fp8_grads(x, ws_q, dys, group_sizes_E, cfg))
+    y, vjp = jax.vjp(lambda a, b: grouped_fp8_train_matmul(a, b, group_sizes_E, cfg), x, ws)
+    return (y, *vjp(dy))
 
 
 def _grouped_cases() -> list[AotCase]:
@@ -64,8 +55,8 @@ def _grouped_cases() -> list[AotCase]:
         for model, layer, e, k, ns, rows in GROUPED:
             cfg = TrainMatmulConfig(backward="fp8", impl=impl)
             ws = tuple(sds((e, k, n), bf16) for n in ns)
-            dys = tuple(sds((rows, n), bf16) for n in ns)
-            args = (sds((rows, k), bf16), ws, dys, sds((e,), jnp.int32))
+            dy = sds((rows, sum(ns)), bf16)
+            args = (sds((rows, k), bf16), ws, dy, sds((e,), jnp.int32))
             n = "+".join(map(str, ns))
             label = f"{model} {layer} E={e} K={k} N={n} rows={rows} (fp8 backward, grouped)"
             fn = functools.partial(grouped_train_gemms, cfg=cfg)

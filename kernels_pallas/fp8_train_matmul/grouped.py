@@ -1,6 +1,8 @@
-"""FP8 backward GEMMs of the MoE expert stacks (``grouped_fp8_matmul``'s training counterpart).
+"""``grouped_fp8_train_matmul``: the MoE expert stacks' W8A8 forward with a straight-through, BF16
+or FP8 backward (``grouped_fp8_matmul``'s training counterpart; the dense op is ``api.py``).
 
-The forward ``y_r = x̂_r · ŵ_{e(r)}`` runs ``grouped_fp8_matmul`` over rows sorted by expert
+Backward ``bf16``: ``jax.lax.ragged_dot`` in the compute dtype with f32 accumulation. ``fp8``: the
+forward ``y_r = x̂_r · ŵ_{e(r)}`` runs ``grouped_fp8_matmul`` over rows sorted by expert
 (``group_sizes_E``). Its straight-through backward in DeepSeek-V3's FP8 recipe (arXiv 2412.19437
 §3.3; the dense version is ``api.fp8_grads``):
 
@@ -19,10 +21,17 @@ The forward ``y_r = x̂_r · ŵ_{e(r)}`` runs ``grouped_fp8_matmul`` over rows s
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.fp8_train_matmul.api import GROUP, TrainMatmulConfig, transpose_weight
+from kernels_pallas.fp8_train_matmul.api import (
+    GROUP,
+    TrainMatmulConfig,
+    quantize_train_weight,
+    transpose_weight,
+)
 from kernels_pallas.grouped_fp8_matmul import grouped_fp8_matmul
 from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_max
 from kernels_pallas.quantize import amax_to_scale, quantize_activations, saturating_cast
@@ -60,8 +69,7 @@ def quantize_token_groups(
     """
     tile_R, num_tiles = token_tiles(group_sizes_E, x_RC.shape[0], group)
     x = x_RC.astype(jnp.float32)
-    amax_TC = jax.ops.segment_max(jnp.abs(x), tile_R, num_segments=num_tiles)
-    amax_TC = jnp.maximum(amax_TC, 0.0)  # empty tiles: -inf -> 0 (scale tiny)
+    amax_TC = jax.ops.segment_max(jnp.abs(x), tile_R, num_segments=num_tiles)  # empty: -inf
     inv_TC = fp8_max(dtype) / jnp.maximum(amax_TC, SCALE_TINY)
     q = saturating_cast(x * inv_TC[tile_R], dtype)
     return q.astype(jnp.float32) * amax_to_scale(amax_TC, dtype)[tile_R]
@@ -106,3 +114,54 @@ def grouped_fp8_grads(
         for dy in dys_RF
     )
     return dx, dws
+
+
+# --- the op: forward as the rollout runs it, straight-through backward ---
+
+
+def _ragged(x_RD, w_EDF, group_sizes_E):
+    prec = jax.lax.Precision.HIGHEST if w_EDF.dtype == jnp.float32 else None
+    return jax.lax.ragged_dot(x_RD.astype(w_EDF.dtype), w_EDF, group_sizes_E, precision=prec,
+                              preferred_element_type=jnp.float32)  # fmt: skip
+
+
+def _forward(x_RD, ws_EDF, group_sizes_E, cfg: TrainMatmulConfig):
+    ws_q = tuple(quantize_train_weight(w, cfg) for w in ws_EDF)
+    x_q = quantize_activations(x_RD, ws_q[0].block_shape[1], ws_q[0].values.dtype)
+    w_arg = ws_q if len(ws_q) > 1 else ws_q[0]
+    y = grouped_fp8_matmul(x_q, w_arg, group_sizes_E, out_dtype=x_RD.dtype, impl=cfg.impl,
+                           interpret=cfg.interpret)  # fmt: skip
+    return y, ws_q
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def grouped_fp8_train_matmul(x_RD, ws_EDF: tuple, group_sizes_E, cfg: TrainMatmulConfig):
+    """Sorted rows ``x [R, D]`` times their expert's stacks ``ws [E, D, F_i]`` (a tuple: one launch
+    over their concatenation along F, e.g. gate and up): ``grouped_fp8_matmul`` exactly as the
+    rollout calls it (1x128 activation groups), straight-through gradients (module docstring)."""
+    return _forward(x_RD, ws_EDF, group_sizes_E, cfg)[0]
+
+
+def _fwd(x, ws, gs, cfg):
+    y, ws_q = _forward(x, ws, gs, cfg)
+    return y, (x, ws, gs, ws_q if cfg.backward == "fp8" else None)
+
+
+def _bwd(cfg, res, dy):
+    x, ws, gs, ws_q = res
+    splits = [w.shape[-1] for w in ws]
+    dys = jnp.split(dy, list(jnp.cumsum(jnp.array(splits))[:-1].tolist()), axis=-1)
+    if cfg.backward == "fp8":
+        dx, dws = grouped_fp8_grads(x, ws_q, tuple(dys), gs, cfg)
+        dws = tuple(d.astype(w.dtype) for d, w in zip(dws, ws, strict=True))
+        return dx.astype(x.dtype), dws, None
+    dx = jnp.zeros(x.shape, jnp.float32)
+    dws = []
+    for w, d in zip(ws, dys, strict=True):
+        _, vjp = jax.vjp(lambda a, b: _ragged(a, b, gs), x, w)  # BF16 GEMMs, f32 accumulation
+        ddx, ddw = vjp(d.astype(jnp.float32))
+        dx, dws = dx + ddx.astype(jnp.float32), [*dws, ddw]
+    return dx.astype(x.dtype), tuple(dws), None
+
+
+grouped_fp8_train_matmul.defvjp(_fwd, _bwd)
