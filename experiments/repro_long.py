@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 from experiments.configs import repro_long  # noqa: E402
 from experiments.repro_fp8rl import run_sweep, sweep_cli  # noqa: E402
 from experiments.repro_report import (  # noqa: E402
+    _fmt,
     _mean_std,
     _runs,
     _series,
@@ -215,20 +216,13 @@ def reward_section(out: str, arms, seeds) -> list[str]:
         if not d:
             lines.append(f"| {arm} | 0 | - | - | - | - |")
             continue
-        first, last = (
-            _mean_std([v[min(v)] for v in d.values()]),
-            _mean_std([v[max(v)] for v in d.values()]),
-        )
+        first = _mean_std([v[min(v)] for v in d.values()])
+        last = _mean_std([v[max(v)] for v in d.values()])
         gains = _mean_std([gain(v) for v in d.values()])
         paired = [gain(v) - gain(base[s]) for s, v in d.items() if s in base]
-        vs = (
-            "-"
-            if arm == "bf16_none" or not paired
-            else "{:+.3f} ± {:.3f}".format(*_mean_std(paired))
-        )
+        vs = "-" if arm == "bf16_none" or not paired else _fmt(_mean_std(paired), "+.3f")
         lines.append(
-            f"| {arm} | {len(d)} | {first[0]:.3f} ± {first[1]:.3f} | {last[0]:.3f} ± "
-            f"{last[1]:.3f} | {gains[0]:+.3f} ± {gains[1]:.3f} | {vs} |"
+            f"| {arm} | {len(d)} | {_fmt(first)} | {_fmt(last)} | {_fmt(gains, '+.3f')} | {vs} |"
         )
     if plot_arms(
         out, arms, "eval_reward", os.path.join(out, "eval_reward.png"), title, seeds=seeds
