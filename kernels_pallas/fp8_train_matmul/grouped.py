@@ -22,6 +22,7 @@ forward ``y_r = x̂_r · ŵ_{e(r)}`` runs ``grouped_fp8_matmul`` over rows sorte
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -149,8 +150,8 @@ def _fwd(x, ws, gs, cfg):
 
 def _bwd(cfg, res, dy):
     x, ws, gs, ws_q = res
-    splits = [w.shape[-1] for w in ws]
-    dys = jnp.split(dy, list(jnp.cumsum(jnp.array(splits))[:-1].tolist()), axis=-1)
+    bounds = list(itertools.accumulate(w.shape[-1] for w in ws))[:-1]  # static: no tracer
+    dys = jnp.split(dy, bounds, axis=-1)
     if cfg.backward == "fp8":
         dx, dws = grouped_fp8_grads(x, ws_q, tuple(dys), gs, cfg)
         dws = tuple(d.astype(w.dtype) for d, w in zip(dws, ws, strict=True))
