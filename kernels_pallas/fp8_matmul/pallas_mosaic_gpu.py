@@ -20,7 +20,14 @@ the weight is stored ``[N, K]`` (the QArray weight convention, ``qarray.py``) an
 
 Scales: ``s_x`` travels as ``[K/128, M_pad]`` f32 (one contiguous TMA row per K step); the weight
 scale is one f32 scalar per 128x128 block, read from ``s_w [N/128, K/128]`` in GMEM each step (a
-warpgroup's 64 weight rows never straddle two blocks, since ``block_n <= 128`` divides 128).
+wgmma's <= 128 weight rows never straddle two blocks).
+
+Wide prefill tiles (128x256, 256x128: 3/4 of the L2 -> SMEM bytes per FLOP of 128x128;
+see ``MgpuConfig``): each compute warpgroup owns two 64x128 sub-tiles (two 128-column weight blocks
+of 64 rows, or 128 rows of one weight block) and runs wgmma, wait and promotion once per sub-tile
+per K step, one after the other: a second in-flight 64x128 f32 accumulator (64 registers) would
+not fit beside the two running ones in the 232 registers a compute warpgroup gets (DeepGEMM's
+1D2D kernel stops at BLOCK_N = 192 for the same reason, keeping a full-width fresh accumulator).
 
 Fused activation quantization (``fp8_matmul_mgpu_fused``, prefill order): ``x`` arrives in
 BF16/F16; each compute warpgroup loads its [64, 128] slice, takes the row amax, computes
@@ -58,8 +65,8 @@ _NUM_SMS = 132  # H100 SXM / H200
 class MgpuConfig:
     """Tile configuration of the Hopper kernel (a static argument)."""
 
-    block_m: int = 128  # x rows per CTA: 64 or 128 (64 per compute WG); swap_ab: 8..64, mult. of 8
-    block_n: int = 128  # w rows (output columns) per CTA: 64 or 128 (swap_ab: 64 per compute WG)
+    block_m: int = 128  # x rows per CTA: 64, 128 or 256 (2 WGs of 64 or 128); swap_ab: 8..64, /8
+    block_n: int = 128  # w rows (output columns) per CTA: 64, 128, 256 (swap_ab: 64 per WG)
     max_concurrent_steps: int = 4  # SMEM ring depth of the TMA pipeline (K steps in flight), <= 6
     swap_ab: bool = False  # compute yᵀ = w xᵀ so that M is the wgmma N (decode)
     split_k: int = 1  # swap_ab only: K split over this many CTAs, f32 partials summed by XLA
@@ -67,16 +74,31 @@ class MgpuConfig:
     @property
     def num_compute_wgs(self) -> int:
         rows = self.block_n if self.swap_ab else self.block_m
-        return rows // _WGMMA_M
+        return min(rows // _WGMMA_M, 2)
+
+    @property
+    def wg_subtiles(self) -> tuple[tuple[int, int], ...]:
+        """(row, column) offsets, inside one compute warpgroup's tile, of its 64-row wgmma
+        sub-tiles: one, or two 64x128 ones for the wide tiles (128x256: 64 rows x two weight
+        blocks; 256x128: 128 rows of one weight block)."""
+        if self.swap_ab or max(self.block_m, self.block_n) <= GROUP:
+            return ((0, 0),)
+        return ((0, 0), (0, GROUP)) if self.block_n > GROUP else ((0, 0), (_WGMMA_M, 0))
 
     def invalid(self) -> str | None:
         """Why this tile configuration is illegal, or None."""
-        if self.block_n not in (64, 128):
-            return f"block_n must be 64 or 128 (one weight scale per warpgroup), got {self.block_n}"
+        if self.block_n not in (64, 128, 256):
+            return f"block_n must be 64, 128 or 256, got {self.block_n}"
+        if self.block_n == 256 and (self.swap_ab or self.block_m != 128):
+            # 64 rows x 256 columns per warpgroup is the register limit (wg_subtiles)
+            return "block_n=256 needs block_m=128 and no swap_ab"
         if self.swap_ab and (self.block_m % 8 or not 8 <= self.block_m <= 64):
             return f"swap_ab block_m must be a multiple of 8 in [8, 64], got {self.block_m}"
-        if not self.swap_ab and self.block_m not in (64, 128):
-            return f"block_m must be 64 or 128, got {self.block_m}"
+        if not self.swap_ab and self.block_m not in (64, 128, 256):
+            return f"block_m must be 64, 128 or 256, got {self.block_m}"
+        if not self.swap_ab and self.block_m == 256 and self.block_n != 128:
+            return f"block_m=256 needs block_n=128 (two 64x128 sub-tiles per warpgroup), got " \
+                   f"{self.block_n}"  # fmt: skip
         if self.split_k < 1 or (self.split_k > 1 and not self.swap_ab):
             return f"split_k must be 1, or > 1 with swap_ab, got {self.split_k}"
         if not 2 <= self.max_concurrent_steps <= _MAX_STAGES:
@@ -176,6 +198,23 @@ def _pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, k_part=0, *, c
     return in_specs, gmem_in
 
 
+_WGMMA = plgpu.Layout.WGMMA
+
+
+def _promote(acc, lhs, rhs, sx, sw, swap: bool):
+    """``acc + (lhs · rhs) · s_x · s_w``: one wgmma into a fresh f32 accumulator, waited for, then
+    promoted in registers (s_x per row, or per column when swapped; s_w a scalar)."""
+
+    def mma(acc_ref):
+        plgpu.wgmma(acc_ref, lhs, rhs)
+        plgpu.wgmma_wait(0)
+        return acc_ref[...]
+
+    acc_k = pl.run_scoped(mma, plgpu.ACC(acc.shape, jnp.float32))
+    scale = lax.broadcast_in_dim(sx * sw, acc.shape, [1 if swap else 0])
+    return acc + acc_k * scale
+
+
 def _k_step(x_smem, w_smem, sx_ref, acc, sw, xq_smem, *, cfg: MgpuConfig, fused: bool, wdt):
     """One 128-K step of one compute warpgroup: ``acc + (x̂ ŵᵀ)_kb · s_x · s_w`` (or transposed)."""
     wg = lax.axis_index("wg")
@@ -190,16 +229,21 @@ def _k_step(x_smem, w_smem, sx_ref, acc, sw, xq_smem, *, cfg: MgpuConfig, fused:
         sx = sx_ref[0, :] if swap else sx_ref[0, wg_rows]
         x_op = x_smem if swap else x_smem.at[wg_rows]
     lhs, rhs = (w_smem.at[wg_rows], x_op.T) if swap else (x_op, w_smem.T)
-    b_blk = cfg.block_m if swap else cfg.block_n
+    return _promote(acc, lhs, rhs, sx, sw, swap)
 
-    def mma(acc_ref):
-        plgpu.wgmma(acc_ref, lhs, rhs)
-        plgpu.wgmma_wait(0)
-        return acc_ref[...]
 
-    acc_k = pl.run_scoped(mma, plgpu.ACC((tm, b_blk), jnp.float32))
-    scale = lax.broadcast_in_dim(sx * sw, (tm, b_blk), [1 if swap else 0])
-    return acc + acc_k * scale
+def _k_step_wide(x_smem, w_smem, sx_ref, accs, sws, *, cfg: MgpuConfig):
+    """One 128-K step of a warpgroup owning two 64x128 sub-tiles (``MgpuConfig.wg_subtiles``):
+    wgmma, wait and promotion per sub-tile, in turn (``sws``: the weight scale of each
+    128-column block of the CTA)."""
+    wg_m = cfg.block_m // cfg.num_compute_wgs
+    base = lax.axis_index("wg") * wg_m
+    out = []
+    for acc, (r, c) in zip(accs, cfg.wg_subtiles, strict=True):
+        rows = pl.ds(base + r, _WGMMA_M)
+        w_op = w_smem.at[pl.ds(c, GROUP)].T
+        out.append(_promote(acc, x_smem.at[rows], w_op, sx_ref[0, rows], sws[c // GROUP], False))
+    return tuple(out)
 
 
 def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fused: bool, wdt):
@@ -229,11 +273,13 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
         )
 
     ignore = lambda *_, **__: None
-    nwg = cfg.num_compute_wgs
+    nwg, subs = cfg.num_compute_wgs, cfg.wg_subtiles
+    wide = len(subs) > 1
+    wg_m, sub_n = a_blk // nwg, GROUP if wide else b_blk  # a warpgroup's rows, a sub-tile's cols
     scratch = dict(
         pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(*gmem_in),
         out_smem=plgpu.SMEM(
-            (nwg, tm, b_blk), out_dtype, transforms=_smem_transforms(out_dtype, b_blk)
+            (nwg, len(subs), tm, sub_n), out_dtype, transforms=_smem_transforms(out_dtype, sub_n)
         ),
         xq_smem=plgpu.SMEM((nwg, tm, GROUP), wdt, transforms=_smem_transforms(wdt, GROUP))
         if fused
@@ -243,22 +289,31 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
     @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
     def _scope(pipeline_allocs, out_smem, xq_smem):
         wg = lax.axis_index("wg")
-        # The 128-row weight block of this warpgroup's output columns (swap) or of the CTA (not).
+        # The 128-row weight blocks of this warpgroup's output columns (swap) or of the CTA (not).
         nb = (n_idx * bn + (wg * tm if swap else 0)) // GROUP
 
         def compute_context(eval_pipeline):
-            acc0 = plgpu.layout_cast(jnp.zeros((tm, b_blk), jnp.float32), plgpu.Layout.WGMMA)
-            out_smem[wg] = eval_pipeline(acc0).astype(out_dtype)
-            plgpu.commit_smem()
+            zero = lambda: plgpu.layout_cast(jnp.zeros((tm, sub_n), jnp.float32), _WGMMA)
+            accs = eval_pipeline(tuple(zero() for _ in subs) if wide else zero())
+            accs = accs if wide else (accs,)
             rows = pl.ds(k_part * (out_gmem.shape[0] // cfg.split_k) + a_idx * a_blk, a_blk)
             dst = out_gmem.at[rows, pl.ds(b_idx * b_blk, b_blk)]
-            plgpu.copy_smem_to_gmem(out_smem.at[wg], dst.at[pl.ds(wg * tm, tm)])
+            for s, acc in enumerate(accs):
+                out_smem[wg, s] = acc.astype(out_dtype)
+            plgpu.commit_smem()
+            for s, (r, c) in enumerate(subs):
+                tile = dst.at[pl.ds(wg * wg_m + r, tm), pl.ds(c, sub_n)]
+                plgpu.copy_smem_to_gmem(out_smem.at[wg, s], tile)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
         def body(idx, x_smem, w_smem, *rest):
             *sx_ref, acc = rest
-            sw = sw_gmem[nb, k_part * steps + idx[0]]  # issued early: its latency overlaps
+            kb = k_part * steps + idx[0]
             sx_ref = sx_ref[0] if sx_ref else None
+            if wide:  # scalars issued early: their latency overlaps the first wgmma
+                sws = tuple(sw_gmem[nb + j, kb] for j in range(max(1, bn // GROUP)))
+                return _k_step_wide(x_smem, w_smem, sx_ref, acc, sws, cfg=cfg)
+            sw = sw_gmem[nb, kb]  # issued early: its latency overlaps
             step = functools.partial(_k_step, cfg=cfg, fused=fused, wdt=wdt)
             return step(x_smem, w_smem, sx_ref, acc, sw, xq_smem)
 
@@ -276,6 +331,8 @@ def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize
         # Mosaic GPU's layout inference finds no register layout for the row amax of a tile of
         # fewer than 64 rows, and at 64 rows swapping gains nothing.
         return "the fused (BF16 x) kernel has no swap_ab variant"
+    if fused and len(cfg.wg_subtiles) > 1:
+        return "the fused (BF16 x) kernel takes 64/128 tiles only (one x slice per warpgroup)"
     if k % GROUP or k == 0:
         return f"K={k} must be a positive multiple of {GROUP}"
     if (k // GROUP) % cfg.split_k:

@@ -162,15 +162,22 @@ def test_impl_matches_reference(impl, config, interpret, m, k, n, dtype, raw):
 
 
 @pytest.mark.parametrize(
-    "cfg,m",
-    [  # swapped with two compute warpgroups and 3 M tiles; 64x64 tiles with a 3-stage ring
-        (MgpuConfig(block_m=16, block_n=128, max_concurrent_steps=2, swap_ab=True), 40),
-        (MgpuConfig(block_m=64, block_n=64, max_concurrent_steps=3), 80),
-        (MgpuConfig(block_m=16, block_n=64, max_concurrent_steps=2, swap_ab=True, split_k=3), 5),
+    "cfg,m,n",
+    [  # swapped with two compute warpgroups and 3 M tiles; 64x64 tiles with a 3-stage ring;
+        # the wide prefill tiles (two 64x128 sub-tiles per warpgroup) on a 2x2 CTA grid with an
+        # M tail: 128x256 (two weight blocks per warpgroup), 256x128 (128 rows per warpgroup)
+        (MgpuConfig(block_m=16, block_n=128, max_concurrent_steps=2, swap_ab=True), 40, 256),
+        (MgpuConfig(block_m=64, block_n=64, max_concurrent_steps=3), 80, 256),
+        (MgpuConfig(16, 64, max_concurrent_steps=2, swap_ab=True, split_k=3), 5, 256),
+        (MgpuConfig(block_m=128, block_n=256, max_concurrent_steps=2), 200, 512),  # f32 out: 2
+        (MgpuConfig(block_m=256, block_n=128, max_concurrent_steps=2), 300, 256),
     ],
 )
-def test_mosaic_gpu_explicit_configs(cfg, m):
-    _, _, xq, wq = _operands(m, 384, 256, E4M3, seed=5)  # 3 K steps, 2 or 4 N tiles
+def test_mosaic_gpu_explicit_configs(cfg, m, n):
+    x, w, _, _ = _operands(m, 384, n, E4M3, seed=5)  # 3 K steps
+    # Weight blocks 10x apart in magnitude: a sub-tile promoted with its neighbour's scale fails.
+    w = w * jnp.repeat(10.0 ** jnp.arange(n // 128), 128)[None, :]
+    xq, wq = quantize_activations(x, 128, E4M3), quantize_weight(w, (128, 128), E4M3)
     ref = np.asarray(fp8_matmul_reference(xq, wq, out_dtype=jnp.float32))
     y = mgpu.fp8_matmul_mgpu(xq, wq, out_dtype=jnp.float32, interpret=True, config=cfg)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
