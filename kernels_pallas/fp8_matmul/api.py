@@ -53,11 +53,11 @@ def fused_default(m: int, n: int, k: int) -> bool:
 
 def _fused(x, config, n: int = 0, k: int = 0) -> bool:
     """Raw BF16/F16 x goes to the fused kernel where ``fused_default`` says (or an explicit
-    non-swap config asks)."""
+    non-swap 64/128 config asks)."""
     if isinstance(x, QArray) or x.dtype not in _RAW_16BIT:
         return False
-    if config is not None:
-        return not config.swap_ab
+    if config is not None:  # the wide tiles have no fused variant: XLA quantizes x for them
+        return not config.swap_ab and len(config.wg_subtiles) == 1
     return fused_default(_rows(x), n, k)
 
 

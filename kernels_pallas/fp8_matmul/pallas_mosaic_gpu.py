@@ -27,7 +27,8 @@ see ``MgpuConfig``): each compute warpgroup owns two 64x128 sub-tiles (two 128-c
 of 64 rows, or 128 rows of one weight block) and runs wgmma, wait and promotion once per sub-tile
 per K step, one after the other: a second in-flight 64x128 f32 accumulator (64 registers) would
 not fit beside the two running ones in the 232 registers a compute warpgroup gets (DeepGEMM's
-1D2D kernel stops at BLOCK_N = 192 for the same reason, keeping a full-width fresh accumulator).
+1D2D kernel stops at BLOCK_N = 192 for the same reason, keeping a full-width fresh accumulator;
+``_k_step_wide`` says how ptxas is kept from overlapping them).
 
 Fused activation quantization (``fp8_matmul_mgpu_fused``, prefill order): ``x`` arrives in
 BF16/F16; each compute warpgroup loads its [64, 128] slice, takes the row amax, computes
@@ -59,6 +60,7 @@ _MAX_STAGES = 6  # deepest ring that compiled without spills for every tile shap
 _MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 - 1)
 _REDUCTION_SCRATCH = 2048  # SMEM a kernel with a reduction reserves (CompilerParams default)
 _NUM_SMS = 132  # H100 SXM / H200
+_WIDE_SUB_N = 128  # columns of one wgmma sub-tile of the wide tiles (64 also compiles, 0 spills)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,11 +81,12 @@ class MgpuConfig:
     @property
     def wg_subtiles(self) -> tuple[tuple[int, int], ...]:
         """(row, column) offsets, inside one compute warpgroup's tile, of its 64-row wgmma
-        sub-tiles: one, or two 64x128 ones for the wide tiles (128x256: 64 rows x two weight
-        blocks; 256x128: 128 rows of one weight block)."""
+        sub-tiles: one, or ``_WIDE_SUB_N``-column ones for the wide tiles (128x256: 64 rows x
+        256 columns; 256x128: 128 rows x 128 columns)."""
         if self.swap_ab or max(self.block_m, self.block_n) <= GROUP:
             return ((0, 0),)
-        return ((0, 0), (0, GROUP)) if self.block_n > GROUP else ((0, 0), (_WGMMA_M, 0))
+        rows = range(0, self.block_m // self.num_compute_wgs, _WGMMA_M)
+        return tuple((r, c) for r in rows for c in range(0, self.block_n, _WIDE_SUB_N))
 
     def invalid(self) -> str | None:
         """Why this tile configuration is illegal, or None."""
@@ -201,16 +204,20 @@ def _pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, k_part=0, *, c
 _WGMMA = plgpu.Layout.WGMMA
 
 
-def _promote(acc, lhs, rhs, sx, sw, swap: bool):
-    """``acc + (lhs · rhs) · s_x · s_w``: one wgmma into a fresh f32 accumulator, waited for, then
-    promoted in registers (s_x per row, or per column when swapped; s_w a scalar)."""
+def _promote(acc, lhs, rhs, sx, sw, swap: bool, zero=None):
+    """``acc + (lhs · rhs) · s_x · s_w``: one wgmma into a fresh f32 accumulator (zeros, or the
+    given ``zero``), waited for, then promoted in registers (s_x per row, or per column when
+    swapped; s_w a scalar)."""
 
     def mma(acc_ref):
         plgpu.wgmma(acc_ref, lhs, rhs)
         plgpu.wgmma_wait(0)
         return acc_ref[...]
 
-    acc_k = pl.run_scoped(mma, plgpu.ACC(acc.shape, jnp.float32))
+    if zero is None:
+        acc_k = pl.run_scoped(mma, plgpu.ACC(acc.shape, jnp.float32))
+    else:  # attention_mgpu.py's way to start a wgmma accumulator from a value
+        acc_k = pl.run_state(mma)(plgpu.ACC.init(zero))
     scale = lax.broadcast_in_dim(sx * sw, acc.shape, [1 if swap else 0])
     return acc + acc_k * scale
 
@@ -232,21 +239,32 @@ def _k_step(x_smem, w_smem, sx_ref, acc, sw, xq_smem, *, cfg: MgpuConfig, fused:
     return _promote(acc, lhs, rhs, sx, sw, swap)
 
 
-def _k_step_wide(x_smem, w_smem, sx_ref, accs, sws, *, cfg: MgpuConfig):
+def _k_step_wide(x_smem, w_smem, sx_ref, accs, sws, *, cfg: MgpuConfig, chain: bool = True):
     """One 128-K step of a warpgroup owning two 64x128 sub-tiles (``MgpuConfig.wg_subtiles``):
     wgmma, wait and promotion per sub-tile, in turn (``sws``: the weight scale of each
-    128-column block of the CTA)."""
+    128-column block of the CTA).
+
+    Each sub-tile's fresh accumulator starts from ``previous promoted sub-tile x 0.0`` rather
+    than from constant zeros: that data dependence keeps ptxas from issuing the next wgmma before
+    the previous promotion is done, which needs a third 64-register accumulator (ptxas 12.9
+    interleaves them and spills 280 B/thread otherwise; costs 64 FMULs per step). Finite
+    outputs are unchanged; a non-finite promoted element (NaN input, f32 overflow) also makes
+    the same element of the warpgroup's next sub-tile NaN. ``chain=False`` (GPU interpret mode,
+    which cannot run a wgmma inside ``pl.run_state``) starts from zeros."""
     wg_m = cfg.block_m // cfg.num_compute_wgs
     base = lax.axis_index("wg") * wg_m
     out = []
     for acc, (r, c) in zip(accs, cfg.wg_subtiles, strict=True):
         rows = pl.ds(base + r, _WGMMA_M)
-        w_op = w_smem.at[pl.ds(c, GROUP)].T
-        out.append(_promote(acc, x_smem.at[rows], w_op, sx_ref[0, rows], sws[c // GROUP], False))
+        w_op = w_smem.at[pl.ds(c, _WIDE_SUB_N)].T
+        zero = out[-1] * 0.0 if out and chain else None
+        out.append(_promote(acc, x_smem.at[rows], w_op, sx_ref[0, rows], sws[c // GROUP], False,
+                            zero))  # fmt: skip
     return tuple(out)
 
 
-def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fused: bool, wdt):
+def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fused: bool, wdt,
+            interpret: bool = False):  # fmt: skip
     """One CTA: one output tile over all K steps. ``out`` is y [M_pad, N], or yᵀ when swapped."""
     out_dtype = out_gmem.dtype
     bm, bn, swap, tm = cfg.block_m, cfg.block_n, cfg.swap_ab, _WGMMA_M
@@ -275,7 +293,7 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
     ignore = lambda *_, **__: None
     nwg, subs = cfg.num_compute_wgs, cfg.wg_subtiles
     wide = len(subs) > 1
-    wg_m, sub_n = a_blk // nwg, GROUP if wide else b_blk  # a warpgroup's rows, a sub-tile's cols
+    wg_m, sub_n = a_blk // nwg, _WIDE_SUB_N if wide else b_blk  # a WG's rows, a sub-tile's cols
     scratch = dict(
         pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(*gmem_in),
         out_smem=plgpu.SMEM(
@@ -312,7 +330,7 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
             sx_ref = sx_ref[0] if sx_ref else None
             if wide:  # scalars issued early: their latency overlaps the first wgmma
                 sws = tuple(sw_gmem[nb + j, kb] for j in range(max(1, bn // GROUP)))
-                return _k_step_wide(x_smem, w_smem, sx_ref, acc, sws, cfg=cfg)
+                return _k_step_wide(x_smem, w_smem, sx_ref, acc, sws, cfg=cfg, chain=not interpret)
             sw = sw_gmem[nb, kb]  # issued early: its latency overlaps
             step = functools.partial(_k_step, cfg=cfg, fused=fused, wdt=wdt)
             return step(x_smem, w_smem, sx_ref, acc, sw, xq_smem)
@@ -385,7 +403,7 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
     if split > 1:  # K chunks: f32 partials [split · N, M_pad], summed below
         grid, names = (*grid, split), ("a", "b", "s")
     kern = plgpu.kernel(
-        functools.partial(_kernel, cfg=cfg, fused=fused, wdt=w_q.values.dtype),
+        functools.partial(_kernel, cfg=cfg, fused=fused, wdt=w_q.values.dtype, interpret=interpret),
         out_type=jax.ShapeDtypeStruct(
             (split * a_rows, b_rows), jnp.float32 if split > 1 else out_dtype
         ),  # fmt: skip
