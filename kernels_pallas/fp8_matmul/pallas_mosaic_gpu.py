@@ -210,14 +210,13 @@ def _promote(acc, lhs, rhs, sx, sw, swap: bool, zero=None):
     swapped; s_w a scalar)."""
 
     def mma(acc_ref):
+        if zero is not None:
+            acc_ref[...] = zero
         plgpu.wgmma(acc_ref, lhs, rhs)
         plgpu.wgmma_wait(0)
         return acc_ref[...]
 
-    if zero is None:
-        acc_k = pl.run_scoped(mma, plgpu.ACC(acc.shape, jnp.float32))
-    else:  # attention_mgpu.py's way to start a wgmma accumulator from a value
-        acc_k = pl.run_state(mma)(plgpu.ACC.init(zero))
+    acc_k = pl.run_scoped(mma, plgpu.ACC(acc.shape, jnp.float32))
     scale = lax.broadcast_in_dim(sx * sw, acc.shape, [1 if swap else 0])
     return acc + acc_k * scale
 
@@ -250,7 +249,7 @@ def _k_step_wide(x_smem, w_smem, sx_ref, accs, sws, *, cfg: MgpuConfig, chain: b
     interleaves them and spills 280 B/thread otherwise; costs 64 FMULs per step). Finite
     outputs are unchanged; a non-finite promoted element (NaN input, f32 overflow) also makes
     the same element of the warpgroup's next sub-tile NaN. ``chain=False`` (GPU interpret mode,
-    which cannot run a wgmma inside ``pl.run_state``) starts from zeros."""
+    which cannot store into a wgmma accumulator ref) starts from zeros."""
     wg_m = cfg.block_m // cfg.num_compute_wgs
     base = lax.axis_index("wg") * wg_m
     out = []
