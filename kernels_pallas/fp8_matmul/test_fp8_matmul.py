@@ -319,8 +319,45 @@ def test_smem_count_is_mosaic_gpus_count():
     assert count(MgpuConfig(128, 128, 3), 2, 2, True) == 198704
     assert count(MgpuConfig(128, 128, 3), 2, 4, True) == 231472  # fused, f32 out: fits
     assert count(MgpuConfig(128, 128, 6), 1, 2, False) == 232544 > mgpu.SMEM_BYTES
+    # the wide tiles (aot_check_wide_tiles.json: Mosaic's scratch + 8 B per barrier)
+    assert count(MgpuConfig(128, 256, 3), 1, 2, False) == 215040 + 48
+    assert count(MgpuConfig(256, 128, 3), 1, 2, False) == 216064 + 48
+    assert count(MgpuConfig(128, 256, 2), 1, 4, False) == 230400 + 32  # f32 out: 2 stages fit
+    assert count(MgpuConfig(128, 256, 3), 1, 4, False) > mgpu.SMEM_BYTES
     assert mgpu.default_config(4096, 12288, 4096, fused=True).max_concurrent_steps == 3
-    assert mgpu.default_config(4096, 12288, 4096).max_concurrent_steps == 4
+    assert mgpu.default_config(4096, 12288, 4096).max_concurrent_steps == 3  # 128x256
+
+
+@pytest.mark.parametrize(
+    "m,n,k,out_b,tile",
+    [  # (M, N, K, output bytes) -> (block_m, block_n, stages, swap_ab): 128x256 where its grid
+        # has >= 88 CTAs (2/3 of 132 SMs), 128x128 on smaller grids (perf_model.md)
+        (4096, 4096, 4096, 2, (128, 256, 3, False)),  # 512 CTAs
+        (4096, 1024, 4096, 2, (128, 256, 3, False)),  # 128 CTAs
+        (2048, 1024, 4096, 2, (128, 128, 4, False)),  # 64 wide CTAs: the model says 0.96x
+        (256, 12288, 4096, 2, (128, 256, 3, False)),  # 96 CTAs
+        (256, 4096, 4096, 2, (128, 128, 4, False)),  # 32 CTAs
+        (4096, 12288, 4096, 4, (128, 256, 2, False)),  # F32 out: 2 stages fit 227 KiB
+        (4096, 4160, 4096, 2, (128, 64, 4, False)),  # N % 128
+        (64, 4096, 4096, 2, (64, 64, 4, True)),  # decode
+    ],
+)
+def test_default_tile_choice(m, n, k, out_b, tile):
+    cfg = mgpu.default_config(m, n, k, out_itemsize=out_b)
+    assert (cfg.block_m, cfg.block_n, cfg.max_concurrent_steps, cfg.swap_ab) == tile
+    assert mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=out_b) is None
+    fused = mgpu.default_config(m, n, k, fused=True, out_itemsize=out_b)
+    assert len(fused.wg_subtiles) == 1  # the fused kernel never gets a wide tile
+
+
+def test_wide_tile_legality():
+    legal = [MgpuConfig(128, 256), MgpuConfig(256, 128)]
+    assert all(c.invalid() is None and len(c.wg_subtiles) == 2 for c in legal)
+    for bad in (MgpuConfig(256, 256), MgpuConfig(64, 256), MgpuConfig(256, 64),
+                MgpuConfig(16, 256, swap_ab=True)):  # fmt: skip
+        assert bad.invalid() is not None, bad
+    assert "fused" in mgpu.supports(4096, 4096, 4096, MgpuConfig(128, 256, 3), fused=True,
+                                    x_itemsize=2, out_itemsize=2)  # fmt: skip
 
 
 def test_tpu_support_check():

@@ -186,11 +186,14 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     name = _variant_name(cfg, fused)
     split_name = f"{name}_k{getattr(cfg, 'split_k', 1)}"
     prof = profs.get(split_name) or _nearest_profile(name, profs)
-    wg_rows, b_blk = 64, (cfg.block_m if cfg.swap_ab else cfg.block_n)
+    # a compute warpgroup's tile per step: 64 rows, or 128 rows / 256 columns for the wide
+    # tiles, whose sub-tiles each wait for their own wgmma (MgpuConfig.wg_subtiles)
+    b_blk = cfg.block_m if cfg.swap_ab else cfg.block_n
+    wg_rows = 64 if cfg.swap_ab else cfg.block_m // cfg.num_compute_wgs
     x_b = 2 if fused else 1
     loop = Loop(
         nwg=cfg.num_compute_wgs, threads=128 * (cfg.num_compute_wgs + 1),
-        wg_flops=2 * wg_rows * b_blk * 128, fp8=True, waits=1,
+        wg_flops=2 * wg_rows * b_blk * 128, fp8=True, waits=len(cfg.wg_subtiles),
         step_bytes=(cfg.block_m * x_b + cfg.block_n) * 128 + cfg.block_m * 4,
         stages=cfg.max_concurrent_steps,
     )  # fmt: skip
