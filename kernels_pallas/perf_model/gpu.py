@@ -208,7 +208,8 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
 
 
 def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: str = "default",
-                   label: str = "", split_k: int | None = None) -> Prediction:  # fmt: skip
+                   label: str = "", split_k: int | None = None,
+                   config=None) -> Prediction:  # fmt: skip
     """fp8_matmul on a Hopper GPU. ``x``: how activations arrive ("bf16" pays quantization).
     ``mode``: "default" (what ``api.fp8_matmul`` dispatches today), "fused" (in-kernel
     quantization), "qarray" (quantize once, then the QArray kernel)."""
@@ -219,7 +220,7 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
         fused = x == "bf16" and api.fused_default(m, n, k)
     else:
         fused = mode == "fused" and x == "bf16"
-    cfg = mgpu.default_config(m, n, k, fused=fused)
+    cfg = config or mgpu.default_config(m, n, k, fused=fused)
     if split_k is not None and cfg.swap_ab:
         cfg = dataclasses.replace(cfg, split_k=split_k)
     t, terms, name = matmul_kernel(chip, m, n, k, cfg, fused)
@@ -339,6 +340,8 @@ def predict_gpu(op: str, shape: dict, chip: str, label: str = "") -> Prediction:
 
 def design_changes() -> list[tuple[str, Prediction, Prediction]]:
     """(change, before, after) at every case the change touches, on H100 and H200."""
+    from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
+
     out = []
     for model, layer, n, k, ms in MATMUL_LAYERS:
         for m in (m for m in ms if m > 64):
@@ -355,6 +358,17 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                 before = predict_matmul(chip, m, n, k, "bf16", label=label, split_k=1)
                 if before.impl != after.impl:
                     out.append(("decode GEMM: split-K to fill the SMs", before, after))
+    for model, layer, n, k, ms in MATMUL_LAYERS:
+        for m in (m for m in ms if m > 64):
+            for chip in GPU_CHIPS:
+                label = f"{model} {layer} M={m}"
+                square = mgpu.MgpuConfig(128, 128, 4)  # the default before (BF16 out: 4 fit)
+                before = predict_matmul(chip, m, n, k, "bf16", mode="qarray", label=label,
+                                        config=square)  # fmt: skip
+                after = predict_matmul(chip, m, n, k, "bf16", mode="qarray", label=label)
+                if before.impl != after.impl:
+                    out.append(("prefill: 128x256 CTA tiles (2 sub-tiles per warpgroup)",
+                                before, after))  # fmt: skip
     for model, b, s, h, n_kv in ATTENTION_SHAPES:
         for chip in GPU_CHIPS:
             label = f"{model} B={b} S={s} H/K={h}/{n_kv} fp8 cache"
