@@ -56,8 +56,8 @@ def _fused(x, config, n: int = 0, k: int = 0) -> bool:
     non-swap 64/128 config asks)."""
     if isinstance(x, QArray) or x.dtype not in _RAW_16BIT:
         return False
-    if config is not None:  # the wide tiles have no fused variant: XLA quantizes x for them
-        return not config.swap_ab and len(config.wg_subtiles) == 1
+    if config is not None:  # wide tiles, clusters: no fused variant, XLA quantizes x for them
+        return not config.swap_ab and len(config.wg_subtiles) == 1 and config.cluster_m == 1
     return fused_default(_rows(x), n, k)
 
 

@@ -25,6 +25,7 @@ class MgpuConfig:
     max_concurrent_steps: int = 4  # SMEM ring depth of the TMA pipeline (K steps in flight), <= 6
     swap_ab: bool = False  # compute yᵀ = w xᵀ so that M is the wgmma N (decode)
     split_k: int = 1  # swap_ab only: K split over this many CTAs, f32 partials summed by XLA
+    cluster_m: int = 1  # 2: CTA pairs along M share each weight tile by TMA multicast (prefill)
 
     @property
     def num_compute_wgs(self) -> int:
@@ -55,6 +56,8 @@ class MgpuConfig:
         if not self.swap_ab and self.block_m == 256 and self.block_n != 128:
             return f"block_m=256 needs block_n=128 (two 64x128 sub-tiles per warpgroup), got " \
                    f"{self.block_n}"  # fmt: skip
+        if self.cluster_m not in (1, 2) or (self.cluster_m == 2 and self.swap_ab):
+            return f"cluster_m must be 1, or 2 without swap_ab, got {self.cluster_m}"
         if self.split_k < 1 or (self.split_k > 1 and not self.swap_ab):
             return f"split_k must be 1, or > 1 with swap_ab, got {self.split_k}"
         if not 2 <= self.max_concurrent_steps <= _MAX_STAGES:
@@ -132,6 +135,8 @@ def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize
         # Mosaic GPU's layout inference finds no register layout for the row amax of a tile of
         # fewer than 64 rows, and at 64 rows swapping gains nothing.
         return "the fused (BF16 x) kernel has no swap_ab variant"
+    if fused and cfg.cluster_m > 1:
+        return "the fused (BF16 x) kernel has no cluster variant"
     if fused and len(cfg.wg_subtiles) > 1:
         return "the fused (BF16 x) kernel takes 64/128 tiles only (one x slice per warpgroup)"
     if k % GROUP or k == 0:
@@ -148,7 +153,7 @@ def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize
         return f"N={n} must be a multiple of block_n={cfg.block_n}"
     if m < 1:
         return "M must be >= 1"
-    if max(-(-m // cfg.block_m), n // cfg.block_n) > _MAX_GRID:
+    if max(-(-m // (cfg.block_m * cfg.cluster_m)), n // cfg.block_n) > _MAX_GRID:
         return f"the CTA grid ({-(-m // cfg.block_m)} x {n // cfg.block_n}) exceeds {_MAX_GRID}"
     used = smem_bytes(cfg, k, x_itemsize, out_itemsize, fused)
     if used > SMEM_BYTES:

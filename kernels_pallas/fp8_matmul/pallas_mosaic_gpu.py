@@ -89,7 +89,13 @@ def _pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, k_part=0, *, c
         plgpu.BlockSpec(
             (bm, GROUP), lambda kk: (0, kk), transforms=_smem_transforms(x_gmem.dtype, GROUP)
         ),
-        plgpu.BlockSpec((bn, GROUP), lambda kk: (0, kk), transforms=_smem_transforms(wdt, GROUP)),
+        plgpu.BlockSpec(
+            (bn, GROUP),
+            lambda kk: (0, kk),
+            transforms=_smem_transforms(wdt, GROUP),
+            # a 2-CTA cluster along M shares the weight tile: one TMA multicast to both SMs
+            collective_axes=("c",) if cfg.cluster_m > 1 else (),
+        ),  # fmt: skip
     ]
     steps = w_gmem.shape[1] // GROUP // cfg.split_k
     k_cols, k_rows = pl.ds(k_part * steps * GROUP, steps * GROUP), pl.ds(k_part * steps, steps)
@@ -168,6 +174,8 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
     bm, bn, swap, tm = cfg.block_m, cfg.block_n, cfg.swap_ab, _WGMMA_M
     a_blk, b_blk = (bn, bm) if swap else (bm, bn)  # rows of the A and B operand tiles
     a_idx, b_idx = lax.axis_index("a"), lax.axis_index("b")
+    if cfg.cluster_m > 1:  # M tiles: cluster-major, the two CTAs of a cluster adjacent
+        a_idx = a_idx * cfg.cluster_m + lax.axis_index("c")
     k_part = lax.axis_index("s") if cfg.split_k > 1 else 0
     steps = w_gmem.shape[1] // GROUP // cfg.split_k
     m_idx, n_idx = (b_idx, a_idx) if swap else (a_idx, b_idx)
@@ -264,7 +272,8 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
     a_rows, b_rows = (n, m_pad) if cfg.swap_ab else (m_pad, n)
     a_blk, b_blk = (cfg.block_n, cfg.block_m) if cfg.swap_ab else (cfg.block_m, cfg.block_n)
     split = cfg.split_k
-    grid, names = (a_rows // a_blk, b_rows // b_blk), ("a", "b")
+    grid, names = (a_rows // a_blk // cfg.cluster_m, b_rows // b_blk), ("a", "b")
+    cluster = dict(cluster=(cfg.cluster_m,), cluster_names=("c",)) if cfg.cluster_m > 1 else {}
     if split > 1:  # K chunks: f32 partials [split · N, M_pad], summed below
         grid, names = (*grid, split), ("a", "b", "s")
     kern = plgpu.kernel(
@@ -277,6 +286,7 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
         num_threads=cfg.num_compute_wgs + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        **cluster,
         **({"interpret": plgpu.InterpretGPUParams()} if interpret else {}),
     )
     y = kern(x, sx_t, w_q.values, w_q.scales)
@@ -307,7 +317,7 @@ def fp8_matmul_mgpu(
     (m, k), n = x_q.shape, w_q.shape[0]
     cfg = config or default_config(m, n, k, out_itemsize=jnp.dtype(out_dtype).itemsize)
     _check(m, k, n, cfg, fused=False, x_itemsize=1, out_dtype=out_dtype)
-    m_pad = pl.cdiv(m, cfg.block_m) * cfg.block_m
+    m_pad = pl.cdiv(m, cfg.block_m * cfg.cluster_m) * cfg.block_m * cfg.cluster_m
     sx_t = _pad_rows(x_q.scales, m_pad).T  # padded rows: zero values and zero scales
     y = _call(_pad_rows(x_q.values, m_pad), sx_t, w_q, out_dtype=jnp.dtype(out_dtype), cfg=cfg,
               fused=False, interpret=interpret)  # fmt: skip
