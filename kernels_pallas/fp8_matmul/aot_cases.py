@@ -104,6 +104,10 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4097, _G(256, 128, 3)),  # M tail
     ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 8192, 28672, 4096, _G(256, 128, 3)),
     *WIDE,
+    # 2-CTA clusters along M (weight tile multicast): explicit, 128x128 and F32 out
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(128, 128, 4, cluster_m=2)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 4096, _G(128, 256, 2, cluster_m=2)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 300, _G(128, 256, 3, cluster_m=2)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 384, 256, 48, _T(block_m=32, block_k=256)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _F32, 4096, 4096, 4096, _T(512, block_k=1024)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 4096, _T(1024, block_k=2048)),

@@ -142,11 +142,13 @@ def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, 
             cfgs += [G(bm, 64, 4, True, split) for split in (1, 2, 4, 8)]
         if m <= 256:
             cfgs += [G(min(64, -(-m // 16) * 16), 64, 4, True), G(64, 128, 4)]
-        cfgs += [G(128, 256, 3), G(256, 128, 3), G(128, 128, 4), G(128, 64, 4), G(64, 64, 6)]
+        cfgs += [G(128, 256, 3, cluster_m=2), G(128, 256, 3), G(256, 128, 3)]
+        cfgs += [G(128, 128, 4, cluster_m=2), G(128, 128, 4), G(128, 64, 4), G(64, 64, 6)]
         for cfg in dict.fromkeys(cfgs):
             if mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None:
                 name = f"pallas_mosaic_gpu:{cfg.block_m}x{cfg.block_n}x{cfg.max_concurrent_steps}"
                 name += f"s/k{cfg.split_k}" if cfg.swap_ab else ""
+                name += f"/c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""
                 specs.append((name, "pallas_mosaic_gpu", cfg))
     elif platform == "tpu":
         specs.append(("pallas_tpu", "pallas_tpu", None))

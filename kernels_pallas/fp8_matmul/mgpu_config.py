@@ -107,8 +107,10 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     gives 64 CTAs streaming the weight, and M rounded up to 16. Prefill: 128x256 CTAs where their
     grid fills >= 2/3 of the SMs (the performance model, H100: 1.33-1.44x faster than 128x128
     there, 0.5-0.96x on grids of <= 64 CTAs: ``perf_model.md``), else 128x128 with two compute
-    warpgroups (64x128 if N % 128). The ring is as deep as fits the SMEM budget (<= 4 stages;
-    3 for 128x256 or the fused variant's BF16 x tiles; 2 for 128x256 with F32 out)."""
+    warpgroups (64x128 if N % 128). Unfused prefill grids of >= 88 CTAs with an even number of
+    M tiles run as 2-CTA clusters sharing each weight tile (TMA multicast; the model: 1.06-1.41x
+    there, losses only on small or odd-padded grids). The ring is as deep as fits the SMEM budget
+    (<= 4 stages; 3 for 128x256 or the fused variant's BF16 x tiles; 2 for 128x256, F32 out)."""
     if m <= 64 and not fused:
         cfg = MgpuConfig(block_m=-(-m // 16) * 16, block_n=64, swap_ab=True,
                          split_k=default_split_k(n // 64, k // GROUP))  # fmt: skip
@@ -118,6 +120,10 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
         cfg = MgpuConfig(block_m=128, block_n=256)
     else:
         cfg = MgpuConfig(block_m=128, block_n=128 if n % 128 == 0 else 64)
+    tiles_m = -(-m // cfg.block_m)
+    if not (fused or cfg.swap_ab) and tiles_m % 2 == 0 and \
+            tiles_m * (n // cfg.block_n) >= _NUM_SMS * 2 // 3:  # fmt: skip
+        cfg = dataclasses.replace(cfg, cluster_m=2)
     x_itemsize = 2 if fused else 1
     for stages in range(cfg.max_concurrent_steps, 1, -1):
         cfg = dataclasses.replace(cfg, max_concurrent_steps=stages)

@@ -333,24 +333,29 @@ def test_smem_count_is_mosaic_gpus_count():
 
 @pytest.mark.parametrize(
     "m,n,k,out_b,tile",
-    [  # (M, N, K, output bytes) -> (block_m, block_n, stages, swap_ab): 128x256 where its grid
-        # has >= 88 CTAs (2/3 of 132 SMs), 128x128 on smaller grids (perf_model.md)
-        (4096, 4096, 4096, 2, (128, 256, 3, False)),  # 512 CTAs
-        (4096, 1024, 4096, 2, (128, 256, 3, False)),  # 128 CTAs
-        (2048, 1024, 4096, 2, (128, 128, 4, False)),  # 64 wide CTAs: the model says 0.96x
-        (256, 12288, 4096, 2, (128, 256, 3, False)),  # 96 CTAs
-        (256, 4096, 4096, 2, (128, 128, 4, False)),  # 32 CTAs
-        (4096, 12288, 4096, 4, (128, 256, 2, False)),  # F32 out: 2 stages fit 227 KiB
-        (4096, 4160, 4096, 2, (128, 64, 4, False)),  # N % 128
-        (64, 4096, 4096, 2, (64, 64, 4, True)),  # decode
+    [  # (M, N, K, output bytes) -> (block_m, block_n, stages, swap_ab, cluster_m): 128x256 where
+        # its grid has >= 88 CTAs (2/3 of 132 SMs), 128x128 on smaller grids; 2-CTA clusters on
+        # grids of >= 88 CTAs with an even number of M tiles (perf_model.md)
+        (4096, 4096, 4096, 2, (128, 256, 3, False, 2)),  # 512 CTAs
+        (4096, 1024, 4096, 2, (128, 256, 3, False, 2)),  # 128 CTAs
+        (4097, 1024, 4096, 2, (128, 256, 3, False, 1)),  # 33 M tiles: no cluster padding
+        (2048, 1024, 4096, 2, (128, 128, 4, False, 2)),  # 64 wide CTAs: the model says 0.96x
+        (1024, 1024, 4096, 2, (128, 128, 4, False, 1)),  # 64 CTAs
+        (256, 12288, 4096, 2, (128, 256, 3, False, 2)),  # 96 CTAs
+        (256, 4096, 4096, 2, (128, 128, 4, False, 1)),  # 32 CTAs
+        (128, 28672, 8192, 2, (128, 256, 3, False, 1)),  # one M tile
+        (4096, 12288, 4096, 4, (128, 256, 2, False, 2)),  # F32 out: 2 stages fit 227 KiB
+        (4096, 4160, 4096, 2, (128, 64, 4, False, 2)),  # N % 128
+        (64, 4096, 4096, 2, (64, 64, 4, True, 1)),  # decode
     ],
 )
 def test_default_tile_choice(m, n, k, out_b, tile):
     cfg = mgpu.default_config(m, n, k, out_itemsize=out_b)
-    assert (cfg.block_m, cfg.block_n, cfg.max_concurrent_steps, cfg.swap_ab) == tile
+    got = (cfg.block_m, cfg.block_n, cfg.max_concurrent_steps, cfg.swap_ab, cfg.cluster_m)
+    assert got == tile
     assert mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=out_b) is None
     fused = mgpu.default_config(m, n, k, fused=True, out_itemsize=out_b)
-    assert len(fused.wg_subtiles) == 1  # the fused kernel never gets a wide tile
+    assert len(fused.wg_subtiles) == 1 and fused.cluster_m == 1  # no wide or cluster variant
 
 
 def test_wide_tile_legality():
@@ -361,6 +366,9 @@ def test_wide_tile_legality():
         assert bad.invalid() is not None, bad
     assert "fused" in mgpu.supports(4096, 4096, 4096, MgpuConfig(128, 256, 3), fused=True,
                                     x_itemsize=2, out_itemsize=2)  # fmt: skip
+    assert MgpuConfig(128, 256, cluster_m=2).invalid() is None
+    assert "cluster_m" in MgpuConfig(16, 64, swap_ab=True, cluster_m=2).invalid()
+    assert "cluster_m" in MgpuConfig(128, 128, cluster_m=4).invalid()
 
 
 def test_tpu_support_check():

@@ -166,7 +166,8 @@ def _variant_name(cfg, fused: bool) -> str:
         return f"mm_fused_{cfg.block_m}x{cfg.block_n}"
     if cfg.swap_ab:
         return f"mm_swap_{cfg.block_m}x{cfg.block_n}"
-    return f"mm_qarray_{cfg.block_m}x{cfg.block_n}"
+    cluster = f"_c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""
+    return f"mm_qarray_{cfg.block_m}x{cfg.block_n}{cluster}"
 
 
 def _nearest_profile(name: str, profs: dict) -> dict:
@@ -194,11 +195,13 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     loop = Loop(
         nwg=cfg.num_compute_wgs, threads=128 * (cfg.num_compute_wgs + 1),
         wg_flops=2 * wg_rows * b_blk * 128, fp8=True, waits=len(cfg.wg_subtiles),
-        step_bytes=(cfg.block_m * x_b + cfg.block_n) * 128 + cfg.block_m * 4,
+        # a weight tile multicast to a cluster of CTAs is read from L2 once for all of them
+        step_bytes=(cfg.block_m * x_b + cfg.block_n // cfg.cluster_m) * 128 + cfg.block_m * 4,
         stages=cfg.max_concurrent_steps,
     )  # fmt: skip
     split = getattr(cfg, "split_k", 1)
-    ctas = math.ceil(m / cfg.block_m) * (n // cfg.block_n) * split
+    cl = getattr(cfg, "cluster_m", 1)  # M is padded to whole clusters
+    ctas = math.ceil(m / (cfg.block_m * cl)) * cl * (n // cfg.block_n) * split
     t, terms = grid_time(chip, loop, prof, ctas, k // 128 // split)
     if split > 1:  # the XLA sum of the f32 partials [split, N, M_pad]
         m_pad = math.ceil(m / cfg.block_m) * cfg.block_m

@@ -48,6 +48,8 @@ def variants() -> dict:
         "mm_qarray_64x128": (*mm(4096, "fp8", G(64, 128, 4)), {}),
         "mm_qarray_128x256": (*mm(4096, "fp8", G(128, 256, 3)), {}),
         "mm_qarray_256x128": (*mm(4096, "fp8", G(256, 128, 3)), {}),
+        "mm_qarray_128x256_c2": (*mm(4096, "fp8", G(128, 256, 3, cluster_m=2)), {}),
+        "mm_qarray_128x128_c2": (*mm(4096, "fp8", G(128, 128, 4, cluster_m=2)), {}),
         "mm_fused_128x128": (*mm(4096, "bf16", G(128, 128, 3)), {}),
         "mm_swap_16x64": (*mm(16, "fp8", G(16, 64, 4, True)), {}),
         "mm_swap_32x64": (*mm(32, "fp8", G(32, 64, 4, True)), {}),
