@@ -365,13 +365,21 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
         for m in (m for m in ms if m > 64):
             for chip in GPU_CHIPS:
                 label = f"{model} {layer} M={m}"
-                square = mgpu.MgpuConfig(128, 128, 4)  # the default before (BF16 out: 4 fit)
-                before = predict_matmul(chip, m, n, k, "bf16", mode="qarray", label=label,
-                                        config=square)  # fmt: skip
-                after = predict_matmul(chip, m, n, k, "bf16", mode="qarray", label=label)
-                if before.impl != after.impl:
-                    out.append(("prefill: 128x256 CTA tiles (2 sub-tiles per warpgroup)",
-                                before, after))  # fmt: skip
+                now = mgpu.default_config(m, n, k)
+                steps = (
+                    ("prefill: 128x256 CTA tiles (2 sub-tiles per warpgroup)",
+                     mgpu.MgpuConfig(128, 128, 4), dataclasses.replace(now, cluster_m=1)),
+                    ("prefill: 2-CTA clusters along M, weight tile multicast",
+                     dataclasses.replace(now, cluster_m=1), now),
+                )  # fmt: skip
+                for change, cfg_before, cfg_after in steps:
+                    before, after = (
+                        predict_matmul(chip, m, n, k, "bf16", mode="qarray", label=label,
+                                       config=c)
+                        for c in (cfg_before, cfg_after)
+                    )  # fmt: skip
+                    if before.impl != after.impl:
+                        out.append((change, before, after))
     for model, b, s, h, n_kv in ATTENTION_SHAPES:
         for chip in GPU_CHIPS:
             label = f"{model} B={b} S={s} H/K={h}/{n_kv} fp8 cache"
