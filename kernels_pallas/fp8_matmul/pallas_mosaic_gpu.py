@@ -30,6 +30,11 @@ not fit beside the two running ones in the 232 registers a compute warpgroup get
 1D2D kernel stops at BLOCK_N = 192 for the same reason, keeping a full-width fresh accumulator;
 ``_k_step_wide`` says how ptxas is kept from overlapping them).
 
+2-CTA clusters (``MgpuConfig.cluster_m=2``, prefill): the two CTAs of a cluster take adjacent M
+tiles of the same N tile, and the weight BlockSpec is collective over the cluster axis, so each
+weight tile is read from L2 once and multicast to both SMs by TMA (jax
+``hopper_matmul_mgpu.py``'s ``cluster_dimension``; DeepGEMM's TMA multicast).
+
 Fused activation quantization (``fp8_matmul_mgpu_fused``, prefill order): ``x`` arrives in
 BF16/F16; each compute warpgroup loads its [64, 128] slice, takes the row amax, computes
 ``s = max(amax, tiny) / fp8_max``, casts ``clip(x / s)`` to FP8 and stores it into a private

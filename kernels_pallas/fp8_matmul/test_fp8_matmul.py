@@ -324,6 +324,7 @@ def test_smem_count_is_mosaic_gpus_count():
     assert count(MgpuConfig(128, 128, 6), 1, 2, False) == 232544 > mgpu.SMEM_BYTES
     # the wide tiles (aot_check_wide_tiles.json: Mosaic's scratch + 8 B per barrier)
     assert count(MgpuConfig(128, 256, 3), 1, 2, False) == 215040 + 48
+    assert count(MgpuConfig(128, 256, 3, cluster_m=2), 1, 2, False) == 215040 + 48  # cluster
     assert count(MgpuConfig(256, 128, 3), 1, 2, False) == 216064 + 48
     assert count(MgpuConfig(128, 256, 2), 1, 4, False) == 230400 + 32  # f32 out: 2 stages fit
     assert count(MgpuConfig(128, 256, 3), 1, 4, False) > mgpu.SMEM_BYTES
