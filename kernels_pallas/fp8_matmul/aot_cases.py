@@ -74,6 +74,12 @@ EXTRA = (
 
 
 _G, _T = mgpu.MgpuConfig, tpu.TpuConfig
+# The 128x256 tile (3 stages) at the issue-21 prefill shapes (K, N) at M = 4096: Qwen3-8B q|o,
+# k|v, gate|up, down; Llama-3-70B q|o, gate|up; DeepSeek-V3 (DeepGEMM's table) two GEMMs.
+WIDE_KN = ((4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (8192, 8192),
+           (8192, 28672), (1536, 24576), (16384, 7168))  # fmt: skip
+WIDE = tuple(("pallas_mosaic_gpu", ("h100",), "fp8", _BF, k, n, 4096, _G(128, 256, 3))
+             for k, n in WIDE_KN)  # fmt: skip
 # Tile configurations the support check accepts beyond the per-shape defaults above:
 # (impl, targets, activations, output dtype, K, N, M, config)
 TILES = (
@@ -93,6 +99,15 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 16, _G(16, 64, 4, True)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 1024, 16, _G(16, 64, 4, True, 8)),  # split-K
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 1024, 64, _G(64, 64, 4, True, 2)),
+    # the wide prefill tiles: 128x256 (f32 out: 2 stages, 230432 B of SMEM), 256x128
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 4096, _G(128, 256, 2)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4097, _G(256, 128, 3)),  # M tail
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 8192, 28672, 4096, _G(256, 128, 3)),
+    *WIDE,
+    # 2-CTA clusters along M (weight tile multicast): explicit, 128x128 and F32 out
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(128, 128, 4, cluster_m=2)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 4096, _G(128, 256, 2, cluster_m=2)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 300, _G(128, 256, 3, cluster_m=2)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 384, 256, 48, _T(block_m=32, block_k=256)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _F32, 4096, 4096, 4096, _T(512, block_k=1024)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 4096, _T(1024, block_k=2048)),

@@ -53,11 +53,11 @@ def fused_default(m: int, n: int, k: int) -> bool:
 
 def _fused(x, config, n: int = 0, k: int = 0) -> bool:
     """Raw BF16/F16 x goes to the fused kernel where ``fused_default`` says (or an explicit
-    non-swap config asks)."""
+    non-swap 64/128 config asks)."""
     if isinstance(x, QArray) or x.dtype not in _RAW_16BIT:
         return False
-    if config is not None:
-        return not config.swap_ab
+    if config is not None:  # wide tiles, clusters: no fused variant, XLA quantizes x for them
+        return not config.swap_ab and len(config.wg_subtiles) == 1 and config.cluster_m == 1
     return fused_default(_rows(x), n, k)
 
 
@@ -142,11 +142,13 @@ def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, 
             cfgs += [G(bm, 64, 4, True, split) for split in (1, 2, 4, 8)]
         if m <= 256:
             cfgs += [G(min(64, -(-m // 16) * 16), 64, 4, True), G(64, 128, 4)]
-        cfgs += [G(128, 128, 4), G(128, 64, 4), G(64, 64, 6)]
+        cfgs += [G(128, 256, 3, cluster_m=2), G(128, 256, 3), G(256, 128, 3)]
+        cfgs += [G(128, 128, 4, cluster_m=2), G(128, 128, 4), G(128, 64, 4), G(64, 64, 6)]
         for cfg in dict.fromkeys(cfgs):
             if mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None:
                 name = f"pallas_mosaic_gpu:{cfg.block_m}x{cfg.block_n}x{cfg.max_concurrent_steps}"
                 name += f"s/k{cfg.split_k}" if cfg.swap_ab else ""
+                name += f"/c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""
                 specs.append((name, "pallas_mosaic_gpu", cfg))
     elif platform == "tpu":
         specs.append(("pallas_tpu", "pallas_tpu", None))

@@ -20,7 +20,20 @@ the weight is stored ``[N, K]`` (the QArray weight convention, ``qarray.py``) an
 
 Scales: ``s_x`` travels as ``[K/128, M_pad]`` f32 (one contiguous TMA row per K step); the weight
 scale is one f32 scalar per 128x128 block, read from ``s_w [N/128, K/128]`` in GMEM each step (a
-warpgroup's 64 weight rows never straddle two blocks, since ``block_n <= 128`` divides 128).
+wgmma's <= 128 weight rows never straddle two blocks).
+
+Wide prefill tiles (128x256, 256x128: 3/4 of the L2 -> SMEM bytes per FLOP of 128x128;
+see ``MgpuConfig``): each compute warpgroup owns two 64x128 sub-tiles (two 128-column weight blocks
+of 64 rows, or 128 rows of one weight block) and runs wgmma, wait and promotion once per sub-tile
+per K step, one after the other: a second in-flight 64x128 f32 accumulator (64 registers) would
+not fit beside the two running ones in the 232 registers a compute warpgroup gets (DeepGEMM's
+1D2D kernel stops at BLOCK_N = 192 for the same reason, keeping a full-width fresh accumulator;
+``_k_step_wide`` says how ptxas is kept from overlapping them).
+
+2-CTA clusters (``MgpuConfig.cluster_m=2``, prefill): the two CTAs of a cluster take adjacent M
+tiles of the same N tile, and the weight BlockSpec is collective over the cluster axis, so each
+weight tile is read from L2 once and multicast to both SMs by TMA (jax
+``hopper_matmul_mgpu.py``'s ``cluster_dimension``; DeepGEMM's TMA multicast).
 
 Fused activation quantization (``fp8_matmul_mgpu_fused``, prefill order): ``x`` arrives in
 BF16/F16; each compute warpgroup loads its [64, 128] slice, takes the row amax, computes
@@ -33,7 +46,6 @@ GPU interpret mode (``InterpretGPUParams``) checks semantics only; the deviceles
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -42,103 +54,20 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+# The tile configuration (legality, SMEM count, defaults) lives in mgpu_config; re-exported here.
+from kernels_pallas.fp8_matmul.mgpu_config import (  # noqa: F401
+    _MAX_GRID,
+    _WGMMA_M,
+    _WIDE_SUB_N,
+    GROUP,
+    SMEM_BYTES,
+    MgpuConfig,
+    default_config,
+    default_split_k,
+    smem_bytes,
+    supports,
+)
 from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_max
-
-GROUP = 128  # K group of activation scales and K block (and N block) of weight scales
-SMEM_BYTES = 232448  # H100/H200 shared_memory_per_block_optin (227 KiB), Mosaic GPU's budget
-_WGMMA_M = 64  # rows of one warpgroup's wgmma tile
-_SMEM_ALIGN = 1024  # Mosaic GPU rounds every SMEM scratch buffer up to this (SMEM_ALIGNMENT)
-_MAX_STAGES = 6  # deepest ring that compiled without spills for every tile shape tried
-_MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 - 1)
-_REDUCTION_SCRATCH = 2048  # SMEM a kernel with a reduction reserves (CompilerParams default)
-_NUM_SMS = 132  # H100 SXM / H200
-
-
-@dataclasses.dataclass(frozen=True)
-class MgpuConfig:
-    """Tile configuration of the Hopper kernel (a static argument)."""
-
-    block_m: int = 128  # x rows per CTA: 64 or 128 (64 per compute WG); swap_ab: 8..64, mult. of 8
-    block_n: int = 128  # w rows (output columns) per CTA: 64 or 128 (swap_ab: 64 per compute WG)
-    max_concurrent_steps: int = 4  # SMEM ring depth of the TMA pipeline (K steps in flight), <= 6
-    swap_ab: bool = False  # compute yᵀ = w xᵀ so that M is the wgmma N (decode)
-    split_k: int = 1  # swap_ab only: K split over this many CTAs, f32 partials summed by XLA
-
-    @property
-    def num_compute_wgs(self) -> int:
-        rows = self.block_n if self.swap_ab else self.block_m
-        return rows // _WGMMA_M
-
-    def invalid(self) -> str | None:
-        """Why this tile configuration is illegal, or None."""
-        if self.block_n not in (64, 128):
-            return f"block_n must be 64 or 128 (one weight scale per warpgroup), got {self.block_n}"
-        if self.swap_ab and (self.block_m % 8 or not 8 <= self.block_m <= 64):
-            return f"swap_ab block_m must be a multiple of 8 in [8, 64], got {self.block_m}"
-        if not self.swap_ab and self.block_m not in (64, 128):
-            return f"block_m must be 64 or 128, got {self.block_m}"
-        if self.split_k < 1 or (self.split_k > 1 and not self.swap_ab):
-            return f"split_k must be 1, or > 1 with swap_ab, got {self.split_k}"
-        if not 2 <= self.max_concurrent_steps <= _MAX_STAGES:
-            # Deeper rings spill registers (ptxas, H100: 64x64 tiles spill from 8 stages).
-            steps = self.max_concurrent_steps
-            return f"max_concurrent_steps must be in [2, {_MAX_STAGES}], got {steps}"
-        return None
-
-
-def _align(nbytes: int) -> int:
-    return -(-nbytes // _SMEM_ALIGN) * _SMEM_ALIGN
-
-
-def smem_bytes(cfg: MgpuConfig, k: int, x_itemsize: int, out_itemsize: int, fused: bool) -> int:
-    """The SMEM the kernel allocates, counted as Mosaic GPU counts it: every scratch buffer
-    rounded up to 1 KiB (``SMEM_ALIGNMENT``), 8 B per pipeline barrier (a produced and a consumed
-    one per stage), and the reduction scratch the fused row amax reserves. Equals the
-    ``smem_bytes`` of ``mosaic/gpu/core.py`` for every case in ``aot_cases.py`` (jax 0.11.2 and
-    0.12.0.1)."""
-    stages = min(cfg.max_concurrent_steps, k // GROUP // cfg.split_k)  # never holds more
-    ring = [cfg.block_m * GROUP * x_itemsize, cfg.block_n * GROUP]
-    ring += [] if fused else [cfg.block_m * 4]
-    total = sum(_align(stages * b) for b in ring) + 2 * stages * 8
-    out_itemsize = 4 if cfg.split_k > 1 else out_itemsize  # f32 partials
-    total += _align(cfg.block_m * cfg.block_n * out_itemsize)  # epilogue tile
-    if fused:
-        total += _align(cfg.block_m * GROUP) + _REDUCTION_SCRATCH  # x̂ tile, amax scratch
-    return total
-
-
-def default_split_k(ctas: int, k_steps: int) -> int:
-    """K chunks for a decode grid of ``ctas`` CTAs (one per SM at 255 registers): the largest
-    power of two with ``ctas · split <= 66`` (half the SMs) and >= 8 K steps per chunk. The
-    performance model (``perf_model.gpu``, H100) predicts: k/v_proj (16 CTAs, split 4) 1.3x
-    faster; grids of 64+ CTAs unsplit (at M = 64 a split is slower: the f32 partials' XLA sum
-    and the 64-row x tile re-read per chunk cost more than the SMs gained). The on-device
-    autotuner (``kernels_pallas.autotune``) also times split 2-8."""
-    split = 1
-    while ctas * split * 2 <= _NUM_SMS // 2 and k_steps % (split * 2) == 0 and \
-            k_steps // (split * 2) >= 8:  # fmt: skip
-        split *= 2
-    return split
-
-
-def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2):
-    """Untuned defaults. Decode (M <= 64, unfused): swap-AB with 64 weight rows per CTA, so N=4096
-    gives 64 CTAs streaming the weight, and M rounded up to 16. Otherwise 128x128 CTAs with two
-    compute warpgroups (64x128 if N % 128). The ring is as deep as fits the SMEM budget (<= 4
-    stages; the fused variant's BF16 x tiles allow 3)."""
-    if m <= 64 and not fused:
-        cfg = MgpuConfig(block_m=-(-m // 16) * 16, block_n=64, swap_ab=True,
-                         split_k=default_split_k(n // 64, k // GROUP))  # fmt: skip
-    elif m <= 64:
-        cfg = MgpuConfig(block_m=64, block_n=64 if n % 128 else 128)
-    else:
-        cfg = MgpuConfig(block_m=128, block_n=128 if n % 128 == 0 else 64)
-    x_itemsize = 2 if fused else 1
-    for stages in range(cfg.max_concurrent_steps, 1, -1):
-        cfg = dataclasses.replace(cfg, max_concurrent_steps=stages)
-        if smem_bytes(cfg, k, x_itemsize, out_itemsize, fused) <= SMEM_BYTES:
-            break
-    return cfg
 
 
 def _smem_transforms(dtype, minor: int):
@@ -165,7 +94,13 @@ def _pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, k_part=0, *, c
         plgpu.BlockSpec(
             (bm, GROUP), lambda kk: (0, kk), transforms=_smem_transforms(x_gmem.dtype, GROUP)
         ),
-        plgpu.BlockSpec((bn, GROUP), lambda kk: (0, kk), transforms=_smem_transforms(wdt, GROUP)),
+        plgpu.BlockSpec(
+            (bn, GROUP),
+            lambda kk: (0, kk),
+            transforms=_smem_transforms(wdt, GROUP),
+            # a 2-CTA cluster along M shares the weight tile: one TMA multicast to both SMs
+            collective_axes=("c",) if cfg.cluster_m > 1 else (),
+        ),  # fmt: skip
     ]
     steps = w_gmem.shape[1] // GROUP // cfg.split_k
     k_cols, k_rows = pl.ds(k_part * steps * GROUP, steps * GROUP), pl.ds(k_part * steps, steps)
@@ -174,6 +109,26 @@ def _pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, k_part=0, *, c
         in_specs.append(plgpu.BlockSpec((1, bm), lambda kk: (kk, 0)))
         gmem_in.append(sx_gmem.at[k_rows, m_slice])
     return in_specs, gmem_in
+
+
+_WGMMA = plgpu.Layout.WGMMA
+
+
+def _promote(acc, lhs, rhs, sx, sw, swap: bool, zero=None):
+    """``acc + (lhs · rhs) · s_x · s_w``: one wgmma into a fresh f32 accumulator (zeros, or the
+    given ``zero``), waited for, then promoted in registers (s_x per row, or per column when
+    swapped; s_w a scalar)."""
+
+    def mma(acc_ref):
+        if zero is not None:
+            acc_ref[...] = zero
+        plgpu.wgmma(acc_ref, lhs, rhs)
+        plgpu.wgmma_wait(0)
+        return acc_ref[...]
+
+    acc_k = pl.run_scoped(mma, plgpu.ACC(acc.shape, jnp.float32))
+    scale = lax.broadcast_in_dim(sx * sw, acc.shape, [1 if swap else 0])
+    return acc + acc_k * scale
 
 
 def _k_step(x_smem, w_smem, sx_ref, acc, sw, xq_smem, *, cfg: MgpuConfig, fused: bool, wdt):
@@ -190,24 +145,42 @@ def _k_step(x_smem, w_smem, sx_ref, acc, sw, xq_smem, *, cfg: MgpuConfig, fused:
         sx = sx_ref[0, :] if swap else sx_ref[0, wg_rows]
         x_op = x_smem if swap else x_smem.at[wg_rows]
     lhs, rhs = (w_smem.at[wg_rows], x_op.T) if swap else (x_op, w_smem.T)
-    b_blk = cfg.block_m if swap else cfg.block_n
-
-    def mma(acc_ref):
-        plgpu.wgmma(acc_ref, lhs, rhs)
-        plgpu.wgmma_wait(0)
-        return acc_ref[...]
-
-    acc_k = pl.run_scoped(mma, plgpu.ACC((tm, b_blk), jnp.float32))
-    scale = lax.broadcast_in_dim(sx * sw, (tm, b_blk), [1 if swap else 0])
-    return acc + acc_k * scale
+    return _promote(acc, lhs, rhs, sx, sw, swap)
 
 
-def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fused: bool, wdt):
+def _k_step_wide(x_smem, w_smem, sx_ref, accs, sws, *, cfg: MgpuConfig, chain: bool = True):
+    """One 128-K step of a warpgroup owning two 64x128 sub-tiles (``MgpuConfig.wg_subtiles``):
+    wgmma, wait and promotion per sub-tile, in turn (``sws``: the weight scale of each
+    128-column block of the CTA).
+
+    Each sub-tile's fresh accumulator starts from ``previous promoted sub-tile x 0.0`` rather
+    than from constant zeros: that data dependence keeps ptxas from issuing the next wgmma before
+    the previous promotion is done, which needs a third 64-register accumulator (ptxas 12.9
+    interleaves them and spills 280 B/thread otherwise; costs 64 FMULs per step). Finite
+    outputs are unchanged; a non-finite promoted element (NaN input, f32 overflow) also makes
+    the same element of the warpgroup's next sub-tile NaN. ``chain=False`` (GPU interpret mode,
+    which cannot store into a wgmma accumulator ref) starts from zeros."""
+    wg_m = cfg.block_m // cfg.num_compute_wgs
+    base = lax.axis_index("wg") * wg_m
+    out = []
+    for acc, (r, c) in zip(accs, cfg.wg_subtiles, strict=True):
+        rows = pl.ds(base + r, _WGMMA_M)
+        w_op = w_smem.at[pl.ds(c, _WIDE_SUB_N)].T
+        zero = out[-1] * 0.0 if out and chain else None
+        out.append(_promote(acc, x_smem.at[rows], w_op, sx_ref[0, rows], sws[c // GROUP], False,
+                            zero))  # fmt: skip
+    return tuple(out)
+
+
+def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fused: bool, wdt,
+            interpret: bool = False):  # fmt: skip
     """One CTA: one output tile over all K steps. ``out`` is y [M_pad, N], or yᵀ when swapped."""
     out_dtype = out_gmem.dtype
     bm, bn, swap, tm = cfg.block_m, cfg.block_n, cfg.swap_ab, _WGMMA_M
     a_blk, b_blk = (bn, bm) if swap else (bm, bn)  # rows of the A and B operand tiles
     a_idx, b_idx = lax.axis_index("a"), lax.axis_index("b")
+    if cfg.cluster_m > 1:  # M tiles: cluster-major, the two CTAs of a cluster adjacent
+        a_idx = a_idx * cfg.cluster_m + lax.axis_index("c")
     k_part = lax.axis_index("s") if cfg.split_k > 1 else 0
     steps = w_gmem.shape[1] // GROUP // cfg.split_k
     m_idx, n_idx = (b_idx, a_idx) if swap else (a_idx, b_idx)
@@ -229,11 +202,13 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
         )
 
     ignore = lambda *_, **__: None
-    nwg = cfg.num_compute_wgs
+    nwg, subs = cfg.num_compute_wgs, cfg.wg_subtiles
+    wide = len(subs) > 1
+    wg_m, sub_n = a_blk // nwg, _WIDE_SUB_N if wide else b_blk  # a WG's rows, a sub-tile's cols
     scratch = dict(
         pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(*gmem_in),
         out_smem=plgpu.SMEM(
-            (nwg, tm, b_blk), out_dtype, transforms=_smem_transforms(out_dtype, b_blk)
+            (nwg, len(subs), tm, sub_n), out_dtype, transforms=_smem_transforms(out_dtype, sub_n)
         ),
         xq_smem=plgpu.SMEM((nwg, tm, GROUP), wdt, transforms=_smem_transforms(wdt, GROUP))
         if fused
@@ -243,59 +218,37 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
     @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
     def _scope(pipeline_allocs, out_smem, xq_smem):
         wg = lax.axis_index("wg")
-        # The 128-row weight block of this warpgroup's output columns (swap) or of the CTA (not).
+        # The 128-row weight blocks of this warpgroup's output columns (swap) or of the CTA (not).
         nb = (n_idx * bn + (wg * tm if swap else 0)) // GROUP
 
         def compute_context(eval_pipeline):
-            acc0 = plgpu.layout_cast(jnp.zeros((tm, b_blk), jnp.float32), plgpu.Layout.WGMMA)
-            out_smem[wg] = eval_pipeline(acc0).astype(out_dtype)
-            plgpu.commit_smem()
+            zero = lambda: plgpu.layout_cast(jnp.zeros((tm, sub_n), jnp.float32), _WGMMA)
+            accs = eval_pipeline(tuple(zero() for _ in subs) if wide else zero())
+            accs = accs if wide else (accs,)
             rows = pl.ds(k_part * (out_gmem.shape[0] // cfg.split_k) + a_idx * a_blk, a_blk)
             dst = out_gmem.at[rows, pl.ds(b_idx * b_blk, b_blk)]
-            plgpu.copy_smem_to_gmem(out_smem.at[wg], dst.at[pl.ds(wg * tm, tm)])
+            for s, acc in enumerate(accs):
+                out_smem[wg, s] = acc.astype(out_dtype)
+            plgpu.commit_smem()
+            for s, (r, c) in enumerate(subs):
+                tile = dst.at[pl.ds(wg * wg_m + r, tm), pl.ds(c, sub_n)]
+                plgpu.copy_smem_to_gmem(out_smem.at[wg, s], tile)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
         def body(idx, x_smem, w_smem, *rest):
             *sx_ref, acc = rest
-            sw = sw_gmem[nb, k_part * steps + idx[0]]  # issued early: its latency overlaps
+            kb = k_part * steps + idx[0]
             sx_ref = sx_ref[0] if sx_ref else None
+            if wide:  # scalars issued early: their latency overlaps the first wgmma
+                sws = tuple(sw_gmem[nb + j, kb] for j in range(max(1, bn // GROUP)))
+                return _k_step_wide(x_smem, w_smem, sx_ref, acc, sws, cfg=cfg, chain=not interpret)
+            sw = sw_gmem[nb, kb]  # issued early: its latency overlaps
             step = functools.partial(_k_step, cfg=cfg, fused=fused, wdt=wdt)
             return step(x_smem, w_smem, sx_ref, acc, sw, xq_smem)
 
         get_pipeline(body, compute_context)(*gmem_in, allocations=pipeline_allocs)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-
-def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize: int,
-             out_itemsize: int) -> str | None:  # fmt: skip
-    """None if the kernel compiles for these shapes and this tile configuration, else why not."""
-    if (bad := cfg.invalid()) is not None:
-        return bad
-    if fused and cfg.swap_ab:
-        # Mosaic GPU's layout inference finds no register layout for the row amax of a tile of
-        # fewer than 64 rows, and at 64 rows swapping gains nothing.
-        return "the fused (BF16 x) kernel has no swap_ab variant"
-    if k % GROUP or k == 0:
-        return f"K={k} must be a positive multiple of {GROUP}"
-    if (k // GROUP) % cfg.split_k:
-        return f"split_k={cfg.split_k} must divide the {k // GROUP} K steps"
-    out_row = cfg.block_m * (4 if cfg.split_k > 1 else out_itemsize)
-    if cfg.swap_ab and out_row % 32:
-        return (
-            f"swap_ab block_m={cfg.block_m} makes {out_row} B output rows; "
-            "the epilogue tile needs a multiple of 32 B (its smallest swizzle)"
-        )
-    if n % cfg.block_n:
-        return f"N={n} must be a multiple of block_n={cfg.block_n}"
-    if m < 1:
-        return "M must be >= 1"
-    if max(pl.cdiv(m, cfg.block_m), n // cfg.block_n) > _MAX_GRID:
-        return f"the CTA grid ({pl.cdiv(m, cfg.block_m)} x {n // cfg.block_n}) exceeds {_MAX_GRID}"
-    used = smem_bytes(cfg, k, x_itemsize, out_itemsize, fused)
-    if used > SMEM_BYTES:
-        return f"tiles need {used} B of SMEM > {SMEM_BYTES} B (fewer stages or smaller tiles)"
-    return None
 
 
 def _check(m, k, n, cfg, *, fused, x_itemsize, out_dtype) -> None:
@@ -324,11 +277,12 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
     a_rows, b_rows = (n, m_pad) if cfg.swap_ab else (m_pad, n)
     a_blk, b_blk = (cfg.block_n, cfg.block_m) if cfg.swap_ab else (cfg.block_m, cfg.block_n)
     split = cfg.split_k
-    grid, names = (a_rows // a_blk, b_rows // b_blk), ("a", "b")
+    grid, names = (a_rows // a_blk // cfg.cluster_m, b_rows // b_blk), ("a", "b")
+    cluster = dict(cluster=(cfg.cluster_m,), cluster_names=("c",)) if cfg.cluster_m > 1 else {}
     if split > 1:  # K chunks: f32 partials [split · N, M_pad], summed below
         grid, names = (*grid, split), ("a", "b", "s")
     kern = plgpu.kernel(
-        functools.partial(_kernel, cfg=cfg, fused=fused, wdt=w_q.values.dtype),
+        functools.partial(_kernel, cfg=cfg, fused=fused, wdt=w_q.values.dtype, interpret=interpret),
         out_type=jax.ShapeDtypeStruct(
             (split * a_rows, b_rows), jnp.float32 if split > 1 else out_dtype
         ),  # fmt: skip
@@ -337,6 +291,7 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
         num_threads=cfg.num_compute_wgs + 1,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        **cluster,
         **({"interpret": plgpu.InterpretGPUParams()} if interpret else {}),
     )
     y = kern(x, sx_t, w_q.values, w_q.scales)
@@ -367,7 +322,7 @@ def fp8_matmul_mgpu(
     (m, k), n = x_q.shape, w_q.shape[0]
     cfg = config or default_config(m, n, k, out_itemsize=jnp.dtype(out_dtype).itemsize)
     _check(m, k, n, cfg, fused=False, x_itemsize=1, out_dtype=out_dtype)
-    m_pad = pl.cdiv(m, cfg.block_m) * cfg.block_m
+    m_pad = pl.cdiv(m, cfg.block_m * cfg.cluster_m) * cfg.block_m * cfg.cluster_m
     sx_t = _pad_rows(x_q.scales, m_pad).T  # padded rows: zero values and zero scales
     y = _call(_pad_rows(x_q.values, m_pad), sx_t, w_q, out_dtype=jnp.dtype(out_dtype), cfg=cfg,
               fused=False, interpret=interpret)  # fmt: skip

@@ -166,7 +166,8 @@ def _variant_name(cfg, fused: bool) -> str:
         return f"mm_fused_{cfg.block_m}x{cfg.block_n}"
     if cfg.swap_ab:
         return f"mm_swap_{cfg.block_m}x{cfg.block_n}"
-    return f"mm_qarray_{cfg.block_m}x{cfg.block_n}"
+    cluster = f"_c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""
+    return f"mm_qarray_{cfg.block_m}x{cfg.block_n}{cluster}"
 
 
 def _nearest_profile(name: str, profs: dict) -> dict:
@@ -186,16 +187,21 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     name = _variant_name(cfg, fused)
     split_name = f"{name}_k{getattr(cfg, 'split_k', 1)}"
     prof = profs.get(split_name) or _nearest_profile(name, profs)
-    wg_rows, b_blk = 64, (cfg.block_m if cfg.swap_ab else cfg.block_n)
+    # a compute warpgroup's tile per step: 64 rows, or 128 rows / 256 columns for the wide
+    # tiles, whose sub-tiles each wait for their own wgmma (MgpuConfig.wg_subtiles)
+    b_blk = cfg.block_m if cfg.swap_ab else cfg.block_n
+    wg_rows = 64 if cfg.swap_ab else cfg.block_m // cfg.num_compute_wgs
     x_b = 2 if fused else 1
     loop = Loop(
         nwg=cfg.num_compute_wgs, threads=128 * (cfg.num_compute_wgs + 1),
-        wg_flops=2 * wg_rows * b_blk * 128, fp8=True, waits=1,
-        step_bytes=(cfg.block_m * x_b + cfg.block_n) * 128 + cfg.block_m * 4,
+        wg_flops=2 * wg_rows * b_blk * 128, fp8=True, waits=len(cfg.wg_subtiles),
+        # a weight tile multicast to a cluster of CTAs is read from L2 once for all of them
+        step_bytes=(cfg.block_m * x_b + cfg.block_n // cfg.cluster_m) * 128 + cfg.block_m * 4,
         stages=cfg.max_concurrent_steps,
     )  # fmt: skip
     split = getattr(cfg, "split_k", 1)
-    ctas = math.ceil(m / cfg.block_m) * (n // cfg.block_n) * split
+    cl = getattr(cfg, "cluster_m", 1)  # M is padded to whole clusters
+    ctas = math.ceil(m / (cfg.block_m * cl)) * cl * (n // cfg.block_n) * split
     t, terms = grid_time(chip, loop, prof, ctas, k // 128 // split)
     if split > 1:  # the XLA sum of the f32 partials [split, N, M_pad]
         m_pad = math.ceil(m / cfg.block_m) * cfg.block_m
@@ -205,7 +211,8 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
 
 
 def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: str = "default",
-                   label: str = "", split_k: int | None = None) -> Prediction:  # fmt: skip
+                   label: str = "", split_k: int | None = None,
+                   config=None) -> Prediction:  # fmt: skip
     """fp8_matmul on a Hopper GPU. ``x``: how activations arrive ("bf16" pays quantization).
     ``mode``: "default" (what ``api.fp8_matmul`` dispatches today), "fused" (in-kernel
     quantization), "qarray" (quantize once, then the QArray kernel)."""
@@ -216,7 +223,7 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
         fused = x == "bf16" and api.fused_default(m, n, k)
     else:
         fused = mode == "fused" and x == "bf16"
-    cfg = mgpu.default_config(m, n, k, fused=fused)
+    cfg = config or mgpu.default_config(m, n, k, fused=fused)
     if split_k is not None and cfg.swap_ab:
         cfg = dataclasses.replace(cfg, split_k=split_k)
     t, terms, name = matmul_kernel(chip, m, n, k, cfg, fused)
@@ -336,6 +343,8 @@ def predict_gpu(op: str, shape: dict, chip: str, label: str = "") -> Prediction:
 
 def design_changes() -> list[tuple[str, Prediction, Prediction]]:
     """(change, before, after) at every case the change touches, on H100 and H200."""
+    from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
+
     out = []
     for model, layer, n, k, ms in MATMUL_LAYERS:
         for m in (m for m in ms if m > 64):
@@ -352,6 +361,25 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                 before = predict_matmul(chip, m, n, k, "bf16", label=label, split_k=1)
                 if before.impl != after.impl:
                     out.append(("decode GEMM: split-K to fill the SMs", before, after))
+    for model, layer, n, k, ms in MATMUL_LAYERS:
+        for m in (m for m in ms if m > 64):
+            for chip in GPU_CHIPS:
+                label = f"{model} {layer} M={m}"
+                now = mgpu.default_config(m, n, k)
+                steps = (
+                    ("prefill: 128x256 CTA tiles (2 sub-tiles per warpgroup)",
+                     mgpu.MgpuConfig(128, 128, 4), dataclasses.replace(now, cluster_m=1)),
+                    ("prefill: 2-CTA clusters along M, weight tile multicast",
+                     dataclasses.replace(now, cluster_m=1), now),
+                )  # fmt: skip
+                for change, cfg_before, cfg_after in steps:
+                    before, after = (
+                        predict_matmul(chip, m, n, k, "bf16", mode="qarray", label=label,
+                                       config=c)
+                        for c in (cfg_before, cfg_after)
+                    )  # fmt: skip
+                    if before.impl != after.impl:
+                        out.append((change, before, after))
     for model, b, s, h, n_kv in ATTENTION_SHAPES:
         for chip in GPU_CHIPS:
             label = f"{model} B={b} S={s} H/K={h}/{n_kv} fp8 cache"

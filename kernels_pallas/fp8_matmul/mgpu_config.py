@@ -1,0 +1,167 @@
+"""Tile configurations of the Hopper FP8 matmul (``pallas_mosaic_gpu.py``): which are legal, the
+SMEM they take (as Mosaic GPU counts it), and the per-shape defaults. Pure Python, no jax."""
+
+from __future__ import annotations
+
+import dataclasses
+
+GROUP = 128  # K group of activation scales and K block (and N block) of weight scales
+SMEM_BYTES = 232448  # H100/H200 shared_memory_per_block_optin (227 KiB), Mosaic GPU's budget
+_WGMMA_M = 64  # rows of one warpgroup's wgmma tile
+_SMEM_ALIGN = 1024  # Mosaic GPU rounds every SMEM scratch buffer up to this (SMEM_ALIGNMENT)
+_MAX_STAGES = 6  # deepest ring that compiled without spills for every tile shape tried
+_MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 - 1)
+_REDUCTION_SCRATCH = 2048  # SMEM a kernel with a reduction reserves (CompilerParams default)
+_NUM_SMS = 132  # H100 SXM / H200
+_WIDE_SUB_N = 128  # columns of one wgmma sub-tile of the wide tiles (64 also compiles, 0 spills)
+
+
+@dataclasses.dataclass(frozen=True)
+class MgpuConfig:
+    """Tile configuration of the Hopper kernel (a static argument)."""
+
+    block_m: int = 128  # x rows per CTA: 64, 128 or 256 (2 WGs of 64 or 128); swap_ab: 8..64, /8
+    block_n: int = 128  # w rows (output columns) per CTA: 64, 128, 256 (swap_ab: 64 per WG)
+    max_concurrent_steps: int = 4  # SMEM ring depth of the TMA pipeline (K steps in flight), <= 6
+    swap_ab: bool = False  # compute yᵀ = w xᵀ so that M is the wgmma N (decode)
+    split_k: int = 1  # swap_ab only: K split over this many CTAs, f32 partials summed by XLA
+    cluster_m: int = 1  # 2: CTA pairs along M share each weight tile by TMA multicast (prefill)
+
+    @property
+    def num_compute_wgs(self) -> int:
+        rows = self.block_n if self.swap_ab else self.block_m
+        return min(rows // _WGMMA_M, 2)
+
+    @property
+    def wg_subtiles(self) -> tuple[tuple[int, int], ...]:
+        """(row, column) offsets, inside one compute warpgroup's tile, of its 64-row wgmma
+        sub-tiles: one, or ``_WIDE_SUB_N``-column ones for the wide tiles (128x256: 64 rows x
+        256 columns; 256x128: 128 rows x 128 columns)."""
+        if self.swap_ab or max(self.block_m, self.block_n) <= GROUP:
+            return ((0, 0),)
+        rows = range(0, self.block_m // self.num_compute_wgs, _WGMMA_M)
+        return tuple((r, c) for r in rows for c in range(0, self.block_n, _WIDE_SUB_N))
+
+    def invalid(self) -> str | None:
+        """Why this tile configuration is illegal, or None."""
+        if self.block_n not in (64, 128, 256):
+            return f"block_n must be 64, 128 or 256, got {self.block_n}"
+        if self.block_n == 256 and (self.swap_ab or self.block_m != 128):
+            # 64 rows x 256 columns per warpgroup is the register limit (wg_subtiles)
+            return "block_n=256 needs block_m=128 and no swap_ab"
+        if self.swap_ab and (self.block_m % 8 or not 8 <= self.block_m <= 64):
+            return f"swap_ab block_m must be a multiple of 8 in [8, 64], got {self.block_m}"
+        if not self.swap_ab and self.block_m not in (64, 128, 256):
+            return f"block_m must be 64, 128 or 256, got {self.block_m}"
+        if not self.swap_ab and self.block_m == 256 and self.block_n != 128:
+            return f"block_m=256 needs block_n=128 (two 64x128 sub-tiles per warpgroup), got " \
+                   f"{self.block_n}"  # fmt: skip
+        if self.cluster_m not in (1, 2) or (self.cluster_m == 2 and self.swap_ab):
+            return f"cluster_m must be 1, or 2 without swap_ab, got {self.cluster_m}"
+        if self.split_k < 1 or (self.split_k > 1 and not self.swap_ab):
+            return f"split_k must be 1, or > 1 with swap_ab, got {self.split_k}"
+        if not 2 <= self.max_concurrent_steps <= _MAX_STAGES:
+            # Deeper rings spill registers (ptxas, H100: 64x64 tiles spill from 8 stages).
+            steps = self.max_concurrent_steps
+            return f"max_concurrent_steps must be in [2, {_MAX_STAGES}], got {steps}"
+        return None
+
+
+def _align(nbytes: int) -> int:
+    return -(-nbytes // _SMEM_ALIGN) * _SMEM_ALIGN
+
+
+def smem_bytes(cfg: MgpuConfig, k: int, x_itemsize: int, out_itemsize: int, fused: bool) -> int:
+    """The SMEM the kernel allocates, counted as Mosaic GPU counts it: every scratch buffer
+    rounded up to 1 KiB (``SMEM_ALIGNMENT``), 8 B per pipeline barrier (a produced and a consumed
+    one per stage), and the reduction scratch the fused row amax reserves. Equals the
+    ``smem_bytes`` of ``mosaic/gpu/core.py`` for every case in ``aot_cases.py`` (jax 0.11.2 and
+    0.12.0.1)."""
+    stages = min(cfg.max_concurrent_steps, k // GROUP // cfg.split_k)  # never holds more
+    ring = [cfg.block_m * GROUP * x_itemsize, cfg.block_n * GROUP]
+    ring += [] if fused else [cfg.block_m * 4]
+    total = sum(_align(stages * b) for b in ring) + 2 * stages * 8
+    out_itemsize = 4 if cfg.split_k > 1 else out_itemsize  # f32 partials
+    total += _align(cfg.block_m * cfg.block_n * out_itemsize)  # epilogue tile
+    if fused:
+        total += _align(cfg.block_m * GROUP) + _REDUCTION_SCRATCH  # x̂ tile, amax scratch
+    return total
+
+
+def default_split_k(ctas: int, k_steps: int) -> int:
+    """K chunks for a decode grid of ``ctas`` CTAs (one per SM at 255 registers): the largest
+    power of two with ``ctas · split <= 66`` (half the SMs) and >= 8 K steps per chunk. The
+    performance model (``perf_model.gpu``, H100) predicts: k/v_proj (16 CTAs, split 4) 1.3x
+    faster; grids of 64+ CTAs unsplit (at M = 64 a split is slower: the f32 partials' XLA sum
+    and the 64-row x tile re-read per chunk cost more than the SMs gained). The on-device
+    autotuner (``kernels_pallas.autotune``) also times split 2-8."""
+    split = 1
+    while ctas * split * 2 <= _NUM_SMS // 2 and k_steps % (split * 2) == 0 and \
+            k_steps // (split * 2) >= 8:  # fmt: skip
+        split *= 2
+    return split
+
+
+def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2):
+    """Untuned defaults. Decode (M <= 64, unfused): swap-AB with 64 weight rows per CTA, so N=4096
+    gives 64 CTAs streaming the weight, and M rounded up to 16. Prefill: 128x256 CTAs where their
+    grid fills >= 2/3 of the SMs (the performance model, H100: 1.33-1.44x faster than 128x128
+    there, 0.5-0.96x on grids of <= 64 CTAs: ``perf_model.md``), else 128x128 with two compute
+    warpgroups (64x128 if N % 128). Unfused prefill grids of >= 88 CTAs with an even number of
+    M tiles run as 2-CTA clusters sharing each weight tile (TMA multicast; the model: 1.06-1.41x
+    there, losses only on small or odd-padded grids). The ring is as deep as fits the SMEM budget
+    (<= 4 stages; 3 for 128x256 or the fused variant's BF16 x tiles; 2 for 128x256, F32 out)."""
+    if m <= 64 and not fused:
+        cfg = MgpuConfig(block_m=-(-m // 16) * 16, block_n=64, swap_ab=True,
+                         split_k=default_split_k(n // 64, k // GROUP))  # fmt: skip
+    elif m <= 64:
+        cfg = MgpuConfig(block_m=64, block_n=64 if n % 128 else 128)
+    elif not fused and n % 256 == 0 and -(-m // 128) * (n // 256) >= _NUM_SMS * 2 // 3:
+        cfg = MgpuConfig(block_m=128, block_n=256)
+    else:
+        cfg = MgpuConfig(block_m=128, block_n=128 if n % 128 == 0 else 64)
+    tiles_m = -(-m // cfg.block_m)
+    if not (fused or cfg.swap_ab) and tiles_m % 2 == 0 and \
+            tiles_m * (n // cfg.block_n) >= _NUM_SMS * 2 // 3:  # fmt: skip
+        cfg = dataclasses.replace(cfg, cluster_m=2)
+    x_itemsize = 2 if fused else 1
+    for stages in range(cfg.max_concurrent_steps, 1, -1):
+        cfg = dataclasses.replace(cfg, max_concurrent_steps=stages)
+        if smem_bytes(cfg, k, x_itemsize, out_itemsize, fused) <= SMEM_BYTES:
+            break
+    return cfg
+
+
+def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize: int,
+             out_itemsize: int) -> str | None:  # fmt: skip
+    """None if the kernel compiles for these shapes and this tile configuration, else why not."""
+    if (bad := cfg.invalid()) is not None:
+        return bad
+    if fused and cfg.swap_ab:
+        # Mosaic GPU's layout inference finds no register layout for the row amax of a tile of
+        # fewer than 64 rows, and at 64 rows swapping gains nothing.
+        return "the fused (BF16 x) kernel has no swap_ab variant"
+    if fused and cfg.cluster_m > 1:
+        return "the fused (BF16 x) kernel has no cluster variant"
+    if fused and len(cfg.wg_subtiles) > 1:
+        return "the fused (BF16 x) kernel takes 64/128 tiles only (one x slice per warpgroup)"
+    if k % GROUP or k == 0:
+        return f"K={k} must be a positive multiple of {GROUP}"
+    if (k // GROUP) % cfg.split_k:
+        return f"split_k={cfg.split_k} must divide the {k // GROUP} K steps"
+    out_row = cfg.block_m * (4 if cfg.split_k > 1 else out_itemsize)
+    if cfg.swap_ab and out_row % 32:
+        return (
+            f"swap_ab block_m={cfg.block_m} makes {out_row} B output rows; "
+            "the epilogue tile needs a multiple of 32 B (its smallest swizzle)"
+        )
+    if n % cfg.block_n:
+        return f"N={n} must be a multiple of block_n={cfg.block_n}"
+    if m < 1:
+        return "M must be >= 1"
+    if max(-(-m // (cfg.block_m * cfg.cluster_m)), n // cfg.block_n) > _MAX_GRID:
+        return f"the CTA grid ({-(-m // cfg.block_m)} x {n // cfg.block_n}) exceeds {_MAX_GRID}"
+    used = smem_bytes(cfg, k, x_itemsize, out_itemsize, fused)
+    if used > SMEM_BYTES:
+        return f"tiles need {used} B of SMEM > {SMEM_BYTES} B (fewer stages or smaller tiles)"
+    return None
