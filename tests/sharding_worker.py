@@ -2,8 +2,8 @@
 
 The fake device count is fixed when jax is imported, so tests/test_sharding_mesh.py runs this in
 a subprocess, all cases in one process (one jax start-up, one report keyed by model):
-    python -m tests.sharding_worker --quantize-check --case dense:data=2,fsdp=2,tensor=2 \
-        --case dense:fsdp=8 --case moe:data=2,expert=4
+    python -m tests.sharding_worker --quantize-check --rows-check \
+        --case dense:data=2,fsdp=2,tensor=2 --case moe:data=2,expert=4
 """
 
 from __future__ import annotations

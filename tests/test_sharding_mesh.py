@@ -35,8 +35,10 @@ def _worker(*args: str, timeout: int = 1800) -> dict:
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    """Every case of this file from one worker process (one jax start-up on 8 fake devices)."""
-    cases = ("dense:data=2,fsdp=2,tensor=2", "dense:fsdp=8", "moe:data=2,expert=4")
+    """Every case of this file from one worker process (one jax start-up on 8 fake devices).
+    Pure fsdp=8 is compiled by the rows check; its numerics are those of the 3-axis mesh's fsdp
+    axis, so it is not run again here."""
+    cases = ("dense:data=2,fsdp=2,tensor=2", "moe:data=2,expert=4")
     return _worker("--quantize-check", "--rows-check", *(a for c in cases for a in ("--case", c)))
 
 
