@@ -170,10 +170,21 @@ def _flat_eqns(jaxpr) -> list[tuple[list, list, str]]:
     return out
 
 
-def test_ordered_checkpoint_recomputes_a_block_after_the_next_blocks_backward():
-    """Two blocks: the backward's recomputation of block 0 waits for block 1's backward (its
-    inputs pass a barrier with block 1's input cotangent). ``jax.checkpoint`` ties it only to the
-    saved inputs, and XLA TPU recomputed both blocks at once (docs/SCALING.md)."""
+def _feeds(eqns, start: int, stop: int, sources) -> set[int]:
+    """ids of the variables of ``eqns[start:stop]`` computed (transitively) from ``sources``."""
+    reach = {id(v) for v in sources}
+    for invars, outvars, _ in eqns[start:stop]:
+        if any(id(v) in reach for v in invars if not isinstance(v, jax.extend.core.Literal)):
+            reach |= {id(v) for v in outvars}
+    return reach
+
+
+def test_ordered_checkpoint_runs_each_blocks_backward_before_the_next():
+    """Two blocks: the backward's recomputation of block 0 waits for block 1's backward, its
+    weight gradient included: block 0's barrier (inputs + cotangent) is computed from every
+    matmul of block 1's backward (the recomputed ``x @ w``, ``dy @ wᵀ`` and the weight gradient
+    ``xᵀ @ dy``). ``jax.checkpoint`` ties the recomputation only to the saved inputs, and XLA TPU
+    moved every weight gradient to the end of the backward (docs/SCALING.md)."""
     w = jnp.arange(1.0, 5.0).reshape(2, 2)
 
     def block(w, x):
@@ -186,14 +197,12 @@ def test_ordered_checkpoint_recomputes_a_block_after_the_next_blocks_backward():
     eqns = _flat_eqns(jax.make_jaxpr(jax.grad(loss))(w, jnp.ones((3, 2))).jaxpr)
     barriers = [i for i, e in enumerate(eqns) if e[2] == "optimization_barrier"]
     assert len(barriers) == 2  # one per recomputed block, in backward order: block 1, block 0
-    reach = {id(v) for v in eqns[barriers[0]][1]}  # what block 1's recomputation feeds
-    for invars, outvars, _ in eqns[barriers[0] + 1 : barriers[1]]:
-        if any(id(v) in reach for v in invars if not isinstance(v, jax.extend.core.Literal)):
-            reach |= {id(v) for v in outvars}
-    waits = any(
-        id(v) in reach for v in eqns[barriers[1]][0] if not isinstance(v, jax.extend.core.Literal)
-    )
-    assert waits
+    first, second = barriers
+    dots = [i for i in range(first, second) if eqns[i][2] == "dot_general"]
+    assert len(dots) == 3
+    block0_in = {id(v) for v in eqns[second][0]}
+    for i in dots:
+        assert block0_in & _feeds(eqns, i, second, eqns[i][1]), eqns[i]
 
 
 def test_rl_steps_with_memory_knobs_equal_the_defaults():
