@@ -61,6 +61,7 @@ def ordered_checkpoint(fn: Callable) -> Callable:
 
 
 def _floats(tree) -> list[int]:
+    """Indices of the floating-point leaves of ``tree``."""
     leaves = jax.tree.leaves(tree)
     return [
         i for i, x in enumerate(leaves) if jnp.issubdtype(getattr(x, "dtype", None), jnp.inexact)
