@@ -18,6 +18,7 @@ import pytest
 
 from fp8rl_jax.generation import RolloutConfig, SamplingConfig, token_logprobs
 from fp8rl_jax.models import forward, init_weights
+from fp8rl_jax.models.remat import ordered_checkpoint
 from fp8rl_jax.rl import RLConfig, init_train_state, jit_steps, policy_entropy
 from fp8rl_jax.rl.scoring import sequence_logprobs
 from fp8rl_jax.train.experiment import Experiment, ModelSpec, TrainerConfig
@@ -131,14 +132,85 @@ def test_remat_gives_the_gradients_of_no_remat(remat):
     want, _ = loss(params, MOE, SamplingConfig(), remat="none")
     got, _ = loss(params, MOE, SamplingConfig(), remat=remat)
     _assert_trees_close(got, want, rtol=1e-5, atol=1e-6)
-    # The policy is in the program: one checkpoint per block, none without remat.
-    remat_p = jax.make_jaxpr(jax.checkpoint(jnp.sin))(1.0).eqns[0].primitive
+    # The policy is in the program: one checkpoint per block, none without remat ("block": the
+    # ordered checkpoint, a custom VJP).
+    wrap = ordered_checkpoint if remat == "block" else jax.checkpoint
+    remat_p = jax.make_jaxpr(wrap(jnp.sin))(1.0).eqns[0].primitive
 
     def n_checkpoints(r):
         jaxpr = jax.make_jaxpr(lambda p: _loss(p, MOE, SamplingConfig(), remat=r)[0])(params)
         return str(jaxpr).count(f" {remat_p.name}[")
 
     assert (n_checkpoints("none"), n_checkpoints(remat)) == (0, MOE.num_layers)
+
+
+def test_block_remat_with_replayed_experts_gives_the_gradients_of_no_remat():
+    """Integer inputs (the replayed experts) pass the ordered checkpoint's custom VJP."""
+    params = tiny_params(MOE)
+    ids = jax.random.randint(jax.random.key(3), (B, T, 2, 2), 0, MOE.num_experts)
+    loss = jax.jit(jax.grad(_loss, has_aux=True), static_argnums=(1, 2), static_argnames="remat")
+    want, _ = loss(params, MOE, SamplingConfig(), remat="none", expert_ids_BTLK=ids)
+    got, _ = loss(params, MOE, SamplingConfig(), remat="block", expert_ids_BTLK=ids)
+    _assert_trees_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _flat_eqns(jaxpr) -> list[tuple[list, list, str]]:
+    """``(invars, outvars, primitive)`` of ``jaxpr``'s equations in order, the bodies of calls
+    (pjit, remat) spliced in: each call input flows to its body's input, each body output to the
+    call's output, one to one."""
+    out = []
+    for e in jaxpr.eqns:
+        sub = next(
+            (
+                p
+                for p in e.params.values()
+                if isinstance(p, jax.extend.core.ClosedJaxpr | jax.extend.core.Jaxpr)
+            ),
+            None,
+        )
+        if sub is None:
+            out.append((e.invars, e.outvars, e.primitive.name))
+            continue
+        sub = sub.jaxpr if isinstance(sub, jax.extend.core.ClosedJaxpr) else sub
+        out += [([a], [b], "in") for a, b in zip(e.invars, sub.invars, strict=True)]
+        out += _flat_eqns(sub)
+        out += [([a], [b], "out") for a, b in zip(sub.outvars, e.outvars, strict=True)]
+    return out
+
+
+def _feeds(eqns, start: int, stop: int, sources) -> set[int]:
+    """ids of the variables of ``eqns[start:stop]`` computed (transitively) from ``sources``."""
+    reach = {id(v) for v in sources}
+    for invars, outvars, _ in eqns[start:stop]:
+        if any(id(v) in reach for v in invars if not isinstance(v, jax.extend.core.Literal)):
+            reach |= {id(v) for v in outvars}
+    return reach
+
+
+def test_ordered_checkpoint_runs_each_blocks_backward_before_the_next():
+    """Two blocks: the backward's recomputation of block 0 waits for block 1's backward, its
+    weight gradient included: block 0's barrier (inputs + cotangent) is computed from every
+    matmul of block 1's backward (the recomputed ``x @ w``, ``dy @ wᵀ`` and the weight gradient
+    ``xᵀ @ dy``). ``jax.checkpoint`` ties the recomputation only to the saved inputs, and XLA TPU
+    moved every weight gradient to the end of the backward (docs/SCALING.md)."""
+    w = jnp.arange(1.0, 5.0).reshape(2, 2)
+
+    def block(w, x):
+        return jnp.tanh(x @ w)
+
+    def loss(w, x):
+        f = ordered_checkpoint(block)
+        return jnp.sum(f(w, f(w, x)))
+
+    eqns = _flat_eqns(jax.make_jaxpr(jax.grad(loss))(w, jnp.ones((3, 2))).jaxpr)
+    barriers = [i for i, e in enumerate(eqns) if e[2] == "optimization_barrier"]
+    assert len(barriers) == 2  # one per recomputed block, in backward order: block 1, block 0
+    first, second = barriers
+    dots = [i for i in range(first, second) if eqns[i][2] == "dot_general"]
+    assert len(dots) == 3
+    block0_in = {id(v) for v in eqns[second][0]}
+    for i in dots:
+        assert block0_in & _feeds(eqns, i, second, eqns[i][1]), eqns[i]
 
 
 def test_rl_steps_with_memory_knobs_equal_the_defaults():
