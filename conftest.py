@@ -69,37 +69,38 @@ def _has_tpu() -> bool:
         return False
 
 
-# The test files that take longest (seconds, whole file, 2-core CPU under load, cold compile cache;
-# from `--durations=0`), heaviest first. xdist's ``--dist loadfile`` hands files to the workers in
-# collection order, and by default re-sorts them by test count, which sent the files of two or
-# three slow end-to-end tests last: one worker ran them for minutes while the other sat idle.
-# Here the run starts with the heaviest files (longest-processing-time-first scheduling) and the
-# rest follow in their usual order, so the two workers finish together. Refresh the list when a
-# file's weight changes a lot; a stale order costs wall time, never a result.
+# The test files that take longest, heaviest first (seconds per file on 2 idle CPU cores, cold
+# compile cache, `--durations=0` of the full run at the commit that last changed this list:
+# reliability 230, trainer_sharded 207, ..., paged_rl_step 26; the other ~40 files take less).
+# xdist's ``--dist loadfile`` hands files to the workers in collection order, and by default
+# re-sorts them by test count, which sent the files of two or three slow end-to-end tests last:
+# one worker ran them for minutes while the other sat idle. Here the run starts with the
+# heaviest files (longest-processing-time-first scheduling) and the rest follow in their usual
+# order, so the two workers finish together. A stale order costs wall time, never a result.
 HEAVY_FILES = (
-    "tests/test_chunked_logprobs.py",
     "tests/test_reliability.py",
-    "tests/test_sharding_mesh.py",
     "tests/test_trainer_sharded.py",
-    "tests/test_trainer.py",
-    "tests/test_generation.py",
-    "tests/test_train_precision.py",
-    "tests/test_router_replay.py",
+    "tests/test_chunked_logprobs.py",
     "tests/test_train_dapo.py",
-    "tests/test_repro_long.py",
+    "tests/test_sharding_mesh.py",
+    "kernels_pallas/fp8_matmul/test_fp8_matmul.py",
+    "tests/test_train_precision.py",
+    "tests/test_generation.py",
+    "tests/test_models.py",
+    "tests/test_train_hf.py",
+    "tests/test_trainer.py",
+    "tests/test_notebook.py",
     "tests/test_rl_step.py",
     "tests/test_paged_engine.py",
-    "tests/test_train_hf.py",
-    "kernels_pallas/fp8_matmul/test_fp8_matmul.py",
-    "tests/test_models_moe.py",
-    "tests/test_models.py",
-    "tests/test_rl_step_ppo.py",
-    "tests/test_repro.py",
-    "tests/test_notebook.py",
-    "tests/test_moe_parallel.py",
-    "tests/test_paged_sharded.py",
     "kernels_pallas/fp8_train_matmul/test_fp8_train_matmul.py",
-    "tests/test_programs.py",
+    "kernels_pallas/grouped_fp8_matmul/test_grouped_fp8_matmul.py",
+    "tests/test_repro_long.py",
+    "tests/test_router_replay.py",
+    "tests/test_models_moe.py",
+    "kernels_pallas/decode_attention/test_decode_attention.py",
+    "tests/test_rl_step_ppo.py",
+    "tests/test_paged_sharded.py",
+    "tests/test_moe_parallel.py",
     "tests/test_paged_rl_step.py",
 )
 
