@@ -313,65 +313,6 @@ def test_mosaic_gpu_support_check():
     assert _supports("pallas_mosaic_gpu", *_sds_q(16, 256, 256), interpret=True) is None
 
 
-def test_smem_count_is_mosaic_gpus_count():
-    """``smem_bytes`` against Mosaic GPU's own ``smem_bytes`` for these tiles (K=4096), read from
-    the deviceless H100 compile; the last one is over the 232448 B budget and Mosaic rejects it."""
-    count = lambda cfg, x_b, out_b, fused: mgpu.smem_bytes(cfg, 4096, x_b, out_b, fused)
-    assert count(MgpuConfig(128, 128, 4), 1, 2, False) == 165952
-    assert count(MgpuConfig(16, 64, 4, swap_ab=True), 1, 2, False) == 44096
-    assert count(MgpuConfig(128, 128, 3), 2, 2, True) == 198704
-    assert count(MgpuConfig(128, 128, 3), 2, 4, True) == 231472  # fused, f32 out: fits
-    assert count(MgpuConfig(128, 128, 6), 1, 2, False) == 232544 > mgpu.SMEM_BYTES
-    # the wide tiles (aot_check_wide_tiles.json: Mosaic's scratch + 8 B per barrier)
-    assert count(MgpuConfig(128, 256, 3), 1, 2, False) == 215040 + 48
-    assert count(MgpuConfig(128, 256, 3, cluster_m=2), 1, 2, False) == 215040 + 48  # cluster
-    assert count(MgpuConfig(256, 128, 3), 1, 2, False) == 216064 + 48
-    assert count(MgpuConfig(128, 256, 2), 1, 4, False) == 230400 + 32  # f32 out: 2 stages fit
-    assert count(MgpuConfig(128, 256, 3), 1, 4, False) > mgpu.SMEM_BYTES
-    assert mgpu.default_config(4096, 12288, 4096, fused=True).max_concurrent_steps == 3
-    assert mgpu.default_config(4096, 12288, 4096).max_concurrent_steps == 3  # 128x256
-
-
-@pytest.mark.parametrize(
-    "m,n,k,out_b,tile",
-    [  # (M, N, K, output bytes) -> (block_m, block_n, stages, swap_ab, cluster_m): 128x256 where
-        # its grid has >= 88 CTAs (2/3 of 132 SMs), 128x128 on smaller grids; 2-CTA clusters on
-        # grids of >= 88 CTAs with an even number of M tiles (perf_model.md)
-        (4096, 4096, 4096, 2, (128, 256, 3, False, 2)),  # 512 CTAs
-        (4096, 1024, 4096, 2, (128, 256, 3, False, 2)),  # 128 CTAs
-        (4097, 1024, 4096, 2, (128, 256, 3, False, 1)),  # 33 M tiles: no cluster padding
-        (2048, 1024, 4096, 2, (128, 128, 4, False, 2)),  # 64 wide CTAs: the model says 0.96x
-        (1024, 1024, 4096, 2, (128, 128, 4, False, 1)),  # 64 CTAs
-        (256, 12288, 4096, 2, (128, 256, 3, False, 2)),  # 96 CTAs
-        (256, 4096, 4096, 2, (128, 128, 4, False, 1)),  # 32 CTAs
-        (128, 28672, 8192, 2, (128, 256, 3, False, 1)),  # one M tile
-        (4096, 12288, 4096, 4, (128, 256, 2, False, 2)),  # F32 out: 2 stages fit 227 KiB
-        (4096, 4160, 4096, 2, (128, 64, 4, False, 2)),  # N % 128
-        (64, 4096, 4096, 2, (64, 64, 4, True, 1)),  # decode
-    ],
-)
-def test_default_tile_choice(m, n, k, out_b, tile):
-    cfg = mgpu.default_config(m, n, k, out_itemsize=out_b)
-    got = (cfg.block_m, cfg.block_n, cfg.max_concurrent_steps, cfg.swap_ab, cfg.cluster_m)
-    assert got == tile
-    assert mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=out_b) is None
-    fused = mgpu.default_config(m, n, k, fused=True, out_itemsize=out_b)
-    assert len(fused.wg_subtiles) == 1 and fused.cluster_m == 1  # no wide or cluster variant
-
-
-def test_wide_tile_legality():
-    legal = [MgpuConfig(128, 256), MgpuConfig(256, 128)]
-    assert all(c.invalid() is None and len(c.wg_subtiles) == 2 for c in legal)
-    for bad in (MgpuConfig(256, 256), MgpuConfig(64, 256), MgpuConfig(256, 64),
-                MgpuConfig(16, 256, swap_ab=True)):  # fmt: skip
-        assert bad.invalid() is not None, bad
-    assert "fused" in mgpu.supports(4096, 4096, 4096, MgpuConfig(128, 256, 3), fused=True,
-                                    x_itemsize=2, out_itemsize=2)  # fmt: skip
-    assert MgpuConfig(128, 256, cluster_m=2).invalid() is None
-    assert "cluster_m" in MgpuConfig(16, 64, swap_ab=True, cluster_m=2).invalid()
-    assert "cluster_m" in MgpuConfig(128, 128, cluster_m=4).invalid()
-
-
 def test_tpu_support_check():
     with _on(_V6E):
         assert _supports("pallas_tpu", *_sds_q(1, 28672, 8192)) is None
