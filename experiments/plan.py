@@ -80,6 +80,8 @@ def main(argv):
         split = row_split_warnings(exp, topo.chips)
         for line in split:  # fits, but computes rows several times over
             print(f"warning: {line}")
+        if (shallow := P.depth_warning(results, tuple(layers))) is not None:
+            print(f"warning: {shallow}")
         rows = [m.as_dict(topo) for m in results]
         ok &= all(r["fits"] for r in rows)
         records.append(dict(config=config_path, topology=topo.name, chips=topo.chips,

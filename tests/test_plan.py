@@ -64,6 +64,17 @@ def test_extrapolate_is_linear_per_field():
         P.extrapolate(at3, at1, 3, 1, 36)
 
 
+def test_depth_warning_only_for_train_from_shallow_depths():
+    def mem(program):
+        return P.ProgramMemory(program, 1, 0, 0, 1, 0.0, "2,4->36")
+
+    line = P.depth_warning([mem("rollout"), mem("train")], (2, 4))
+    assert line is not None and "2,4 layers is a lower bound" in line and "--layers=8,16" in line
+    assert P.depth_warning([mem("rollout"), mem("eval")], (2, 4)) is None  # they over-estimate
+    assert P.depth_warning([mem("train")], (8, 16)) is None
+    assert P.depth_warning([mem("train")], (36,)) is None  # compiled at that depth
+
+
 def test_knob_names_the_fields_to_turn():
     h100 = parse_topology("8xh100")
     assert P.knob(_mem(temp=GIB), h100) == ""

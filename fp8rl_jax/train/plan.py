@@ -171,6 +171,26 @@ def plan_extrapolated(exp, model_cfg, topo: Topology, prompt_len: int,
     return [extrapolate(a, b, *depths, model_cfg.num_layers) for a, b in zip(*runs, strict=True)]
 
 
+# The train program's bytes per layer grow with depth (Qwen3-8B on 8xH100, ordered block remat:
+# 0.62 GiB per layer from 2 to 4 layers, 1.06 from 8 to 16; 36 layers compiled: 43.2 GiB, where
+# 2,4 extrapolated to 29.9 and 8,16 to 42.7; experiments/results/plan_depth_check.json).
+TRAIN_MIN_DEPTH = 8
+
+
+def depth_warning(results: list[ProgramMemory], depths: tuple[int, ...]) -> str | None:
+    """A line when a train program was extrapolated from depths below ``TRAIN_MIN_DEPTH`` (its
+    figure is then a lower bound), else None."""
+    if len(depths) != 2 or min(depths) >= TRAIN_MIN_DEPTH:
+        return None
+    if not any(m.program == "train" for m in results):
+        return None
+    return (
+        f"train extrapolated from {depths[0]},{depths[1]} layers is a lower bound: its bytes per "
+        f"layer grow with depth (Qwen3-8B, 8xH100: 2,4 layers -> 29.9 GiB, the 36-layer compile "
+        f"43.2); --layers={TRAIN_MIN_DEPTH},{2 * TRAIN_MIN_DEPTH} came within 1%"
+    )
+
+
 # What to turn when a program does not fit, by program and by where its bytes are.
 KNOBS = {
     "rollout": (
