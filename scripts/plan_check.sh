@@ -17,6 +17,7 @@ C=experiments/configs
 ALL=(
   "qwen3_8b|8xh100,v5p-16"
   "qwen3_8b_20k|8xh100"
+  "qwen3_8b_v6e|v6e-16"
   "qwen3_8b_multihost|32xh100,v6e-32"
   "qwen3_30b_a3b|8xh200"
   "qwen3_30b_a3b_multihost|32xh100,v5p-64"

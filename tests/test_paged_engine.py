@@ -193,3 +193,27 @@ def test_per_request_budgets_cut_both_engines_alike():
     _assert_same(ro, want)
     assert (np.asarray(ro.response_lens_B) <= np.asarray(budget)).all()
     assert (np.asarray(ro.response_lens_B) < np.asarray(_static(SAMPLED).response_lens_B)).any()
+
+
+def test_group_size_caps_the_prefill_batch_at_the_distinct_prompts():
+    """B requests in runs of G identical prompts hold cdiv(B, G) prompts: the prefill batch (a
+    dense cache of every layer, compiled at that many prompts) is capped there (issue 20)."""
+    plan = functools.partial(
+        plan_pool, PagedConfig(page_size=4), MODEL, prompt_len=16, max_new_tokens=8,
+        cache_dtype=jnp.float32, mode="none",
+    )  # fmt: skip
+    assert plan(num_requests=32).prefill_batch == 16  # the default, no hint
+    assert plan(num_requests=32, group_size=16).prefill_batch == 2  # Qwen3-8B on v6e-16
+    assert plan(num_requests=33, group_size=16).prefill_batch == 3
+    assert plan(num_requests=9, group_size=3).prefill_batch == 3
+    with pytest.raises(ValueError, match=r"group_size must be >= 1"):
+        plan(num_requests=9, group_size=0)
+
+
+@pytest.mark.parametrize("group_size", [3, 9], ids=["aligned", "runs_shorter_than_hint"])
+def test_group_size_hint_changes_no_token(group_size):
+    """The capped prefill batch gives the static engine's tokens; a hint larger than the real
+    runs (one prefill at a time for 3 prompts) only takes more iterations."""
+    ro, m = _paged(SAMPLED, PagedConfig(page_size=4), group_size=group_size)
+    _assert_same(ro, _static(SAMPLED))
+    assert int(m["engine_prefills"]) == 3 and int(m["engine_unfinished"]) == 0

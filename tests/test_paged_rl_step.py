@@ -93,3 +93,24 @@ def test_bf16_paged_rollout_logprobs_match_the_scoring_pass():
     assert mask.sum() > 0
     np.testing.assert_allclose(log_ratio, 0.0, atol=5e-2)
     assert np.abs(log_ratio).mean() < 1e-2
+
+
+def test_rollout_step_prefills_at_most_one_prompt_per_group(monkeypatch):
+    """The RL step tells the engine its rows come in groups of G, so the compiled prefill batch
+    is the number of prompts (4), not ``prefill_batch`` (16) capped by the slots (6): a dense
+    prompt cache of every layer and the prefill activations at 4 prompts (issue 20)."""
+    import fp8rl_jax.generation.paged as paged_engine
+    from fp8rl_jax.rl import rollout_fn
+
+    plans = []
+
+    def record(*args, **kw):
+        plans.append(plan_pool(*args, **kw))
+        return plans[-1]
+
+    plan_pool = paged_engine.plan_pool
+    monkeypatch.setattr(paged_engine, "plan_pool", record)
+    paged = PagedConfig(num_slots=6, page_size=4, prefill_batch=16)
+    rc = RolloutConfig(max_new_tokens=6, quant=None, engine="paged", paged=paged)
+    jax.eval_shape(rollout_fn(MODEL, rc, RL), _state(rc), _prompts())
+    assert [p.prefill_batch for p in plans] == [4]

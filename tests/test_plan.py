@@ -99,8 +99,11 @@ def test_presets_from_config_names():
 
 @pytest.mark.parametrize(
     "name",
-    ["qwen3_8b", "qwen3_8b_20k", "qwen3_8b_multihost", "qwen3_30b_a3b", "qwen3_30b_a3b_multihost"],
-)
+    [
+        "qwen3_8b", "qwen3_8b_20k", "qwen3_8b_multihost", "qwen3_8b_v6e", "qwen3_30b_a3b",
+        "qwen3_30b_a3b_multihost",
+    ],
+)  # fmt: skip
 def test_every_real_model_config_builds_for_the_planner(name):
     """The shipped configs pass their own config-time checks with the planner's placeholders
     (no checkpoint, no data file) and get their preset's widths."""

@@ -82,6 +82,7 @@ class Engine(Protocol):
         kv_scales: KVScales | None,
         *,
         record_expert_ids: bool = False,
+        group_size: int = 1,  # rows come in runs of this many identical prompts (a hint)
     ) -> tuple[Rollout, dict]: ...
 
 

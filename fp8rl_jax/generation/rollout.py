@@ -78,6 +78,7 @@ def rollout(
     sampling: SamplingConfig | None = None,
     pin: PinParams | None = None,
     record_expert_ids: bool = False,
+    group_size: int = 1,
 ) -> tuple[Rollout, dict]:
     """Generates with the rollout policy of ``params``; returns the rollout and its metrics.
 
@@ -86,12 +87,14 @@ def rollout(
     ``rollout_cfg.sampling`` (evaluation: greedy). Metrics (device scalars): ``response_len_mean``,
     ``quant_nonfinite`` (NaN/Inf weights met by the quantizer), and the engine's own.
     ``record_expert_ids``: the rollout records each token's MoE experts (routing replay).
+    ``group_size``: the prompts come in runs of this many identical rows (GRPO groups); the
+    paged engine then compiles a smaller prefill batch (``paged.plan_pool``), same tokens.
     """
     weights, qstats = rollout_weights(params, rollout_cfg, pin)
     sampling = rollout_cfg.sampling if sampling is None else sampling
     ro, engine_metrics = ENGINE_IMPLS[rollout_cfg.engine](
         weights, prompts, model_cfg, rollout_cfg, sampling, rng, kv_scales,
-        record_expert_ids=record_expert_ids,
+        record_expert_ids=record_expert_ids, group_size=group_size,
     )  # fmt: skip
     metrics = {
         "response_len_mean": jnp.mean(ro.response_lens_B.astype(jnp.float32)),

@@ -208,9 +208,11 @@ def generate(
 
 def _run(
     weights, prompts, model_cfg, rollout_cfg: RolloutConfig, sampling, rng, kv_scales, *,
-    record_expert_ids: bool = False,
+    record_expert_ids: bool = False, group_size: int = 1,
 ) -> tuple[Rollout, dict]:  # fmt: skip
-    """The static engine under the ``engine.Engine`` contract (no metrics of its own)."""
+    """The static engine under the ``engine.Engine`` contract (no metrics of its own; one dense
+    batch, so ``group_size`` changes nothing)."""
+    del group_size
     ro = generate(
         weights, prompts, model_cfg, sampling, rng, kv_cache_dtype=rollout_cfg.kv_cache_dtype,
         kv_scale_mode=rollout_cfg.kv_scale_mode,

@@ -54,7 +54,7 @@ def rollout_step(
     replay = cfg.rl.router_replay == "replay" and cfg.model.num_experts > 0
     ro, ro_metrics = rollout(
         params, prompts, cfg.model, cfg.rollout, rng, state.kv_scales, pin=pin,
-        record_expert_ids=replay,
+        record_expert_ids=replay, group_size=cfg.rl.group_size,
     )  # fmt: skip
     segment_ids_BT = rollout_segment_ids(ro)
     positions_BT = jnp.maximum(jnp.cumsum(segment_ids_BT, axis=1) - 1, 0)

@@ -47,6 +47,7 @@ def generate_paged(
     response_budget_B: jax.Array | None = None,
     record_expert_ids: bool = False,
     fp8_attention: bool = False,
+    group_size: int = 1,
 ) -> tuple[Rollout, dict] | tuple[Rollout, dict, EngineState]:
     """``generate``'s contract (same arguments, same ``Rollout``) on the paged engine; also
     returns the engine metrics (device scalars), and the final state with ``return_state``.
@@ -58,6 +59,8 @@ def generate_paged(
     first row's prefill's; a slot records each response token it feeds back). ``fp8_attention``:
     as ``generate``. Under a mesh whose devices hold the whole weights, each batch shard runs its
     own engine over a pool of ``paged`` pages per device (``paged.sharded``), with the same output.
+    ``group_size``: rows come in runs of this many identical prompts (a hint that caps each
+    engine's prefill batch, ``plan.plan_pool``; the output does not depend on it).
     """
     paged = PagedConfig() if paged is None else paged
     inp = engine_inputs(
@@ -73,7 +76,7 @@ def generate_paged(
         n, p = prompts.tokens_BP.shape
         plan = plan_pool(
             paged, cfg, num_requests=n, prompt_len=p, max_new_tokens=int(max_new_tokens),
-            cache_dtype=dtype, mode=mode,
+            cache_dtype=dtype, mode=mode, group_size=group_size,
         )  # fmt: skip
         spec = EngineSpec(
             plan=plan, model=cfg, sampling=sampling,
@@ -97,7 +100,7 @@ def generate_paged(
 
 def _run(
     weights, prompts, model_cfg, rollout_cfg: RolloutConfig, sampling, rng, kv_scales, *,
-    record_expert_ids: bool = False,
+    record_expert_ids: bool = False, group_size: int = 1,
 ) -> tuple[Rollout, dict]:  # fmt: skip
     """The paged engine under the ``engine.Engine`` contract (metrics: the ``engine_*`` keys)."""
     return generate_paged(
@@ -106,7 +109,7 @@ def _run(
         kv_scales=kv_scales if rollout_cfg.static_kv_scales else None,
         max_new_tokens=rollout_cfg.max_new_tokens, stop_token_ids=rollout_cfg.stop_token_ids,
         kernels=rollout_cfg.kernels, record_expert_ids=record_expert_ids,
-        fp8_attention=rollout_cfg.fp8_attention,
+        fp8_attention=rollout_cfg.fp8_attention, group_size=group_size,
     )  # fmt: skip
 
 

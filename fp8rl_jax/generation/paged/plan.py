@@ -70,8 +70,18 @@ def plan_pool(
     max_new_tokens: int,
     cache_dtype,
     mode: str,
+    group_size: int = 1,
 ) -> PoolPlan:
-    """The engine's static sizes; raises ``ValueError`` naming the field for impossible input."""
+    """The engine's static sizes; raises ``ValueError`` naming the field for impossible input.
+
+    ``group_size``: the requests come in runs of this many identical prompts (GRPO groups), so
+    they hold at most ``cdiv(B, group_size)`` distinct prompts when the runs are aligned: the
+    prefill batch (a dense prompt cache of every layer plus the prefill's activations, compiled
+    at ``prefill_batch`` prompts whether or not they are used) is capped there. Unaligned or
+    shorter runs only take more prefill iterations; no token changes.
+    """
+    if group_size < 1:
+        raise ValueError(f"plan_pool: group_size must be >= 1, got {group_size}")
     y = cfg.page_size
     u = num_requests if cfg.num_slots is None else cfg.num_slots
     w, z = cdiv(prompt_len + max_new_tokens, y), max(1, cdiv(prompt_len - 1, y))
@@ -91,7 +101,8 @@ def plan_pool(
     plan = PoolPlan(
         num_requests=num_requests, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
         num_slots=u, page_size=y, num_pages=x, table_width=w, prompt_pages=z,
-        prefill_batch=min(cfg.prefill_batch, u), page_bytes=per_page,
+        prefill_batch=min(cfg.prefill_batch, u, cdiv(num_requests, group_size)),
+        page_bytes=per_page,
     )  # fmt: skip
     log.info(
         "paged engine: %d requests over %d slots; pool %d pages (%s) x %d B = %.3f GB "
