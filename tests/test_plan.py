@@ -62,6 +62,9 @@ def test_extrapolate_is_linear_per_field():
     assert full.layers == "1,3->36" and full.compile_s == 2.0
     with pytest.raises(ValueError, match="depths must grow"):
         P.extrapolate(at3, at1, 3, 1, 36)
+    # A field that shrank with depth keeps its shallower value (never extrapolated downwards).
+    shrank = P.extrapolate(at1, _mem(argument=20, temp=100, output=2, alias=1), 1, 3, 36)
+    assert (shrank.argument, shrank.temp) == (8 + 4 * 36, 130)
 
 
 def test_depth_warning_only_for_train_from_shallow_depths():

@@ -147,13 +147,18 @@ def plan(exp, model_cfg, topo: Topology, prompt_len: int, only=None) -> list[Pro
 
 def extrapolate(small: ProgramMemory, large: ProgramMemory, l_small: int, l_large: int,
                 l_full: int) -> ProgramMemory:  # fmt: skip
-    """Per field ``bytes(L) = a + b·L`` through the two compiles, evaluated at ``l_full``."""
+    """Per field ``bytes(L) = a + b·L`` through the two compiles, evaluated at ``l_full``, with
+    the slope ``b`` clamped at 0: a field that shrank from the shallower compile to the deeper one
+    (XLA scheduled the two programs differently; seen for Qwen3-30B-A3B's rollout on v5p-64, whose
+    2,4-layer line fell to 0.3 GiB of temporaries at 48 layers) keeps its shallower value rather
+    than extrapolating the fall."""
     if l_large <= l_small:
         raise ValueError(f"extrapolate: depths must grow, got {l_small} then {l_large}")
 
     def line(f):
         lo, hi = getattr(small, f), getattr(large, f)
-        return max(0, round(lo + (hi - lo) * (l_full - l_small) / (l_large - l_small)))
+        slope = max(0.0, (hi - lo) / (l_large - l_small))
+        return round(lo + slope * (l_full - l_small))
 
     return ProgramMemory(
         program=small.program, **{f: line(f) for f in FIELDS},
