@@ -84,3 +84,26 @@ def test_each_shard_runs_only_its_experts(report):
     # Without shard_map, GSPMD replicates the grouped GEMM: all 48 rows on every device and
     # the experts' weights all-reduced per row tile (the problem moe_parallel solves).
     assert any(s.startswith("(f16[13,64,128]") for s in r["gspmd_collectives"]["all-reduce"])
+
+
+def test_dispatch_chunk_bounds_xla_gpu_dense_ragged_dot_buffer():
+    """On GPU, BF16 experts get chunks whose dense [E/n, chunk·k, D] f32 buffer fits
+    GPU_DENSE_RAGGED_BYTES (Qwen3-30B-A3B at expert = 8: 16 local experts, k 8, D 2,048 ->
+    1,024 tokens); FP8 experts (grouped kernels) and other platforms keep TOKEN_CHUNK."""
+    import jax
+    import jax.numpy as jnp
+
+    from fp8rl_jax.models import moe_parallel as mp
+    from kernels_pallas.quantize import quantize_weight
+
+    w = jax.ShapeDtypeStruct((128, 2048, 768), jnp.bfloat16)
+    assert mp.dispatch_chunk("gpu", w, 16, 8) == 1024
+    assert mp.GPU_DENSE_RAGGED_BYTES == 16 * 1024 * 8 * 2048 * 4
+    assert mp.dispatch_chunk("gpu", w, 128, 8) == 128  # no expert parallelism: all 128 local
+    assert mp.dispatch_chunk("gpu", jax.ShapeDtypeStruct((8, 64, 32), jnp.float32), 2, 2) == (
+        mp.TOKEN_CHUNK
+    )  # small experts: the dense buffer is small, the usual chunk
+    assert mp.dispatch_chunk("tpu", w, 16, 8) == mp.TOKEN_CHUNK  # native ragged dot
+    assert mp.dispatch_chunk(None, w, 16, 8) == mp.TOKEN_CHUNK
+    q = quantize_weight(jnp.ones((2, 256, 128), jnp.float32))
+    assert mp.dispatch_chunk("gpu", q, 16, 8) == mp.TOKEN_CHUNK  # FP8: the grouped kernel

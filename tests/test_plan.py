@@ -157,3 +157,60 @@ def test_depths_change_only_the_layer_count():
     assert plan_models.with_layers(cfg, 5) == dataclasses.replace(cfg, num_layers=5)
     assert plan_models.with_layers(cfg, None) is cfg
     assert plan_models.mesh_text(exp, parse_topology("cpu-1")) == "data=1,fsdp=1,expert=1,tensor=1"
+
+
+def _plan_check_all() -> list[tuple[str, str]]:
+    """(config, topology) of scripts/plan_check.sh's ALL list: the README's real-model table."""
+    import re
+
+    with open("scripts/plan_check.sh") as f:
+        text = f.read()
+    block = re.search(r"^ALL=\((.*?)^\)", text, re.S | re.M).group(1)
+    return [
+        (cfg, topo)
+        for entry in re.findall(r'"([^"|]+\|[^"]+)"', block)
+        for cfg, topos in [entry.split("|")]
+        for topo in topos.split(",")
+    ]
+
+
+def _newest_records() -> dict[tuple[str, str, str], dict]:
+    """(config file stem, topology, program) -> the newest recorded plan of it (each JSON file
+    appends; later entries are newer)."""
+    import glob
+    import json
+    import os
+
+    out = {}
+    for path in sorted(glob.glob("experiments/results/plan_*.json")):
+        with open(path) as f:
+            records = json.load(f)
+        for rec in records if isinstance(records, list) else []:
+            stem = os.path.splitext(os.path.basename(rec["config"]))[0]
+            for prog in rec["programs"]:
+                out[(stem, rec["topology"], prog["program"])] = prog
+    return out
+
+
+def test_every_real_model_config_has_a_fitting_plan_of_every_program():
+    """The README's real-model table is backed by records: for every config x topology that
+    scripts/plan_check.sh --all plans, the newest recorded rollout, train and eval each fit 90% of
+    HBM, and train was extrapolated from >= 8 layers (shallower depths under-estimate it)."""
+    pairs = _plan_check_all()
+    assert ("qwen3_30b_a3b", "8xh100") in pairs and len(pairs) >= 9
+    newest = _newest_records()
+    missing, too_big, shallow = [], [], []
+    for cfg, topo in pairs:
+        for program in ("rollout", "train", "eval"):
+            rec = newest.get((cfg, topo, program))
+            if rec is None:
+                missing.append((cfg, topo, program))
+                continue
+            if not (rec["fits"] and rec["total_gib"] <= 0.9 * rec["hbm_gib"]):
+                too_big.append((cfg, topo, program, rec["total_gib"]))
+            depths = [int(d) for d in rec["layers"].split("->")[0].split(",")]
+            if program == "train" and min(depths) < P.TRAIN_MIN_DEPTH:
+                shallow.append((cfg, topo, rec["layers"]))
+    assert not missing, f"no recorded plan: {missing}"
+    assert not too_big, f"recorded plans that do not fit: {too_big}"
+    assert not shallow, f"train planned from fewer than {P.TRAIN_MIN_DEPTH} layers: {shallow}"

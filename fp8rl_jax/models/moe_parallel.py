@@ -15,7 +15,8 @@ every mesh axis manual (routing stays outside, under GSPMD):
      ``ragged_dot``), combined into a partial output for all n·N gathered tokens;
   4. ``psum_scatter`` over ``expert``: each token's sum over all experts, back on its own shard.
 
-Steps 2-3 run over chunks of at most ``TOKEN_CHUNK`` gathered tokens (``lax.map``, each chunk
+Steps 2-3 run over chunks of at most ``TOKEN_CHUNK`` gathered tokens (``dispatch_chunk``: fewer
+for BF16 experts on GPU, where XLA expands ``ragged_dot`` densely; ``lax.map``, each chunk
 rematerialized in a backward pass): the dispatch buffers hold n·N·k rows, so Qwen3-30B-A3B's
 scoring of 8 rows x 10K tokens per device over expert = 8 would otherwise sort 5.2M rows of
 2,048 values per layer (~21 GB, and the SwiGLU intermediates after it).
@@ -45,6 +46,7 @@ from jax.sharding import PartitionSpec as P
 
 from fp8rl_jax.models.experts import Dispatch, combine, dispatch, experts
 from fp8rl_jax.models.rows import dividing_axes
+from fp8rl_jax.quant import TrainQWeight
 from kernels_pallas.backend import KernelImpls
 from kernels_pallas.qarray import QArray
 from kernels_pallas.quantize import quantize_activations
@@ -77,6 +79,12 @@ def local_dispatch(top_i_NK: jax.Array, first: jax.Array, num_local: int) -> Dis
 
 
 TOKEN_CHUNK = 4096  # gathered tokens per dispatch: buffers of at most TOKEN_CHUNK·k rows
+# XLA:GPU lowers ``jax.lax.ragged_dot`` (the BF16 experts: scoring and training) densely over the
+# groups: every row times every local expert, ``[E/n, rows, D]`` buffers (f32 in the backward).
+# At TOKEN_CHUNK = 4,096, Qwen3-30B-A3B at expert = 8 holds several of 16 x 32,768 x 2,048 f32
+# = 4 GiB each (its train program on 8xH100 compiled to 23 GiB of temporaries at 4 layers,
+# 11 GiB with chunks of 1,024). So on GPU the BF16 path's chunk keeps that buffer <= this.
+GPU_DENSE_RAGGED_BYTES = 2**30
 
 
 def num_token_chunks(n_tokens: int, chunk: int | None = None) -> int:
@@ -89,7 +97,19 @@ def num_token_chunks(n_tokens: int, chunk: int | None = None) -> int:
     return n_tokens
 
 
-def _shard_body(p, x_ND, top_w_NK, top_i_NK, *, num_local: int, gathered: bool, kernels):
+def dispatch_chunk(platform: str | None, w_gate, num_local: int, k: int) -> int:
+    """Gathered tokens per dispatch chunk: ``TOKEN_CHUNK``, or on ``platform`` "gpu" for BF16
+    experts (``ragged_dot``, ``w_gate`` [E, D, F]) the most that keeps XLA:GPU's dense
+    ``[num_local, chunk·k, D]`` f32 buffer within ``GPU_DENSE_RAGGED_BYTES``. FP8 experts run
+    the grouped kernels, whose buffers are ``[chunk·k, D]``: ``TOKEN_CHUNK``."""
+    if platform != "gpu" or isinstance(w_gate, (QArray, TrainQWeight)):
+        return TOKEN_CHUNK
+    per_token = num_local * k * w_gate.shape[1] * 4
+    return max(1, min(TOKEN_CHUNK, GPU_DENSE_RAGGED_BYTES // per_token))
+
+
+def _shard_body(p, x_ND, top_w_NK, top_i_NK, *, num_local: int, gathered: bool, kernels,
+                chunk: int = TOKEN_CHUNK):  # fmt: skip
     """One shard: its tokens (gathered over ``expert`` if split) through its own experts."""
     if isinstance(p["w_gate"], QArray):  # quantize per token before gathering: FP8 on the wire
         x_ND = quantize_activations(x_ND, p["w_gate"].block_shape[1], p["w_gate"].values.dtype)
@@ -105,7 +125,7 @@ def _shard_body(p, x_ND, top_w_NK, top_i_NK, *, num_local: int, gathered: bool, 
         return combine(experts(p, x_CD, d, kernels), local_w, d)
 
     N = top_i_NK.shape[0]
-    n_chunks = num_token_chunks(N)
+    n_chunks = num_token_chunks(N, chunk)
     if n_chunks == 1:
         y_ND = local(x_ND, top_w_NK, top_i_NK)
     else:  # bounded dispatch buffers; the backward keeps only each chunk's inputs
@@ -128,11 +148,16 @@ def expert_parallel_mlp(p, x_ND, top_w_NK, top_i_NK, mesh, kernels: KernelImpls)
     axes = dividing_axes(dict(mesh.shape), x_ND.shape[0])  # the tokens' batch axes
     tok = P(axes or None)
     experts_p = {k: v for k, v in p.items() if k != "router"}
+    num_local = p["w_gate"].shape[0] // n
+    device = getattr(mesh, "abstract_device", None)
     body = functools.partial(
         _shard_body,
-        num_local=p["w_gate"].shape[0] // n,
+        num_local=num_local,
         gathered=EXPERT_AXIS in axes,
         kernels=kernels,
+        chunk=dispatch_chunk(
+            getattr(device, "platform", None), p["w_gate"], num_local, top_i_NK.shape[1]
+        ),
     )
     return jax.shard_map(
         body,
