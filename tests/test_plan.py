@@ -174,22 +174,22 @@ def _plan_check_all() -> list[tuple[str, str]]:
     ]
 
 
-def _newest_records() -> dict[tuple[str, str, str], dict]:
-    """(config file stem, topology, program) -> the newest recorded plan of it (each JSON file
-    appends; later entries are newer)."""
-    import glob
+def _newest_record(cfg: str, topo: str, program: str) -> dict | None:
+    """The newest plan of ``program`` for config ``cfg`` on ``topo`` in its record file,
+    ``experiments/results/plan_<cfg>_<topo without dashes>.json`` (appended: later is newer)."""
     import json
     import os
 
-    out = {}
-    for path in sorted(glob.glob("experiments/results/plan_*.json")):
-        with open(path) as f:
-            records = json.load(f)
-        for rec in records if isinstance(records, list) else []:
-            stem = os.path.splitext(os.path.basename(rec["config"]))[0]
-            for prog in rec["programs"]:
-                out[(stem, rec["topology"], prog["program"])] = prog
-    return out
+    path = f"experiments/results/plan_{cfg}_{topo.replace('-', '')}.json"
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        records = json.load(f)
+    found = None
+    for rec in records:
+        if os.path.basename(rec["config"]) == f"{cfg}.py" and rec["topology"] == topo:
+            found = next((p for p in rec["programs"] if p["program"] == program), found)
+    return found
 
 
 def test_every_real_model_config_has_a_fitting_plan_of_every_program():
@@ -198,11 +198,10 @@ def test_every_real_model_config_has_a_fitting_plan_of_every_program():
     HBM, and train was extrapolated from >= 8 layers (shallower depths under-estimate it)."""
     pairs = _plan_check_all()
     assert ("qwen3_30b_a3b", "8xh100") in pairs and len(pairs) >= 9
-    newest = _newest_records()
     missing, too_big, shallow = [], [], []
     for cfg, topo in pairs:
         for program in ("rollout", "train", "eval"):
-            rec = newest.get((cfg, topo, program))
+            rec = _newest_record(cfg, topo, program)
             if rec is None:
                 missing.append((cfg, topo, program))
                 continue

@@ -7,7 +7,7 @@ tokens, the smallest block of the Mosaic TPU paged decode kernel
 which on TPU falls back to the XLA paged attention). A 4 GiB KV pool per chip (58K FP8 tokens of
 Qwen3-8B) beside the 8.8 GB of replicated FP8 rollout weights. None changes a token or a
 log-prob. ``experiments/plan.py --topology=v6e-16`` (experiments/results/
-plan_qwen3_8b_v6e16.json): the rollout, train and eval programs fit 28.8 GiB per chip.
+plan_qwen3_8b_v6e_v6e16.json): the rollout, train and eval programs fit 28.8 GiB per chip.
   python experiments/train.py --config=experiments/configs/qwen3_8b_v6e.py \\
       --config.model.hf_checkpoint=/data/Qwen3-8B-Base --config.task.jsonl_path=/data/dapo.jsonl
 """
