@@ -64,3 +64,22 @@ def test_wide_tile_legality():
     assert MgpuConfig(128, 256, cluster_m=2).invalid() is None
     assert "cluster_m" in MgpuConfig(16, 64, swap_ab=True, cluster_m=2).invalid()
     assert "cluster_m" in MgpuConfig(128, 128, cluster_m=4).invalid()
+
+
+def test_persistent_legality_and_snake_band():
+    assert MgpuConfig(128, 256, 3, cluster_m=2, persistent=132).invalid() is None
+    assert MgpuConfig(128, 128, persistent=5).invalid() is None
+    for bad in (MgpuConfig(16, 64, swap_ab=True, persistent=132),  # decode
+                MgpuConfig(16, 64, swap_ab=True, split_k=2, persistent=132),
+                MgpuConfig(128, 128, cluster_m=2, persistent=5),  # not whole clusters
+                MgpuConfig(128, 128, persistent=True),  # a CTA count, not a flag
+                MgpuConfig(128, 128, persistent=-1)):  # fmt: skip
+        assert "persistent" in bad.invalid(), bad
+    assert "persistent" in mgpu.supports(4096, 4096, 4096, MgpuConfig(128, 128, 3, persistent=132),
+                                         fused=True, x_itemsize=2, out_itemsize=2)  # fmt: skip
+    # bands of M tiles whose x rows fit 24 MiB: all 16 cluster rows at M = K = 4096, 8 at K = 12288
+    cfg = MgpuConfig(128, 256, 3, cluster_m=2, persistent=132)
+    assert mgpu.snake_band(cfg, 4096, 4096) == 16
+    assert mgpu.snake_band(cfg, 4096, 12288) == 8
+    assert mgpu.snake_band(cfg, 256, 1 << 20) == 1
+
