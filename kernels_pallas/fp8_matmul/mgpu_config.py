@@ -126,7 +126,10 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     there, 0.5-0.96x on grids of <= 64 CTAs: ``perf_model.md``), else 128x128 with two compute
     warpgroups (64x128 if N % 128). Unfused prefill grids of >= 88 CTAs with an even number of
     M tiles run as 2-CTA clusters sharing each weight tile (TMA multicast; the model: 1.06-1.41x
-    there, losses only on small or odd-padded grids). The ring is as deep as fits the SMEM budget
+    there, losses only on small or odd-padded grids). Unfused prefill grids of more than 132 CTAs
+    (more than one CTA per SM, since these tiles fit one per SM) run as a persistent grid of 132
+    CTAs in snake order (the model: 1.002-1.025x there, from the launch, setup and store drain
+    paid once per CTA; 0.996x on grids of <= 132 CTAs). The ring is as deep as fits the SMEM budget
     (<= 4 stages; 3 for 128x256 or the fused variant's BF16 x tiles; 2 for 128x256, F32 out)."""
     if m <= 64 and not fused:
         cfg = MgpuConfig(block_m=-(-m // 16) * 16, block_n=64, swap_ab=True,
@@ -141,6 +144,9 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     if not (fused or cfg.swap_ab) and tiles_m % 2 == 0 and \
             tiles_m * (n // cfg.block_n) >= _NUM_SMS * 2 // 3:  # fmt: skip
         cfg = dataclasses.replace(cfg, cluster_m=2)
+    ctas = -(-m // (cfg.block_m * cfg.cluster_m)) * cfg.cluster_m * (n // cfg.block_n)
+    if not (fused or cfg.swap_ab) and ctas > _NUM_SMS:
+        cfg = dataclasses.replace(cfg, persistent=_NUM_SMS)
     x_itemsize = 2 if fused else 1
     for stages in range(cfg.max_concurrent_steps, 1, -1):
         cfg = dataclasses.replace(cfg, max_concurrent_steps=stages)

@@ -83,3 +83,20 @@ def test_persistent_legality_and_snake_band():
     assert mgpu.snake_band(cfg, 4096, 12288) == 8
     assert mgpu.snake_band(cfg, 256, 1 << 20) == 1
 
+
+@pytest.mark.parametrize(
+    "m,n,k,persistent",
+    [  # a persistent grid of 132 CTAs for unfused prefill grids of more than 132 CTAs
+        (4096, 12288, 4096, 132),  # 1536 CTAs
+        (4096, 1024, 4096, 0),  # 128 CTAs: one wave, nothing to save
+        (4097, 1024, 4096, 0),  # 33 x 4 = 132 CTAs (M tail, no cluster): still one wave
+        (4097, 2048, 4096, 132),  # 33 x 8 = 264 CTAs, no cluster
+        (2048, 4096, 4096, 132),  # 128x256 clusters: 256 CTAs
+        (64, 4096, 4096, 0),  # decode (swap-AB)
+    ],
+)
+def test_default_persistent_rule(m, n, k, persistent):
+    cfg = mgpu.default_config(m, n, k)
+    assert cfg.persistent == persistent
+    assert mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None
+    assert mgpu.default_config(m, n, k, fused=True).persistent == 0
