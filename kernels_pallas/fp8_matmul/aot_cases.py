@@ -16,6 +16,7 @@ rejects), so compiling them all proves the check for these shapes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -80,6 +81,20 @@ WIDE_KN = ((4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (8192, 8192
            (8192, 28672), (1536, 24576), (16384, 7168))  # fmt: skip
 WIDE = tuple(("pallas_mosaic_gpu", ("h100",), "fp8", _BF, k, n, 4096, _G(128, 256, 3))
              for k, n in WIDE_KN)  # fmt: skip
+# The persistent grid (132 CTAs looping over snake-ordered tiles) on the default prefill tile of
+# Qwen3-8B gate|up, q|o and down at M = 4096 (128x256, 3 stages, 2-CTA clusters; down's K = 12288
+# makes two snake bands), and without clusters.
+_P = 132
+PERSISTENT = tuple(
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, k, n, 4096, cfg)
+    for k, n in ((4096, 12288), (4096, 4096), (12288, 4096))
+    for cfg in (dataclasses.replace(mgpu.default_config(4096, n, k), persistent=_P),)
+) + (
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(128, 256, 3, persistent=_P)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(128, 128, 4, persistent=_P)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096,
+     _G(128, 128, 4, cluster_m=2, persistent=_P)),
+)  # fmt: skip
 # Tile configurations the support check accepts beyond the per-shape defaults above:
 # (impl, targets, activations, output dtype, K, N, M, config)
 TILES = (
@@ -108,6 +123,7 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(128, 128, 4, cluster_m=2)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 4096, _G(128, 256, 2, cluster_m=2)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 300, _G(128, 256, 3, cluster_m=2)),
+    *PERSISTENT,
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 384, 256, 48, _T(block_m=32, block_k=256)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _F32, 4096, 4096, 4096, _T(512, block_k=1024)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 4096, _T(1024, block_k=2048)),

@@ -14,6 +14,7 @@ _MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 
 _REDUCTION_SCRATCH = 2048  # SMEM a kernel with a reduction reserves (CompilerParams default)
 _NUM_SMS = 132  # H100 SXM / H200
 _WIDE_SUB_N = 128  # columns of one wgmma sub-tile of the wide tiles (64 also compiles, 0 spills)
+_L2_BAND_BYTES = 24 << 20  # x rows one snake band of a persistent grid keeps in L2 (half of 50 MB)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +27,8 @@ class MgpuConfig:
     swap_ab: bool = False  # compute yᵀ = w xᵀ so that M is the wgmma N (decode)
     split_k: int = 1  # swap_ab only: K split over this many CTAs, f32 partials summed by XLA
     cluster_m: int = 1  # 2: CTA pairs along M share each weight tile by TMA multicast (prefill)
+    persistent: int = 0  # CTAs of a persistent grid looping over the output tiles in snake order
+    # (132: one per H100/H200 SM; a multiple of cluster_m); 0: one CTA per output tile
 
     @property
     def num_compute_wgs(self) -> int:
@@ -60,6 +63,11 @@ class MgpuConfig:
             return f"cluster_m must be 1, or 2 without swap_ab, got {self.cluster_m}"
         if self.split_k < 1 or (self.split_k > 1 and not self.swap_ab):
             return f"split_k must be 1, or > 1 with swap_ab, got {self.split_k}"
+        if isinstance(self.persistent, bool) or self.persistent < 0:
+            return f"persistent is a CTA count (e.g. 132), got {self.persistent!r}"
+        if self.persistent and (self.swap_ab or self.persistent % self.cluster_m):
+            return f"persistent={self.persistent} needs no swap_ab (prefill) and a multiple of " \
+                   f"cluster_m={self.cluster_m}"  # fmt: skip
         if not 2 <= self.max_concurrent_steps <= _MAX_STAGES:
             # Deeper rings spill registers (ptxas, H100: 64x64 tiles spill from 8 stages).
             steps = self.max_concurrent_steps
@@ -88,6 +96,15 @@ def smem_bytes(cfg: MgpuConfig, k: int, x_itemsize: int, out_itemsize: int, fuse
     return total
 
 
+def snake_band(cfg: MgpuConfig, m_pad: int, k: int) -> int:
+    """M tiles of one band of a persistent grid's snake order (``plgpu.planar_snake``, M minor):
+    the tiles run M-fastest across a band of this many cluster-row tiles, then the next band
+    sweeps N backwards. As many as keep the band's x rows within ``_L2_BAND_BYTES`` (all of M
+    for M = 4096, K = 4096: x is then read from HBM once and each weight tile once per band)."""
+    rows = cfg.block_m * cfg.cluster_m
+    return max(1, min(m_pad // rows, _L2_BAND_BYTES // (rows * k)))
+
+
 def default_split_k(ctas: int, k_steps: int) -> int:
     """K chunks for a decode grid of ``ctas`` CTAs (one per SM at 255 registers): the largest
     power of two with ``ctas · split <= 66`` (half the SMs) and >= 8 K steps per chunk. The
@@ -109,7 +126,10 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     there, 0.5-0.96x on grids of <= 64 CTAs: ``perf_model.md``), else 128x128 with two compute
     warpgroups (64x128 if N % 128). Unfused prefill grids of >= 88 CTAs with an even number of
     M tiles run as 2-CTA clusters sharing each weight tile (TMA multicast; the model: 1.06-1.41x
-    there, losses only on small or odd-padded grids). The ring is as deep as fits the SMEM budget
+    there, losses only on small or odd-padded grids). Unfused prefill grids of more than 132 CTAs
+    (more than one CTA per SM, since these tiles fit one per SM) run as a persistent grid of 132
+    CTAs in snake order (the model: 1.002-1.025x there, from the launch, setup and store drain
+    paid once per CTA; 0.996x on grids of <= 132 CTAs). The ring is as deep as fits the SMEM budget
     (<= 4 stages; 3 for 128x256 or the fused variant's BF16 x tiles; 2 for 128x256, F32 out)."""
     if m <= 64 and not fused:
         cfg = MgpuConfig(block_m=-(-m // 16) * 16, block_n=64, swap_ab=True,
@@ -124,6 +144,9 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     if not (fused or cfg.swap_ab) and tiles_m % 2 == 0 and \
             tiles_m * (n // cfg.block_n) >= _NUM_SMS * 2 // 3:  # fmt: skip
         cfg = dataclasses.replace(cfg, cluster_m=2)
+    ctas = -(-m // (cfg.block_m * cfg.cluster_m)) * cfg.cluster_m * (n // cfg.block_n)
+    if not (fused or cfg.swap_ab) and ctas > _NUM_SMS:
+        cfg = dataclasses.replace(cfg, persistent=_NUM_SMS)
     x_itemsize = 2 if fused else 1
     for stages in range(cfg.max_concurrent_steps, 1, -1):
         cfg = dataclasses.replace(cfg, max_concurrent_steps=stages)
@@ -143,6 +166,8 @@ def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize
         return "the fused (BF16 x) kernel has no swap_ab variant"
     if fused and cfg.cluster_m > 1:
         return "the fused (BF16 x) kernel has no cluster variant"
+    if fused and cfg.persistent:
+        return "the fused (BF16 x) kernel has no persistent variant"
     if fused and len(cfg.wg_subtiles) > 1:
         return "the fused (BF16 x) kernel takes 64/128 tiles only (one x slice per warpgroup)"
     if k % GROUP or k == 0:

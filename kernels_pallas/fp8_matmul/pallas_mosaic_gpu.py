@@ -35,6 +35,12 @@ tiles of the same N tile, and the weight BlockSpec is collective over the cluste
 weight tile is read from L2 once and multicast to both SMs by TMA (jax
 ``hopper_matmul_mgpu.py``'s ``cluster_dimension``; DeepGEMM's TMA multicast).
 
+Persistent grid (``MgpuConfig.persistent``, prefill): ``persistent`` CTAs (132: one per SM) loop
+over the output tiles (``plgpu.nd_loop``) in a snake order (``plgpu.planar_snake``, M-fastest in
+bands sized by ``snake_band``), each calling the warp-specialized pipeline on its tile's GMEM
+views with one set of SMEM allocations; the epilogue waits for the previous tile's TMA store to
+have read the output SMEM tile before overwriting it, so that store overlaps the next tile.
+
 Fused activation quantization (``fp8_matmul_mgpu_fused``, prefill order): ``x`` arrives in
 BF16/F16; each compute warpgroup loads its [64, 128] slice, takes the row amax, computes
 ``s = max(amax, tiny) / fp8_max``, casts ``clip(x / s)`` to FP8 and stores it into a private
@@ -65,6 +71,7 @@ from kernels_pallas.fp8_matmul.mgpu_config import (  # noqa: F401
     default_config,
     default_split_k,
     smem_bytes,
+    snake_band,
     supports,
 )
 from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_max
@@ -174,26 +181,28 @@ def _k_step_wide(x_smem, w_smem, sx_ref, accs, sws, *, cfg: MgpuConfig, chain: b
 
 def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fused: bool, wdt,
             interpret: bool = False):  # fmt: skip
-    """One CTA: one output tile over all K steps. ``out`` is y [M_pad, N], or yᵀ when swapped."""
+    """One CTA: one output tile over all K steps, or with ``cfg.persistent`` a loop over output
+    tiles (``_persistent_loop``). ``out`` is y [M_pad, N], or yᵀ when swapped."""
     out_dtype = out_gmem.dtype
     bm, bn, swap, tm = cfg.block_m, cfg.block_n, cfg.swap_ab, _WGMMA_M
     a_blk, b_blk = (bn, bm) if swap else (bm, bn)  # rows of the A and B operand tiles
-    a_idx, b_idx = lax.axis_index("a"), lax.axis_index("b")
-    if cfg.cluster_m > 1:  # M tiles: cluster-major, the two CTAs of a cluster adjacent
-        a_idx = a_idx * cfg.cluster_m + lax.axis_index("c")
     k_part = lax.axis_index("s") if cfg.split_k > 1 else 0
     steps = w_gmem.shape[1] // GROUP // cfg.split_k
-    m_idx, n_idx = (b_idx, a_idx) if swap else (a_idx, b_idx)
-    in_specs, gmem_in = _pipeline_operands(
-        x_gmem, sx_gmem, w_gmem, pl.ds(m_idx * bm, bm), pl.ds(n_idx * bn, bn), k_part,
-        cfg=cfg, fused=fused, wdt=wdt,
-    )  # fmt: skip
+
+    def operands(a_idx, b_idx):
+        m_idx, n_idx = (b_idx, a_idx) if swap else (a_idx, b_idx)
+        return _pipeline_operands(
+            x_gmem, sx_gmem, w_gmem, pl.ds(m_idx * bm, bm), pl.ds(n_idx * bn, bn), k_part,
+            cfg=cfg, fused=fused, wdt=wdt,
+        )  # fmt: skip
+
+    in_specs, gmem_in = operands(0, 0)  # every tile's views have the same shapes
 
     def get_pipeline(body, compute_context):
         return plgpu.emit_pipeline_warp_specialized(
             body,
             grid=(steps,),
-            memory_registers=40,
+            memory_registers=48 if cfg.persistent else 40,  # see _persistent_loop
             in_specs=in_specs,
             wg_axis="wg",
             num_compute_wgs=cfg.num_compute_wgs,
@@ -218,37 +227,75 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
     @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
     def _scope(pipeline_allocs, out_smem, xq_smem):
         wg = lax.axis_index("wg")
-        # The 128-row weight blocks of this warpgroup's output columns (swap) or of the CTA (not).
-        nb = (n_idx * bn + (wg * tm if swap else 0)) // GROUP
 
-        def compute_context(eval_pipeline):
-            zero = lambda: plgpu.layout_cast(jnp.zeros((tm, sub_n), jnp.float32), _WGMMA)
-            accs = eval_pipeline(tuple(zero() for _ in subs) if wide else zero())
-            accs = accs if wide else (accs,)
-            rows = pl.ds(k_part * (out_gmem.shape[0] // cfg.split_k) + a_idx * a_blk, a_blk)
-            dst = out_gmem.at[rows, pl.ds(b_idx * b_blk, b_blk)]
-            for s, acc in enumerate(accs):
-                out_smem[wg, s] = acc.astype(out_dtype)
-            plgpu.commit_smem()
-            for s, (r, c) in enumerate(subs):
-                tile = dst.at[pl.ds(wg * wg_m + r, tm), pl.ds(c, sub_n)]
-                plgpu.copy_smem_to_gmem(out_smem.at[wg, s], tile)
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        def tile(a_idx, b_idx):  # the output tile (a_idx, b_idx) of a_blk x b_blk over all K
+            # The 128-row weight blocks of this warpgroup's output columns (swap) or of the CTA.
+            nb = ((a_idx if swap else b_idx) * bn + (wg * tm if swap else 0)) // GROUP
 
-        def body(idx, x_smem, w_smem, *rest):
-            *sx_ref, acc = rest
-            kb = k_part * steps + idx[0]
-            sx_ref = sx_ref[0] if sx_ref else None
-            if wide:  # scalars issued early: their latency overlaps the first wgmma
-                sws = tuple(sw_gmem[nb + j, kb] for j in range(max(1, bn // GROUP)))
-                return _k_step_wide(x_smem, w_smem, sx_ref, acc, sws, cfg=cfg, chain=not interpret)
-            sw = sw_gmem[nb, kb]  # issued early: its latency overlaps
-            step = functools.partial(_k_step, cfg=cfg, fused=fused, wdt=wdt)
-            return step(x_smem, w_smem, sx_ref, acc, sw, xq_smem)
+            def compute_context(eval_pipeline):
+                zero = lambda: plgpu.layout_cast(jnp.zeros((tm, sub_n), jnp.float32), _WGMMA)
+                accs = eval_pipeline(tuple(zero() for _ in subs) if wide else zero())
+                accs = accs if wide else (accs,)
+                rows = pl.ds(k_part * (out_gmem.shape[0] // cfg.split_k) + a_idx * a_blk, a_blk)
+                dst = out_gmem.at[rows, pl.ds(b_idx * b_blk, b_blk)]
+                if cfg.persistent:  # the previous tile's TMA store must have read out_smem
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                for s, acc in enumerate(accs):
+                    out_smem[wg, s] = acc.astype(out_dtype)
+                plgpu.commit_smem()
+                for s, (r, c) in enumerate(subs):
+                    sub = dst.at[pl.ds(wg * wg_m + r, tm), pl.ds(c, sub_n)]
+                    plgpu.copy_smem_to_gmem(out_smem.at[wg, s], sub)
+                if not cfg.persistent:
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-        get_pipeline(body, compute_context)(*gmem_in, allocations=pipeline_allocs)
+            def body(idx, x_smem, w_smem, *rest):
+                *sx_ref, acc = rest
+                kb = k_part * steps + idx[0]
+                sx_ref = sx_ref[0] if sx_ref else None
+                if wide:  # scalars issued early: their latency overlaps the first wgmma
+                    sws = tuple(sw_gmem[nb + j, kb] for j in range(max(1, bn // GROUP)))
+                    return _k_step_wide(x_smem, w_smem, sx_ref, acc, sws, cfg=cfg,
+                                        chain=not interpret)  # fmt: skip
+                sw = sw_gmem[nb, kb]  # issued early: its latency overlaps
+                step = functools.partial(_k_step, cfg=cfg, fused=fused, wdt=wdt)
+                return step(x_smem, w_smem, sx_ref, acc, sw, xq_smem)
+
+            pipeline = get_pipeline(body, compute_context)
+            pipeline(*operands(a_idx, b_idx)[1], allocations=pipeline_allocs)
+
+        if cfg.persistent:
+            a_tiles, b_tiles = out_gmem.shape[0] // a_blk, out_gmem.shape[1] // b_blk
+            band = snake_band(cfg, out_gmem.shape[0], w_gmem.shape[1])
+            _persistent_loop(tile, a_tiles // cfg.cluster_m, b_tiles, band, cfg.cluster_m)
+        else:
+            a_idx = lax.axis_index("a")
+            if cfg.cluster_m > 1:  # M tiles: cluster-major, the two CTAs of a cluster adjacent
+                a_idx = a_idx * cfg.cluster_m + lax.axis_index("c")
+            tile(a_idx, lax.axis_index("b"))
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def _persistent_loop(tile, m_tiles: int, n_tiles: int, band: int, cluster_m: int) -> None:
+    """Runs ``tile(m_idx, n_idx)`` for every output tile, spread over the persistent grid "p":
+    at loop step ``i`` grid program ``p`` takes the ``i · |p| + p``-th (cluster) tile of the
+    snake order over (``m_tiles``, ``n_tiles``) (M-fastest in bands of ``band`` M tiles), so
+    the CTAs running at once share x rows and weight tiles in L2 (jax ``hopper_matmul_mgpu``).
+    The CTAs of a 2-CTA cluster take the two M halves of one cluster tile. The TMA warpgroup
+    starts a tile's loads once the compute warpgroups have consumed the previous tile's last
+    K step, so they overlap its epilogue."""
+
+    @plgpu.nd_loop((m_tiles * n_tiles,), collective_axes="p")
+    def _loop(info):
+        (lin,) = info.index
+        if band == m_tiles:  # one band: plain M-fastest order (no branch, fewer registers)
+            m_idx, n_idx = lax.rem(lin, m_tiles), lax.div(lin, m_tiles)
+        else:
+            m_idx, n_idx = plgpu.planar_snake(lin, (m_tiles, n_tiles), 0, band)
+        if cluster_m > 1:
+            m_idx = m_idx * cluster_m + lax.axis_index("c")
+        tile(m_idx, n_idx)
 
 
 def _check(m, k, n, cfg, *, fused, x_itemsize, out_dtype) -> None:
@@ -281,6 +328,8 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
     cluster = dict(cluster=(cfg.cluster_m,), cluster_names=("c",)) if cfg.cluster_m > 1 else {}
     if split > 1:  # K chunks: f32 partials [split · N, M_pad], summed below
         grid, names = (*grid, split), ("a", "b", "s")
+    if cfg.persistent:  # never more CTAs than (cluster) tiles: every CTA loops at least once
+        grid, names = (min(cfg.persistent // cfg.cluster_m, grid[0] * grid[1]),), ("p",)
     kern = plgpu.kernel(
         functools.partial(_kernel, cfg=cfg, fused=fused, wdt=w_q.values.dtype, interpret=interpret),
         out_type=jax.ShapeDtypeStruct(

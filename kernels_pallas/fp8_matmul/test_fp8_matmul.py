@@ -174,6 +174,13 @@ def test_impl_matches_reference(impl, config, interpret, m, k, n, dtype, raw):
         # 2-CTA clusters along M sharing the weight tile (TMA multicast): 2 clusters x 2 N tiles
         (MgpuConfig(block_m=128, block_n=256, max_concurrent_steps=2, cluster_m=2), 300, 512),
         (MgpuConfig(block_m=128, block_n=128, max_concurrent_steps=2, cluster_m=2), 200, 256),
+        # persistent grids of a few CTAs looping over snake-ordered tiles (3-tile bands): 12 tiles
+        # on 5 CTAs; 128x256 tiles, 6 on 4 CTAs; 2-CTA clusters, 3 cluster tiles on 2 clusters;
+        # 132 CTAs for 2 cluster tiles (the grid shrinks to the tile count)
+        (MgpuConfig(128, 128, max_concurrent_steps=2, persistent=5), 300, 512),
+        (MgpuConfig(128, 256, max_concurrent_steps=2, persistent=4), 300, 512),
+        (MgpuConfig(128, 128, max_concurrent_steps=2, cluster_m=2, persistent=4), 300, 384),
+        (MgpuConfig(128, 256, max_concurrent_steps=2, cluster_m=2, persistent=132), 200, 512),
     ],
 )
 def test_mosaic_gpu_explicit_configs(cfg, m, n):
@@ -184,6 +191,25 @@ def test_mosaic_gpu_explicit_configs(cfg, m, n):
     ref = np.asarray(fp8_matmul_reference(xq, wq, out_dtype=jnp.float32))
     y = mgpu.fp8_matmul_mgpu(xq, wq, out_dtype=jnp.float32, interpret=True, config=cfg)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
+
+
+def test_mosaic_gpu_persistent_snake_bands(monkeypatch):
+    """A persistent grid whose snake order has several bands (L2 budget shrunk to two M tiles of
+    x rows): 5 M tiles x 3 N tiles in bands of 2, 2 and 1 M tiles, N reversed every other band,
+    on 4 CTAs (and on 4 two-CTA clusters: 3 cluster rows of 256, one per band)."""
+    from kernels_pallas.fp8_matmul import mgpu_config
+
+    k = 256
+    monkeypatch.setattr(mgpu_config, "_L2_BAND_BYTES", 2 * 128 * k)
+    x, w, xq, wq = _operands(520, k, 384, E4M3, seed=7)
+    ref = np.asarray(fp8_matmul_reference(xq, wq, out_dtype=jnp.float32))
+    for cfg, m_pad, band in (
+        (MgpuConfig(128, 128, 2, persistent=4), 640, 2),
+        (MgpuConfig(128, 128, 2, cluster_m=2, persistent=8), 768, 1),
+    ):
+        assert mgpu.snake_band(cfg, m_pad, k) == band
+        y = mgpu.fp8_matmul_mgpu(xq, wq, out_dtype=jnp.float32, interpret=True, config=cfg)
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
 
 
 def test_mosaic_gpu_fused_kernel_explicit():

@@ -64,3 +64,39 @@ def test_wide_tile_legality():
     assert MgpuConfig(128, 256, cluster_m=2).invalid() is None
     assert "cluster_m" in MgpuConfig(16, 64, swap_ab=True, cluster_m=2).invalid()
     assert "cluster_m" in MgpuConfig(128, 128, cluster_m=4).invalid()
+
+
+def test_persistent_legality_and_snake_band():
+    assert MgpuConfig(128, 256, 3, cluster_m=2, persistent=132).invalid() is None
+    assert MgpuConfig(128, 128, persistent=5).invalid() is None
+    for bad in (MgpuConfig(16, 64, swap_ab=True, persistent=132),  # decode
+                MgpuConfig(16, 64, swap_ab=True, split_k=2, persistent=132),
+                MgpuConfig(128, 128, cluster_m=2, persistent=5),  # not whole clusters
+                MgpuConfig(128, 128, persistent=True),  # a CTA count, not a flag
+                MgpuConfig(128, 128, persistent=-1)):  # fmt: skip
+        assert "persistent" in bad.invalid(), bad
+    assert "persistent" in mgpu.supports(4096, 4096, 4096, MgpuConfig(128, 128, 3, persistent=132),
+                                         fused=True, x_itemsize=2, out_itemsize=2)  # fmt: skip
+    # bands of M tiles whose x rows fit 24 MiB: all 16 cluster rows at M = K = 4096, 8 at K = 12288
+    cfg = MgpuConfig(128, 256, 3, cluster_m=2, persistent=132)
+    assert mgpu.snake_band(cfg, 4096, 4096) == 16
+    assert mgpu.snake_band(cfg, 4096, 12288) == 8
+    assert mgpu.snake_band(cfg, 256, 1 << 20) == 1
+
+
+@pytest.mark.parametrize(
+    "m,n,k,persistent",
+    [  # a persistent grid of 132 CTAs for unfused prefill grids of more than 132 CTAs
+        (4096, 12288, 4096, 132),  # 1536 CTAs
+        (4096, 1024, 4096, 0),  # 128 CTAs: one wave, nothing to save
+        (4097, 1024, 4096, 0),  # 33 x 4 = 132 CTAs (M tail, no cluster): still one wave
+        (4097, 2048, 4096, 132),  # 33 x 8 = 264 CTAs, no cluster
+        (2048, 4096, 4096, 132),  # 128x256 clusters: 256 CTAs
+        (64, 4096, 4096, 0),  # decode (swap-AB)
+    ],
+)
+def test_default_persistent_rule(m, n, k, persistent):
+    cfg = mgpu.default_config(m, n, k)
+    assert cfg.persistent == persistent
+    assert mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None
+    assert mgpu.default_config(m, n, k, fused=True).persistent == 0

@@ -85,6 +85,8 @@ def supports(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: MgpuConf
         return bad
     if len(cfg.wg_subtiles) > 1 or cfg.cluster_m > 1:  # the dense kernel's wide tiles, clusters
         return f"{cfg.block_m}x{cfg.block_n} tiles / cluster_m={cfg.cluster_m}: dense kernel only"
+    if cfg.persistent:
+        return "persistent grids are a fp8_matmul (dense) option; the grouped kernel has none"
     if len(ns) > _MAX_STACKS:
         return f"at most {_MAX_STACKS} weight stacks per launch, got {len(ns)}"
     if len(ns) > 1 and cfg.max_concurrent_steps > _MAX_STAGES_STACKED:

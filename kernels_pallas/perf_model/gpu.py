@@ -20,6 +20,16 @@ predicts, for one SM holding ``c`` CTAs that each advance one loop iteration ("s
   waves = the grid spread over 132 SMs x CTAs per SM (the last wave with fewer CTAs per SM);
   time = max(sum over waves of (steps x step + FILL), HBM bytes / (BW x HBM_EFF)) + LAUNCH.
 
+A persistent grid (``MgpuConfig.persistent``: P CTAs looping over the output tiles) runs the
+same rounds of at most P tiles, but pays FILL once per CTA and ``TILE_SWITCH_S`` between its
+tiles: the pipeline (``emit_pipeline_warp_specialized`` without ``pipeline_state``) lets the
+TMA warpgroup issue the next tile's first loads only once the compute warpgroups consumed the
+current tile's last K step, so one load round trip (``DRAM_LATENCY_S``) separates the tiles and
+the epilogue (registers -> SMEM, TMA store issue: ~0.2 us) runs under it; the CTA launch and
+setup and the store drain that FILL also covers are paid once. The snake tile order is assumed
+to keep HBM bytes at one read per operand, which the model already assumes for every grid
+(the non-persistent grid runs M-fastest, the same order at these shapes).
+
 Baselines are not our code, so they get a stated efficiency from published measurements:
 BF16 ``jnp.dot`` (cuBLAS / XLA Triton GEMM) ``BF16_GEMM_EFF`` of dense peak when compute-bound
 and ``BF16_GEMM_BW_EFF`` of HBM when memory-bound; BF16-cache decode attention
@@ -53,6 +63,8 @@ L2_BYTES_PER_S = 7.0e12  # L2 -> SM bandwidth, all SMs (Chips and Cheese measure
 L2_BYTES_PER_CLK_PER_SM = 64  # one SM's L2 port (A100-era figure), binds when few SMs run
 HBM_EFF = 0.9  # best streaming fraction of HBM peak (STREAM-like copies reach ~90-93%)
 FILL_S = 1.0e-6  # per wave: pipeline fill (first TMA round trip) + epilogue store
+TILE_SWITCH_S = DRAM_LATENCY_S  # persistent grid, between a CTA's tiles (module docstring)
+PERSISTENT_CTAS = 132  # the persistent grid of the design change: one CTA per SM
 LAUNCH_S = 2.0e-6  # per kernel (or XLA fusion): launch and grid start; baselines pay it too
 REGS_PER_SM, MAX_CTAS_PER_SM, SMEM_PER_SM = 65536, 32, 233472
 SMEM_BYTES_PER_CLK = 128  # per SM, ordinary shared loads/stores (32 banks x 4 B)
@@ -117,19 +129,25 @@ def ctas_per_sm(prof: dict, threads: int) -> int:
     return max(1, min(by_regs, by_smem, MAX_CTAS_PER_SM))
 
 
-def grid_time(chip: str, loop: Loop, prof: dict, ctas: int, steps: int) -> tuple[float, dict]:
-    """Seconds for ``ctas`` CTAs of ``steps`` steps each, wave by wave, and the bound."""
+def grid_time(chip: str, loop: Loop, prof: dict, ctas: int, steps: int,
+              persistent: int = 0) -> tuple[float, dict]:  # fmt: skip
+    """Seconds for ``ctas`` tiles of ``steps`` steps each, wave by wave, and the bound: one CTA
+    per tile, or (``persistent``) that many CTAs taking the tiles in rounds."""
     sms, clk = CHIPS[chip].cores, CHIPS[chip].clock_hz
     c_max = ctas_per_sm(prof, loop.threads)
-    total, left, first = 0.0, ctas, None
+    grid = min(persistent, ctas) if persistent else ctas
+    if persistent:  # the grid's CTAs all resident at once: at most c_max per SM
+        c_max = min(c_max, math.ceil(grid / sms))
+    total, left, first = (FILL_S, ctas, None) if persistent else (0.0, ctas, None)
     while left > 0:
-        c = min(c_max, math.ceil(left / sms))
+        c = min(c_max, math.ceil(min(left, grid) / sms))
         terms = step_cycles(chip, loop, prof, c, min(sms, left))
         first = first or dict(terms, ctas_per_sm=c)
-        total += steps * max(terms.values()) / clk + FILL_S
+        total += steps * max(terms.values()) / clk + (TILE_SWITCH_S if persistent else FILL_S)
         left -= c * sms
     waves = math.ceil(ctas / (sms * c_max))
-    return total, dict(first, waves=waves, ctas=ctas, ctas_per_sm_max=c_max)
+    total -= TILE_SWITCH_S if persistent else 0.0  # no switch after a CTA's last tile
+    return total, dict(first, waves=waves, ctas=grid, tiles=ctas, ctas_per_sm_max=c_max)
 
 
 def _finish(op, label, chip, impl, t_compute, terms, hbm_bytes, flops, base, base_s, extra_s=0.0):
@@ -167,7 +185,7 @@ def _variant_name(cfg, fused: bool) -> str:
     if cfg.swap_ab:
         return f"mm_swap_{cfg.block_m}x{cfg.block_n}"
     cluster = f"_c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""
-    return f"mm_qarray_{cfg.block_m}x{cfg.block_n}{cluster}"
+    return f"mm_qarray_{cfg.block_m}x{cfg.block_n}{cluster}{'_p' if cfg.persistent else ''}"
 
 
 def _nearest_profile(name: str, profs: dict) -> dict:
@@ -202,7 +220,7 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     split = getattr(cfg, "split_k", 1)
     cl = getattr(cfg, "cluster_m", 1)  # M is padded to whole clusters
     ctas = math.ceil(m / (cfg.block_m * cl)) * cl * (n // cfg.block_n) * split
-    t, terms = grid_time(chip, loop, prof, ctas, k // 128 // split)
+    t, terms = grid_time(chip, loop, prof, ctas, k // 128 // split, cfg.persistent)
     if split > 1:  # the XLA sum of the f32 partials [split, N, M_pad]
         m_pad = math.ceil(m / cfg.block_m) * cfg.block_m
         t += (split + 1) * n * m_pad * 4 / CHIPS[chip].hbm_bytes_per_s + LAUNCH_S
@@ -365,12 +383,14 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
         for m in (m for m in ms if m > 64):
             for chip in GPU_CHIPS:
                 label = f"{model} {layer} M={m}"
-                now = mgpu.default_config(m, n, k)
+                now = dataclasses.replace(mgpu.default_config(m, n, k), persistent=0)
                 steps = (
                     ("prefill: 128x256 CTA tiles (2 sub-tiles per warpgroup)",
                      mgpu.MgpuConfig(128, 128, 4), dataclasses.replace(now, cluster_m=1)),
                     ("prefill: 2-CTA clusters along M, weight tile multicast",
                      dataclasses.replace(now, cluster_m=1), now),
+                    ("prefill: persistent grid, snake tile order",
+                     now, dataclasses.replace(now, persistent=PERSISTENT_CTAS)),
                 )  # fmt: skip
                 for change, cfg_before, cfg_after in steps:
                     before, after = (

@@ -42,7 +42,8 @@ def variants() -> dict:
         fn = functools.partial(pac._call, impl="pallas_mosaic_gpu", config=None)
         return fn, pac._operands(32, 16384, 64, 320, 32, 8, cache)
 
-    G = mgpu.MgpuConfig
+    G, P = mgpu.MgpuConfig, 132
+    c2_p = dict(cluster_m=2, persistent=P)
     out = {
         "mm_qarray_128x128": (*mm(4096, "fp8", G(128, 128, 4)), {}),
         "mm_qarray_64x128": (*mm(4096, "fp8", G(64, 128, 4)), {}),
@@ -50,6 +51,11 @@ def variants() -> dict:
         "mm_qarray_256x128": (*mm(4096, "fp8", G(256, 128, 3)), {}),
         "mm_qarray_128x256_c2": (*mm(4096, "fp8", G(128, 256, 3, cluster_m=2)), {}),
         "mm_qarray_128x128_c2": (*mm(4096, "fp8", G(128, 128, 4, cluster_m=2)), {}),
+        # the persistent grid (132 CTAs, snake tile order) on the prefill tiles
+        "mm_qarray_128x128_p": (*mm(4096, "fp8", G(128, 128, 4, persistent=P)), {}),
+        "mm_qarray_128x256_p": (*mm(4096, "fp8", G(128, 256, 3, persistent=P)), {}),
+        "mm_qarray_128x128_c2_p": (*mm(4096, "fp8", G(128, 128, 4, **c2_p)), {}),
+        "mm_qarray_128x256_c2_p": (*mm(4096, "fp8", G(128, 256, 3, **c2_p)), {}),
         "mm_fused_128x128": (*mm(4096, "bf16", G(128, 128, 3)), {}),
         "mm_swap_16x64": (*mm(16, "fp8", G(16, 64, 4, True)), {}),
         "mm_swap_32x64": (*mm(32, "fp8", G(32, 64, 4, True)), {}),
