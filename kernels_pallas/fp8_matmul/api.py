@@ -14,6 +14,7 @@ are exact: ``aot_cases.py`` compiles what they accept at real shapes for H100 an
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -24,6 +25,7 @@ from kernels_pallas import autotune
 from kernels_pallas.backend import Implementation, ImplTable, device_reason, target_device
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.fp8_matmul import pallas_tpu as tpu
+from kernels_pallas.fp8_matmul.mgpu_config import NUM_SMS
 from kernels_pallas.fp8_matmul.reference import check_operands
 from kernels_pallas.fp8_matmul.xla import XlaConfig, fp8_matmul_xla
 from kernels_pallas.qarray import QArray
@@ -144,11 +146,15 @@ def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, 
             cfgs += [G(min(64, -(-m // 16) * 16), 64, 4, True), G(64, 128, 4)]
         cfgs += [G(128, 256, 3, cluster_m=2), G(128, 256, 3), G(256, 128, 3)]
         cfgs += [G(128, 128, 4, cluster_m=2), G(128, 128, 4), G(128, 64, 4), G(64, 64, 6)]
+        if m > 64:  # prefill: each tile also as a persistent grid of one CTA per SM (snake order)
+            cfgs += [dataclasses.replace(c, persistent=NUM_SMS) for c in cfgs
+                     if not c.swap_ab and c.block_m >= 128]  # fmt: skip
         for cfg in dict.fromkeys(cfgs):
             if mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None:
                 name = f"pallas_mosaic_gpu:{cfg.block_m}x{cfg.block_n}x{cfg.max_concurrent_steps}"
                 name += f"s/k{cfg.split_k}" if cfg.swap_ab else ""
                 name += f"/c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""
+                name += f"/p{cfg.persistent}" if cfg.persistent else ""
                 specs.append((name, "pallas_mosaic_gpu", cfg))
     elif platform == "tpu":
         specs.append(("pallas_tpu", "pallas_tpu", None))

@@ -12,7 +12,7 @@ _SMEM_ALIGN = 1024  # Mosaic GPU rounds every SMEM scratch buffer up to this (SM
 _MAX_STAGES = 6  # deepest ring that compiled without spills for every tile shape tried
 _MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 - 1)
 _REDUCTION_SCRATCH = 2048  # SMEM a kernel with a reduction reserves (CompilerParams default)
-_NUM_SMS = 132  # H100 SXM / H200
+NUM_SMS = 132  # H100 SXM / H200
 _WIDE_SUB_N = 128  # columns of one wgmma sub-tile of the wide tiles (64 also compiles, 0 spills)
 _L2_BAND_BYTES = 24 << 20  # x rows one snake band of a persistent grid keeps in L2 (half of 50 MB)
 
@@ -113,7 +113,7 @@ def default_split_k(ctas: int, k_steps: int) -> int:
     and the 64-row x tile re-read per chunk cost more than the SMs gained). The on-device
     autotuner (``kernels_pallas.autotune``) also times split 2-8."""
     split = 1
-    while ctas * split * 2 <= _NUM_SMS // 2 and k_steps % (split * 2) == 0 and \
+    while ctas * split * 2 <= NUM_SMS // 2 and k_steps % (split * 2) == 0 and \
             k_steps // (split * 2) >= 8:  # fmt: skip
         split *= 2
     return split
@@ -126,27 +126,25 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     there, 0.5-0.96x on grids of <= 64 CTAs: ``perf_model.md``), else 128x128 with two compute
     warpgroups (64x128 if N % 128). Unfused prefill grids of >= 88 CTAs with an even number of
     M tiles run as 2-CTA clusters sharing each weight tile (TMA multicast; the model: 1.06-1.41x
-    there, losses only on small or odd-padded grids). Unfused prefill grids of more than 132 CTAs
-    (more than one CTA per SM, since these tiles fit one per SM) run as a persistent grid of 132
-    CTAs in snake order (the model: 1.002-1.025x there, from the launch, setup and store drain
-    paid once per CTA; 0.996x on grids of <= 132 CTAs). The ring is as deep as fits the SMEM budget
-    (<= 4 stages; 3 for 128x256 or the fused variant's BF16 x tiles; 2 for 128x256, F32 out)."""
+    there, losses only on small or odd-padded grids). Not persistent: a persistent grid of 132 CTAs
+    (``persistent=132``) is predicted 1.002-1.025x on prefill grids of more than 132 CTAs and
+    0.996x below, within the model's uncertainty, and has run on no device yet; the on-device
+    autotuner times it beside these defaults (``api.tuning_specs``). The ring is as deep as fits
+    the SMEM budget (<= 4 stages; 3 for 128x256 or the fused variant's BF16 x tiles; 2 for
+    128x256, F32 out)."""
     if m <= 64 and not fused:
         cfg = MgpuConfig(block_m=-(-m // 16) * 16, block_n=64, swap_ab=True,
                          split_k=default_split_k(n // 64, k // GROUP))  # fmt: skip
     elif m <= 64:
         cfg = MgpuConfig(block_m=64, block_n=64 if n % 128 else 128)
-    elif not fused and n % 256 == 0 and -(-m // 128) * (n // 256) >= _NUM_SMS * 2 // 3:
+    elif not fused and n % 256 == 0 and -(-m // 128) * (n // 256) >= NUM_SMS * 2 // 3:
         cfg = MgpuConfig(block_m=128, block_n=256)
     else:
         cfg = MgpuConfig(block_m=128, block_n=128 if n % 128 == 0 else 64)
     tiles_m = -(-m // cfg.block_m)
     if not (fused or cfg.swap_ab) and tiles_m % 2 == 0 and \
-            tiles_m * (n // cfg.block_n) >= _NUM_SMS * 2 // 3:  # fmt: skip
+            tiles_m * (n // cfg.block_n) >= NUM_SMS * 2 // 3:  # fmt: skip
         cfg = dataclasses.replace(cfg, cluster_m=2)
-    ctas = -(-m // (cfg.block_m * cfg.cluster_m)) * cfg.cluster_m * (n // cfg.block_n)
-    if not (fused or cfg.swap_ab) and ctas > _NUM_SMS:
-        cfg = dataclasses.replace(cfg, persistent=_NUM_SMS)
     x_itemsize = 2 if fused else 1
     for stages in range(cfg.max_concurrent_steps, 1, -1):
         cfg = dataclasses.replace(cfg, max_concurrent_steps=stages)
