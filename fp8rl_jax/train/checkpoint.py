@@ -143,11 +143,12 @@ _TRIES = 5  # restore_latest: listings of the steps when a trainer removes the o
 
 def _listed(list_steps):
     """Runs orbax's step listing (``list_steps()``), again when a step it lists is removed
-    meanwhile by a trainer's clean-up (orbax then raises FileNotFoundError)."""
+    meanwhile by a trainer's clean-up (orbax then raises FileNotFoundError, or
+    NotADirectoryError when the step went between its ``exists()`` and ``is_dir()`` checks)."""
     for _ in range(_TRIES - 1):
         try:
             return list_steps()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             continue
     return list_steps()
 
