@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.aot/venv/bin/python}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 C=experiments/configs
 # config|topologies: the README table; each has a record of every program in
 # experiments/results/plan_*.json that fits (tests/test_plan.py checks the records).
