@@ -109,7 +109,7 @@ def dispatch_chunk(platform: str | None, w_gate, num_local: int, k: int) -> int:
 
 
 def _shard_body(p, x_ND, top_w_NK, top_i_NK, *, num_local: int, gathered: bool, kernels,
-                chunk: int = TOKEN_CHUNK):  # fmt: skip
+                chunk: int):  # fmt: skip
     """One shard: its tokens (gathered over ``expert`` if split) through its own experts."""
     if isinstance(p["w_gate"], QArray):  # quantize per token before gathering: FP8 on the wire
         x_ND = quantize_activations(x_ND, p["w_gate"].block_shape[1], p["w_gate"].values.dtype)

@@ -45,6 +45,7 @@ import json
 import math
 import os
 
+from kernels_pallas.fp8_matmul.mgpu_config import NUM_SMS
 from kernels_pallas.perf_model.common import CHIPS, GPU_CHIPS, Case, Prediction
 
 SASS_JSON = os.path.join(
@@ -64,7 +65,6 @@ L2_BYTES_PER_CLK_PER_SM = 64  # one SM's L2 port (A100-era figure), binds when f
 HBM_EFF = 0.9  # best streaming fraction of HBM peak (STREAM-like copies reach ~90-93%)
 FILL_S = 1.0e-6  # per wave: pipeline fill (first TMA round trip) + epilogue store
 TILE_SWITCH_S = DRAM_LATENCY_S  # persistent grid, between a CTA's tiles (module docstring)
-PERSISTENT_CTAS = 132  # the persistent grid of the design change: one CTA per SM
 LAUNCH_S = 2.0e-6  # per kernel (or XLA fusion): launch and grid start; baselines pay it too
 REGS_PER_SM, MAX_CTAS_PER_SM, SMEM_PER_SM = 65536, 32, 233472
 SMEM_BYTES_PER_CLK = 128  # per SM, ordinary shared loads/stores (32 banks x 4 B)
@@ -138,7 +138,7 @@ def grid_time(chip: str, loop: Loop, prof: dict, ctas: int, steps: int,
     grid = min(persistent, ctas) if persistent else ctas
     if persistent:  # the grid's CTAs all resident at once: at most c_max per SM
         c_max = min(c_max, math.ceil(grid / sms))
-    total, left, first = (FILL_S, ctas, None) if persistent else (0.0, ctas, None)
+    total, left, first = FILL_S if persistent else 0.0, ctas, None
     while left > 0:
         c = min(c_max, math.ceil(min(left, grid) / sms))
         terms = step_cycles(chip, loop, prof, c, min(sms, left))
@@ -383,14 +383,14 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
         for m in (m for m in ms if m > 64):
             for chip in GPU_CHIPS:
                 label = f"{model} {layer} M={m}"
-                now = dataclasses.replace(mgpu.default_config(m, n, k), persistent=0)
+                now = mgpu.default_config(m, n, k)
                 steps = (
                     ("prefill: 128x256 CTA tiles (2 sub-tiles per warpgroup)",
                      mgpu.MgpuConfig(128, 128, 4), dataclasses.replace(now, cluster_m=1)),
                     ("prefill: 2-CTA clusters along M, weight tile multicast",
                      dataclasses.replace(now, cluster_m=1), now),
                     ("prefill: persistent grid, snake tile order",
-                     now, dataclasses.replace(now, persistent=PERSISTENT_CTAS)),
+                     now, dataclasses.replace(now, persistent=NUM_SMS)),
                 )  # fmt: skip
                 for change, cfg_before, cfg_after in steps:
                     before, after = (
