@@ -147,6 +147,7 @@ class KernelImpls:
     matmul: Impl = "auto"  # fp8_matmul: the W8A8 linear layers of a quantized policy
     decode_attention: Impl | None = None  # one-token decode steps; None: the model's jnp attention
     grouped_matmul: Impl = "auto"  # grouped_fp8_matmul: the FP8 MoE experts of a quantized policy
+    expert_matmul: Impl = "auto"  # grouped_matmul: the BF16 MoE experts (training, scoring)
     interpret: bool = False  # decode_attention's Pallas kernels in interpret mode (CPU tests)
 
     def __post_init__(self):

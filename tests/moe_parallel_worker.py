@@ -75,11 +75,13 @@ def _diff(a, b) -> float:
 
 def run(mesh_text: str) -> dict:
     import jax
+    import jax.numpy as jnp
     import numpy as np
 
     from fp8rl_jax.models import moe
     from fp8rl_jax.quant import QuantRecipe, quantize_params
     from fp8rl_jax.train import sharding as sh
+    from kernels_pallas.backend import KernelImpls
 
     cfg, mesh, weights, x, r = _setup(mesh_text)
     weights_q = quantize_params(weights, QuantRecipe())
@@ -106,6 +108,17 @@ def run(mesh_text: str) -> dict:
             return moe.combine(moe.experts(p, x_ND, d), top_w, d)
 
         hlo_gspmd = jax.jit(gspmd_only).lower(pq_d, x_d).compile().as_text()
+        # BF16 experts through grouped_matmul's Hopper kernels (interpret mode) under the
+        # expert-parallel shard_map: traced only (the interpreter runs one device), which is where
+        # the custom VJP's cotangent types must match the expert-sharded weights'.
+        kern = KernelImpls(expert_matmul="pallas_mosaic_gpu", interpret=True)
+        bf = jax.tree.map(lambda a: a.astype(jnp.bfloat16), (p_d, x_d, r_d))
+        bf16_grads = jax.jit(jax.grad(
+            lambda p, x, r: jnp.sum((moe.moe_mlp(p, x, jnp.ones(x.shape[:2], bool), cfg,
+                                                 kern)[0] * r).astype(jnp.float32)),
+            argnums=(0, 1),
+        ))  # fmt: skip
+        bf16_kernel_hlo = bf16_grads.lower(*bf).as_text()
         # The gathered 12 tokens of a shard in 3 dispatch chunks of 4 (moe_parallel.TOKEN_CHUNK)
         from fp8rl_jax.models import moe_parallel
 
@@ -136,6 +149,7 @@ def run(mesh_text: str) -> dict:
         "ep_f8_params": _f8_params(hlo_ep),
         "ep_collectives": _collectives(hlo_ep),
         "gspmd_collectives": _collectives(hlo_gspmd),
+        "bf16_kernel_grads_lowered": bool(bf16_kernel_hlo) and "ragged_dot" not in bf16_kernel_hlo,
     }
 
 

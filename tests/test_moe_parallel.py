@@ -86,17 +86,37 @@ def test_each_shard_runs_only_its_experts(report):
     assert any(s.startswith("(f16[13,64,128]") for s in r["gspmd_collectives"]["all-reduce"])
 
 
+@pytest.mark.slow
+def test_bf16_kernel_gradients_trace_under_expert_parallelism(report):
+    """grouped_matmul's Hopper kernels (custom VJP) as the BF16 experts of the expert-parallel
+    layer: the gradient program traces (its cotangents carry the expert-sharded weights' types)
+    and holds no ragged_dot. Values: kernels_pallas/grouped_matmul's tests."""
+    assert report["bf16_kernel_grads_lowered"]
+
+
 def test_dispatch_chunk_bounds_xla_gpu_dense_ragged_dot_buffer():
-    """On GPU, BF16 experts get chunks whose dense [E/n, chunk·k, D] f32 buffer fits
+    """On GPU, BF16 experts that XLA runs (no Hopper kernel: another GPU, f32 weights, or
+    ``expert_matmul="xla"``) get chunks whose dense [E/n, chunk·k, D] f32 buffer fits
     GPU_DENSE_RAGGED_BYTES (Qwen3-30B-A3B at expert = 8: 16 local experts, k 8, D 2,048 ->
-    1,024 tokens); FP8 experts (grouped kernels) and other platforms keep TOKEN_CHUNK."""
+    1,024 tokens); the Hopper grouped_matmul kernels, FP8 experts (grouped kernels) and other
+    platforms keep TOKEN_CHUNK."""
     import jax
     import jax.numpy as jnp
+    from jax.sharding import AbstractDevice, AbstractMesh
 
     from fp8rl_jax.models import moe_parallel as mp
+    from kernels_pallas.backend import KernelImpls
     from kernels_pallas.quantize import quantize_weight
 
     w = jax.ShapeDtypeStruct((128, 2048, 768), jnp.bfloat16)
+    h100 = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132)
+    with jax.sharding.use_abstract_mesh(AbstractMesh((), (), abstract_device=h100)):
+        assert mp.dispatch_chunk("gpu", w, 16, 8) == mp.TOKEN_CHUNK  # the Hopper kernels
+        xla = KernelImpls(expert_matmul="xla")
+        assert mp.dispatch_chunk("gpu", w, 16, 8, xla) == 1024
+        w32 = jax.ShapeDtypeStruct((128, 2048, 768), jnp.float32)
+        assert mp.dispatch_chunk("gpu", w32, 16, 8) == 1024  # f32: no kernel, dense XLA
+    # The target here is the CPU (no Hopper kernel): the dense bound applies on "gpu".
     assert mp.dispatch_chunk("gpu", w, 16, 8) == 1024
     assert mp.GPU_DENSE_RAGGED_BYTES == 16 * 1024 * 8 * 2048 * 4
     assert mp.dispatch_chunk("gpu", w, 128, 8) == 128  # no expert parallelism: all 128 local

@@ -12,7 +12,10 @@ composes them (locally or expert-parallel, ``moe_parallel.py``):
     accept fewer live rows than rows (``Σ group_sizes <= M``), as a fixed-size receive buffer
     needs.
   * ``experts``: gate/up/down over the sorted rows, no token dropping, no capacity factor.
-    Training weights (BF16/F32 ``[E, D, F]``) run ``jax.lax.ragged_dot`` (differentiable). FP8
+    Training weights (BF16/F32 ``[E, D, F]``) run ``kernels_pallas.grouped_matmul``
+    (differentiable: ``jax.lax.ragged_dot``, or on Hopper BF16 kernels that compute only the live
+    rows, forward and backward, where XLA:GPU expands ``ragged_dot`` densely:
+    ``KernelImpls.expert_matmul``). FP8
     rollout weights (QArrays ``[E, F, D]``, K-major, one 128x128 block grid per expert) run the
     grouped blockwise W8A8 GEMM ``kernels_pallas.grouped_fp8_matmul`` (Mosaic GPU on Hopper,
     Mosaic TPU on TPU, the XLA row-tile path elsewhere: ``KernelImpls.grouped_matmul``). Gate
@@ -37,6 +40,7 @@ from fp8rl_jax.models.config import ModelConfig
 from fp8rl_jax.quant import TrainQWeight, grouped_train_matmul
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
 from kernels_pallas.grouped_fp8_matmul import grouped_fp8_matmul
+from kernels_pallas.grouped_matmul import grouped_matmul
 from kernels_pallas.qarray import QArray, dequantize, dequantize_weight
 from kernels_pallas.quantize import quantize_activations
 
@@ -132,17 +136,10 @@ def combine(ys_RD: jax.Array, top_w_NK: jax.Array, d: Dispatch) -> jax.Array:
     return jnp.zeros((n, ys_RD.shape[-1]), ys_RD.dtype).at[d.token_R].add(ys_RD * w_R[:, None])
 
 
-def _ragged(x_RD: jax.Array, w_EDF: jax.Array, group_sizes_E: jax.Array) -> jax.Array:
+def _ragged(x_RD, w_EDF, group_sizes_E, kernels: KernelImpls) -> jax.Array:
     """Sorted rows times their expert's training weight ``[E, D, F]`` (f32 accumulation)."""
-    prec = jax.lax.Precision.HIGHEST if w_EDF.dtype == jnp.float32 else None
-    y = jax.lax.ragged_dot(
-        x_RD.astype(w_EDF.dtype),
-        w_EDF,
-        group_sizes_E,
-        precision=prec,
-        preferred_element_type=jnp.float32,
-    )
-    return y.astype(x_RD.dtype)
+    return grouped_matmul(x_RD, w_EDF, group_sizes_E, impl=kernels.expert_matmul,
+                          interpret=kernels.interpret)  # fmt: skip
 
 
 def experts(p: dict, x_ND: jax.Array, d: Dispatch, kernels: KernelImpls = DEFAULT_KERNELS):
@@ -158,8 +155,8 @@ def experts(p: dict, x_ND: jax.Array, d: Dispatch, kernels: KernelImpls = DEFAUL
         return grouped_train_matmul(jax.nn.silu(gate_up[:, :f]) * gate_up[:, f:], p["w_down"], gs)
     if not isinstance(p["w_gate"], QArray):
         xs = x_ND[d.token_R]
-        h = jax.nn.silu(_ragged(xs, p["w_gate"], gs)) * _ragged(xs, p["w_up"], gs)
-        return _ragged(h, p["w_down"], gs)
+        g, u = (_ragged(xs, p[name], gs, kernels) for name in ("w_gate", "w_up"))
+        return _ragged(jax.nn.silu(g) * u, p["w_down"], gs, kernels)
     w_g, w_u, w_d = p["w_gate"], p["w_up"], p["w_down"]
     x_q = x_ND
     if not isinstance(x_q, QArray):  # else quantized already (expert parallelism gathers FP8)

@@ -16,7 +16,7 @@ every mesh axis manual (routing stays outside, under GSPMD):
   4. ``psum_scatter`` over ``expert``: each token's sum over all experts, back on its own shard.
 
 Steps 2-3 run over chunks of at most ``TOKEN_CHUNK`` gathered tokens (``dispatch_chunk``: fewer
-for BF16 experts on GPU, where XLA expands ``ragged_dot`` densely; ``lax.map``, each chunk
+for BF16 experts that XLA:GPU runs, as it expands ``ragged_dot`` densely; ``lax.map``, each chunk
 rematerialized in a backward pass): the dispatch buffers hold n·N·k rows, so Qwen3-30B-A3B's
 scoring of 8 rows x 10K tokens per device over expert = 8 would otherwise sort 5.2M rows of
 2,048 values per layer (~21 GB, and the SwiGLU intermediates after it).
@@ -47,7 +47,8 @@ from jax.sharding import PartitionSpec as P
 from fp8rl_jax.models.experts import Dispatch, combine, dispatch, experts
 from fp8rl_jax.models.rows import dividing_axes
 from fp8rl_jax.quant import TrainQWeight
-from kernels_pallas.backend import KernelImpls
+from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
+from kernels_pallas.grouped_matmul import IMPLEMENTATIONS as GROUPED_MATMUL
 from kernels_pallas.qarray import QArray
 from kernels_pallas.quantize import quantize_activations
 
@@ -97,12 +98,22 @@ def num_token_chunks(n_tokens: int, chunk: int | None = None) -> int:
     return n_tokens
 
 
-def dispatch_chunk(platform: str | None, w_gate, num_local: int, k: int) -> int:
+def dispatch_chunk(platform: str | None, w_gate, num_local: int, k: int,
+                   kernels: KernelImpls = DEFAULT_KERNELS) -> int:  # fmt: skip
     """Gathered tokens per dispatch chunk: ``TOKEN_CHUNK``, or on ``platform`` "gpu" for BF16
-    experts (``ragged_dot``, ``w_gate`` [E, D, F]) the most that keeps XLA:GPU's dense
-    ``[num_local, chunk·k, D]`` f32 buffer within ``GPU_DENSE_RAGGED_BYTES``. FP8 experts run
-    the grouped kernels, whose buffers are ``[chunk·k, D]``: ``TOKEN_CHUNK``."""
+    experts that XLA runs (``ragged_dot``, ``w_gate`` [E, D, F]: no Hopper kernel for them, e.g.
+    f32 weights or ``expert_matmul="xla"``) the most that keeps XLA:GPU's dense
+    ``[num_local, chunk·k, D]`` f32 buffer within ``GPU_DENSE_RAGGED_BYTES``. FP8 experts and
+    ``grouped_matmul``'s Hopper kernels hold ``[chunk·k, D]`` buffers: ``TOKEN_CHUNK``."""
     if platform != "gpu" or isinstance(w_gate, (QArray, TrainQWeight)):
+        return TOKEN_CHUNK
+    sds = jax.ShapeDtypeStruct
+    rows, (_, d, f) = TOKEN_CHUNK * k, w_gate.shape
+    operands = (sds((rows, d), w_gate.dtype), sds((num_local, d, f), w_gate.dtype),
+                sds((num_local,), jnp.int32))  # fmt: skip
+    chosen = GROUPED_MATMUL.select(kernels.expert_matmul, *operands, config=None,
+                                   interpret=kernels.interpret)  # fmt: skip
+    if chosen.name != "xla":
         return TOKEN_CHUNK
     per_token = num_local * k * w_gate.shape[1] * 4
     return max(1, min(TOKEN_CHUNK, GPU_DENSE_RAGGED_BYTES // per_token))
@@ -156,7 +167,7 @@ def expert_parallel_mlp(p, x_ND, top_w_NK, top_i_NK, mesh, kernels: KernelImpls)
         gathered=EXPERT_AXIS in axes,
         kernels=kernels,
         chunk=dispatch_chunk(
-            getattr(device, "platform", None), p["w_gate"], num_local, top_i_NK.shape[1]
+            getattr(device, "platform", None), p["w_gate"], num_local, top_i_NK.shape[1], kernels
         ),
     )
     return jax.shard_map(

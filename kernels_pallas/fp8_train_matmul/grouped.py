@@ -34,6 +34,7 @@ from kernels_pallas.fp8_train_matmul.api import (
     transpose_weight,
 )
 from kernels_pallas.grouped_fp8_matmul import grouped_fp8_matmul
+from kernels_pallas.grouped_matmul import grouped_matmul
 from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_max
 from kernels_pallas.quantize import amax_to_scale, quantize_activations, saturating_cast
 
@@ -120,12 +121,6 @@ def grouped_fp8_grads(
 # --- the op: forward as the rollout runs it, straight-through backward ---
 
 
-def _ragged(x_RD, w_EDF, group_sizes_E):
-    prec = jax.lax.Precision.HIGHEST if w_EDF.dtype == jnp.float32 else None
-    return jax.lax.ragged_dot(x_RD.astype(w_EDF.dtype), w_EDF, group_sizes_E, precision=prec,
-                              preferred_element_type=jnp.float32)  # fmt: skip
-
-
 def _forward(x_RD, ws_EDF, group_sizes_E, cfg: TrainMatmulConfig):
     ws_q = tuple(quantize_train_weight(w, cfg) for w in ws_EDF)
     x_q = quantize_activations(x_RD, ws_q[0].block_shape[1], ws_q[0].values.dtype)
@@ -159,7 +154,9 @@ def _bwd(cfg, res, dy):
     dx = jnp.zeros(x.shape, jnp.float32)
     dws = []
     for w, d in zip(ws, dys, strict=True):
-        _, vjp = jax.vjp(lambda a, b: _ragged(a, b, gs), x, w)  # BF16 GEMMs, f32 accumulation
+        # BF16 GEMMs, f32 accumulation: grouped_matmul's gradients (the Hopper kernels on H100,
+        # where XLA would expand ragged_dot densely; ragged_dot elsewhere).
+        _, vjp = jax.vjp(lambda a, b: grouped_matmul(a, b, gs).astype(jnp.float32), x, w)
         ddx, ddw = vjp(d.astype(jnp.float32))
         dx, dws = dx + ddx.astype(jnp.float32), [*dws, ddw]
     return dx.astype(x.dtype), tuple(dws), None
