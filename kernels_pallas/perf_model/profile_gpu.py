@@ -24,6 +24,9 @@ DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "perf_model_sass.json
 def variants() -> dict:
     """name -> (fn, args, meta): one representative compile per kernel variant (the loop body
     depends on the tile configuration, not on M, N, K)."""
+    import jax
+    import jax.numpy as jnp
+
     from kernels_pallas.decode_attention import aot_cases as dac
     from kernels_pallas.fp8_matmul import aot_cases as mac
     from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
@@ -41,6 +44,16 @@ def variants() -> dict:
     def paged(cache):
         fn = functools.partial(pac._call, impl="pallas_mosaic_gpu", config=None)
         return fn, pac._operands(32, 16384, 64, 320, 32, 8, cache)
+
+    def gmm(kind):  # the BF16 grouped kernels at Qwen3-30B-A3B gate/up, 16 local experts
+        from kernels_pallas.grouped_matmul import pallas_mosaic_gpu as bf16
+
+        sds, bf = jax.ShapeDtypeStruct, jnp.bfloat16
+        x, gs = sds((32768, 2048), bf), sds((16,), jnp.int32)
+        if kind == "tgmm":
+            return bf16.tgmm_mgpu, (x, sds((32768, 768), bf), gs)
+        w = sds((16, 768, 2048) if kind == "dgrad" else (16, 2048, 768), bf)
+        return functools.partial(bf16.gmm_mgpu, transpose_w=kind == "dgrad"), (x, w, gs)
 
     G, P = mgpu.MgpuConfig, 132
     c2_p = dict(cluster_m=2, persistent=P)
@@ -64,6 +77,9 @@ def variants() -> dict:
         "decode_fp8": (*dec("fp8_static"), {}),
         "decode_bf16": (*dec("bf16"), {}),
         "paged_fp8": (*paged("fp8_static"), {}),
+        "gmm_bf16_128x128": (*gmm("fwd"), {}),
+        "gmm_bf16_128x128_t": (*gmm("dgrad"), {}),
+        "tgmm_bf16_128x128": (*gmm("tgmm"), {}),
     }
     return out
 
