@@ -2,7 +2,9 @@
 
 Arms, per expert layer and row count (rows = tokens · top-k, sorted by expert):
   * ``bf16_ragged_dot``: BF16 weights ``[E, K, N]``, ``jax.lax.ragged_dot`` (f32 accumulation);
-    gate and up as two calls, as the BF16 MoE layer runs them;
+    gate and up as two calls, as the BF16 MoE layer ran them before ``grouped_matmul``;
+  * ``bf16_grouped:pallas_mosaic_gpu`` (Hopper): the same through ``grouped_matmul``'s kernel,
+    as the BF16 MoE layer (scoring, training) runs them on Hopper now;
   * ``emulated_fp8``: the MoE layer's FP8 path before ``grouped_fp8_matmul`` (x quantized per
     token, both operands dequantized to f32, ``ragged_dot`` at HIGHEST precision), per stack;
   * ``grouped_fp8:<impl>``: ``grouped_fp8_matmul`` (FP8 x given: the GEMM alone; gate and up in
@@ -113,6 +115,16 @@ def _bf16_ragged(x, ws, gs):
     return jnp.concatenate(ys, axis=-1).astype(jnp.bfloat16)
 
 
+def _bf16_grouped(x, ws, gs):
+    """The BF16 experts as training runs them on Hopper: ``grouped_matmul``'s kernel."""
+    import jax.numpy as jnp
+
+    from kernels_pallas.grouped_matmul import grouped_matmul
+
+    ys = [grouped_matmul(x, w, gs, impl="pallas_mosaic_gpu") for w in ws]
+    return jnp.concatenate(ys, axis=-1)
+
+
 def _emulated(x, ws_q, gs):
     """The MoE layer's FP8 experts before ``grouped_fp8_matmul`` (dequantize, f32 ragged_dot)."""
     import jax
@@ -149,6 +161,8 @@ def arms(impls):
         "bf16_ragged_dot": (_bf16_ragged, "bf16", "bf16"),
         "emulated_fp8": (_emulated, "bf16", "fp8"),
     }
+    if "pallas_mosaic_gpu" in impls:
+        out["bf16_grouped:pallas_mosaic_gpu"] = (_bf16_grouped, "bf16", "bf16")
     for impl in impls:
         out[f"grouped_fp8:{impl}"] = (functools.partial(_grouped, impl=impl), "fp8", "fp8")
         out[f"grouped_fp8:{impl}+quant"] = (functools.partial(_grouped, impl=impl), "bf16", "fp8")

@@ -133,7 +133,7 @@ if [ "$platform" != gpu ] && [ ${#QUICK[@]} -eq 0 ]; then
   record benchmarks skipped 0 0 "no GPU (platform $platform); run with --quick"
   FAILED+=(no-gpu)
 else
-  mapfile -t gpu_tests < <(grep -l 'mark\.gpu' tests/test_*.py)
+  mapfile -t gpu_tests < <(grep -l 'mark\.gpu' tests/test_*.py kernels_pallas/*/test_*.py)
   xdist=()
   if [ "$platform" = gpu ] && "$PY" -c 'import xdist' 2>/dev/null; then
     xdist=(-n 4 --dist load) # compiles in parallel; the workers share the GPU
