@@ -24,7 +24,7 @@ ALL=(
   "qwen3_30b_a3b|8xh100,8xh200"
   "qwen3_30b_a3b_multihost|32xh100,v5p-64"
 )
-CI=("qwen3_8b|8xh100" "qwen3_30b_a3b|8xh100")
+CI=("qwen3_8b|8xh100" "qwen3_30b_a3b|8xh100" "qwen3_30b_a3b_multihost|32xh100")
 LIST=("${CI[@]}")
 REPORT_ONLY=0
 for arg in "$@"; do
