@@ -12,6 +12,7 @@ from fp8rl_jax.generation import SamplingConfig
 from fp8rl_jax.models import QKVAmax, forward, lm_head
 from fp8rl_jax.rl.chunked import token_stats
 from fp8rl_jax.rl.losses import entropy_from_logits
+from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
 
 
 class Scores(NamedTuple):
@@ -49,6 +50,7 @@ def sequence_logprobs(
     micro_batch=0,
     remat="none",
     kv_quant=None,
+    kernels: KernelImpls = DEFAULT_KERNELS,
 ) -> Scores:
     """``logp[b, t] = log q(tokens[b, t] | tokens[b, :t])`` under ``sampling``'s processing.
 
@@ -60,6 +62,7 @@ def sequence_logprobs(
     ``micro_batch`` rows per forward (0: all rows; must divide B), ``remat`` the per-block
     ``jax.checkpoint`` policy (``models.remat``) for a pass that is differentiated.
     ``kv_quant``: FP8 K/V rounding of ``rl.train_precision="fp8_rollout"`` (``rl.precision``).
+    ``kernels``: the kernel choices of the forward (``rl.expert_matmul_impl``: the BF16 experts).
     """
     one = functools.partial(
         _score_rows,
@@ -71,6 +74,7 @@ def sequence_logprobs(
         logprob_chunk=logprob_chunk,
         remat=remat,
         kv_quant=kv_quant,
+        kernels=kernels,
     )
     rows = (tokens_BT, positions_BT, segment_ids_BT, expert_ids_BTLK)
     B = tokens_BT.shape[0]
@@ -105,6 +109,7 @@ def sequence_logprobs(
 def _score_rows(
     params, tokens_BT, positions_BT, segment_ids_BT, expert_ids_BTLK, *, model_cfg, sampling,
     with_amax, with_hidden, with_entropy, logprob_chunk, remat, kv_quant=None,
+    kernels: KernelImpls = DEFAULT_KERNELS,
 ) -> Scores:  # fmt: skip
     """``sequence_logprobs`` of one micro-batch of rows."""
     out = forward(
@@ -119,6 +124,7 @@ def _score_rows(
         expert_ids_BTLK=expert_ids_BTLK,
         remat=remat,
         kv_quant=kv_quant,
+        kernels=kernels,
     )
     stats = token_stats(
         lambda h_BCD: lm_head(params, h_BCD, model_cfg),

@@ -17,6 +17,7 @@ from fp8rl_jax.rl.correction import RolloutCorrectionConfig
 from fp8rl_jax.rl.dapo import DAPOConfig
 from fp8rl_jax.rl.losses import LossConfig
 from fp8rl_jax.rl.value import init_value_head
+from kernels_pallas.backend import Impl, KernelImpls
 
 Advantage = Literal["grpo", "drgrpo", "rloo", "gae"]
 ADVANTAGES = typing.get_args(Advantage)
@@ -52,6 +53,9 @@ class RLConfig:
     logprob_chunk: int = 0  # tokens per lm-head chunk in scoring and loss (0: all T at once)
     score_micro_batch: int = 0  # rows per scoring forward (0: all rows); must divide the rows
     remat: Remat = "none"  # jax.checkpoint per block in the loss forward: none|block|dots_saveable
+    # The BF16 MoE experts of the scoring pass and the loss forward (kernels_pallas.grouped_matmul):
+    # auto (Hopper kernels on H100/H200, jax.lax.ragged_dot elsewhere) | xla | pallas_mosaic_gpu
+    expert_matmul_impl: Impl = "auto"
 
     def __post_init__(self):
         check_choices(self)
@@ -71,6 +75,11 @@ class RLConfig:
                 "RLConfig.fp8_backward needs train_precision='fp8_rollout' (the FP8 backward GEMMs "
                 f"differentiate the FP8 forward), got train_precision={self.train_precision!r}"
             )
+
+    @property
+    def kernels(self) -> KernelImpls:
+        """The kernel choices of the scoring pass and the loss forward (static)."""
+        return KernelImpls(expert_matmul=self.expert_matmul_impl)
 
     @property
     def uses_ref(self) -> bool:

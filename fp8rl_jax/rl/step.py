@@ -63,7 +63,8 @@ def rollout_step(
     def score(p, **kw):
         out = sequence_logprobs(
             p, ro.tokens_BT, positions_BT, segment_ids_BT, cfg.model, cfg.rollout.sampling,
-            logprob_chunk=cfg.rl.logprob_chunk, micro_batch=cfg.rl.score_micro_batch, **kw,
+            logprob_chunk=cfg.rl.logprob_chunk, micro_batch=cfg.rl.score_micro_batch,
+            kernels=cfg.rl.kernels, **kw,
         )  # fmt: skip
         return jnp.where(mask_BT > 0, out.logp_BT, 0.0), out
 

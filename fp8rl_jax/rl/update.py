@@ -152,6 +152,7 @@ def loss_fn(
         kv_quant=kv_quant,
         logprob_chunk=cfg.rl.logprob_chunk,
         remat=cfg.rl.remat,
+        kernels=cfg.rl.kernels,
     )
     logp_BT = out.logp_BT
     loss, metrics = policy_loss(
