@@ -134,6 +134,10 @@ def _tgmm_kernel(meta_gmem, x_gmem, dy_gmem, out_gmem, *, cfg: GmmConfig):
     swizzle = plgpu.find_swizzle(bm * itemsize * 8)
     transforms = (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
 
+    def row_blocks(width: int, col_idx):  # the group's row blocks [bk, width] of x or dy
+        return plgpu.BlockSpec((bk, width), lambda r: (first + r, col_idx), delay_release=1,
+                               transforms=transforms)  # fmt: skip
+
     def acc_scope(acc_ref):
         def step(idx, x_smem, dy_smem):
             r = idx[0]
@@ -156,20 +160,7 @@ def _tgmm_kernel(meta_gmem, x_gmem, dy_gmem, out_gmem, *, cfg: GmmConfig):
             plgpu.emit_pipeline(
                 step,
                 grid=(count,),
-                in_specs=[
-                    plgpu.BlockSpec(
-                        (bk, bm),
-                        lambda r: (first + r, m_idx),
-                        delay_release=1,
-                        transforms=transforms,
-                    ),  # fmt: skip
-                    plgpu.BlockSpec(
-                        (bk, bn),
-                        lambda r: (first + r, n_idx),
-                        delay_release=1,
-                        transforms=transforms,
-                    ),  # fmt: skip
-                ],
+                in_specs=[row_blocks(bm, m_idx), row_blocks(bn, n_idx)],  # x, dy
                 max_concurrent_steps=cfg.max_concurrent_steps,
             )(x_gmem, dy_gmem)
 
