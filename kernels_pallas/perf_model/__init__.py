@@ -1,7 +1,8 @@
 """A hardware-free performance model of the Pallas kernels (issue 21 item 1).
 
 ``common``: chips, cases, ``Prediction``, the table and its JSON/markdown; ``gpu``: Mosaic GPU
-(H100/H200) predictions from the compiled kernels' SASS; ``tpu``: Mosaic TPU (v5e/v6e)
+(H100/H200) predictions from the compiled kernels' SASS (``gpu_grouped``: the BF16 MoE expert
+kernels against XLA's dense ``ragged_dot``); ``tpu``: Mosaic TPU (v5e/v6e)
 predictions from block shapes. ``python -m kernels_pallas.perf_model`` prints the table.
 """
 

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import sys
 
-from kernels_pallas.perf_model import common, gpu, tpu
+from kernels_pallas.perf_model import common, gpu, gpu_grouped, tpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "perf_model.json")
@@ -16,7 +16,9 @@ DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "perf_model.json")
 def run_all(chips=None) -> list[common.Prediction]:
     """Predictions of both halves' cases on the chips they name (``chips`` filters)."""
     preds = []
-    for cases, predict in ((gpu.CASES, gpu.predict_gpu), (tpu.CASES, tpu.predict_tpu)):
+    halves = ((gpu.CASES, gpu.predict_gpu), (gpu_grouped.CASES, gpu_grouped.predict),
+              (tpu.CASES, tpu.predict_tpu))  # fmt: skip
+    for cases, predict in halves:
         for case in cases:
             for chip in case.chips:
                 if chips is None or chip in chips:

@@ -150,7 +150,7 @@ def grid_time(chip: str, loop: Loop, prof: dict, ctas: int, steps: int,
     return total, dict(first, waves=waves, ctas=grid, tiles=ctas, ctas_per_sm_max=c_max)
 
 
-def _finish(op, label, chip, impl, t_compute, terms, hbm_bytes, flops, base, base_s, extra_s=0.0):
+def finish(op, label, chip, impl, t_compute, terms, hbm_bytes, flops, base, base_s, extra_s=0.0):
     t_hbm = hbm_bytes / (CHIPS[chip].hbm_bytes_per_s * HBM_EFF)
     t = max(t_compute, t_hbm) + LAUNCH_S + extra_s
     bound = "hbm" if t_hbm >= t_compute else max(
@@ -251,7 +251,7 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
            + (0 if fused else m * (k // 128) * 4))  # fmt: skip
     impl = name + (" + XLA quantize" if extra else "")
     base = f"XLA BF16 jnp.dot ({BF16_GEMM_EFF:.0%} of peak / {BF16_GEMM_BW_EFF:.0%} of HBM)"
-    return _finish("fp8_matmul", label or f"M={m} N={n} K={k}", chip, impl, t, terms, hbm,
+    return finish("fp8_matmul", label or f"M={m} N={n} K={k}", chip, impl, t, terms, hbm,
                    2 * m * n * k, base, bf16_gemm_s(chip, m, n, k), extra)  # fmt: skip
 
 
@@ -301,60 +301,7 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
     impl = f"{name} J={splits}"
     base_s = bf16_attention_s(chip, b, s, n_kv, d)
     label = label or f"B={b} S={s} H/K={h}/{n_kv}"
-    return _finish(op, label, chip, impl, t, terms, nbytes, 4 * b * h * s * d, base, base_s, extra)
-
-
-# --- grouped_matmul: the BF16 MoE expert GEMMs of training / scoring --------------------------
-
-
-def dense_ragged_dot_s(chip: str, m: int, k: int, n: int, e: int, pass_: str) -> float:
-    """XLA:GPU's ``ragged_dot`` (and its gradients): dense over the groups, every one of the
-    buffer's ``m`` rows times every one of the ``e`` weights (``pallas_mosaic_gpu.py``), at the
-    BF16 GEMM efficiencies: the forward and dgrad are ``[e·m, ·]`` GEMMs, the wgrad ``e``
-    GEMMs ``[k, m] x [m, n]``."""
-    if pass_ == "wgrad":
-        return bf16_gemm_s(chip, e * k, n, m)
-    return bf16_gemm_s(chip, e * m, n if pass_ == "fwd" else k, k if pass_ == "fwd" else n)
-
-
-def predict_grouped_bf16(chip: str, m: int, live: int, e: int, k: int, n: int, pass_: str,
-                         label: str = "") -> Prediction:  # fmt: skip
-    """``grouped_matmul``'s Hopper kernels (128x128 output tiles, 64-deep steps, 4 stages) for
-    one pass over a dispatch buffer of ``m`` rows of which ``live`` belong to the ``e`` groups
-    (``fwd``: ``[m, k] x [e, k, n]``; ``dgrad``: ``[m, n] x [e, k, n]ᵀ``; ``wgrad``:
-    ``[e, k, n]``). Live tiles are the bound ``cdiv(live, 128) + e - 1`` (each group boundary
-    splits a row block); dead tiles exit at once (not modelled). The XLA around the kernels:
-    padding x to whole row blocks (fwd/dgrad, when M is not a multiple of 128), the output row
-    gather, and the f32 -> BF16 cast of dw."""
-    bm = bn = 128
-    bk, stages = 64, 4
-    c = CHIPS[chip]
-    bw = c.hbm_bytes_per_s
-    name = "tgmm_bf16_128x128" if pass_ == "wgrad" else (
-        "gmm_bf16_128x128_t" if pass_ == "dgrad" else "gmm_bf16_128x128")  # fmt: skip
-    prof = load_profiles()[name]
-    loop = Loop(nwg=1, threads=128, wg_flops=2 * bm * bn * bk, fp8=False, waits=0,
-                step_bytes=(bm + bn) * bk * 2, stages=stages)  # fmt: skip
-    if pass_ == "wgrad":
-        ctas = e * (k // bm) * (n // bn)
-        steps = math.ceil((live + e * (bk - 1)) / bk / e)  # a group's row blocks, on average
-        extra = e * k * n * (4 + 2) / bw + LAUNCH_S  # the f32 dw read and cast to BF16
-        hbm = (live + e * bk) * (k + n) * 2 + e * k * n * 4
-        flops = 2 * live * k * n
-    else:
-        kk, nn = (k, n) if pass_ == "fwd" else (n, k)
-        tiles = math.ceil(live / bm) + e - 1
-        ctas, steps = tiles * (nn // bn), kk // bk
-        pad = m * kk * 2 * 2 if m % bm else 0  # jnp.pad of x to whole row blocks
-        extra = (pad + (tiles * bm + m) * nn * 2 * 2) / bw + 2 * LAUNCH_S
-        hbm = tiles * bm * kk * 2 + e * k * n * 2 + tiles * bm * nn * 2
-        flops = 2 * live * k * n
-    t, terms = grid_time(chip, loop, prof, ctas, steps)
-    terms = dict(terms, registers=prof["registers"], smem_alloc=prof["smem_bytes"])
-    base = f"XLA:GPU dense ragged_dot (all {m} rows x {e} groups; {BF16_GEMM_EFF:.0%} of peak)"
-    label = label or f"{pass_} M={m} live={live} E={e} K={k} N={n}"
-    return _finish("grouped_matmul", label, chip, f"{name} ({pass_})", t, terms, hbm, flops,
-                   base, dense_ragged_dot_s(chip, m, k, n, e, pass_), extra)  # fmt: skip
+    return finish(op, label, chip, impl, t, terms, nbytes, 4 * b * h * s * d, base, base_s, extra)
 
 
 # --- cases ----------------------------------------------------------------------------------
@@ -380,22 +327,9 @@ ATTENTION_SHAPES = (
     ("Llama-3-70B", 16, 32768, 64, 8),
 )
 
-# (label, dispatch rows M, live rows, local experts E, K, N): Qwen3-30B-A3B's training experts
-# (D 2,048, expert F 768, top-8) over one dispatch chunk of 4,096 gathered tokens: at expert = 8
-# (16 local experts, ~1/8 of the 32,768 rows live: moe_parallel) and on one device (all 128).
-GROUPED_SHAPES = (
-    ("Qwen3-30B-A3B gate|up EP=8", 32768, 4096, 16, 2048, 768),
-    ("Qwen3-30B-A3B down EP=8", 32768, 4096, 16, 768, 2048),
-    ("Qwen3-30B-A3B gate|up EP=1", 32768, 32768, 128, 2048, 768),
-)
-
 
 def _cases() -> list[Case]:
     out = []
-    for label, m, live, e, k, n in GROUPED_SHAPES:
-        for pass_ in ("fwd", "dgrad", "wgrad"):
-            out.append(Case.make("grouped_matmul", f"{label} {pass_}", GPU_CHIPS, M=m, L=live,
-                                 E=e, K=k, N=n, x=pass_))  # fmt: skip
     for model, layer, n, k, ms in MATMUL_LAYERS:
         for m in ms:
             label = f"{model} {layer} M={m}"
@@ -416,9 +350,6 @@ def predict_gpu(op: str, shape: dict, chip: str, label: str = "") -> Prediction:
     if op == "fp8_matmul":
         return predict_matmul(chip, shape["M"], shape["N"], shape["K"], shape.get("x", "bf16"),
                               label=label)  # fmt: skip
-    if op == "grouped_matmul":
-        return predict_grouped_bf16(chip, shape["M"], shape["L"], shape["E"], shape["K"],
-                                    shape["N"], shape["x"], label=label)  # fmt: skip
     if op in ("decode_attention", "paged_attention"):
         return predict_attention(chip, op, shape["B"], shape["S"], shape["H"], shape["KV"],
                                  shape["D"], shape.get("cache", "fp8"), label=label)  # fmt: skip

@@ -3,7 +3,7 @@ against hand-computed cycles, and the table's invariants (no device, no compiler
 
 import pytest
 
-from kernels_pallas.perf_model import common, gpu, sass
+from kernels_pallas.perf_model import common, gpu, gpu_grouped, sass
 
 LISTING = """
         /*0100*/                   MOV R1, R2 ;
@@ -59,14 +59,14 @@ def test_grouped_bf16_against_the_dense_ragged_dot_baseline():
     our kernels compute only the live rows, so they win by about the dead work."""
     m, live, e, k, n = 32768, 4096, 16, 2048, 768
     dense = 2 * e * m * k * n / (common.CHIPS["h100"].bf16_flops_per_s * gpu.BF16_GEMM_EFF)
-    assert gpu.dense_ragged_dot_s("h100", m, k, n, e, "fwd") == pytest.approx(
+    assert gpu_grouped.dense_ragged_dot_s("h100", m, k, n, e, "fwd") == pytest.approx(
         dense + gpu.LAUNCH_S, rel=1e-6
     )
     for pass_ in ("fwd", "dgrad", "wgrad"):
-        p = gpu.predict_grouped_bf16("h100", m, live, e, k, n, pass_)
+        p = gpu_grouped.predict_grouped_bf16("h100", m, live, e, k, n, pass_)
         assert p.flops == 2 * live * k * n
         assert 1 < p.ratio < e * m / live  # never more than the dead work it skips
         assert p.terms["registers"] > 0
     # All rows live (no expert parallelism): the kernels' work grows, the baseline's does not.
-    full = gpu.predict_grouped_bf16("h100", m, m, e, k, n, "fwd")
-    assert full.time_s > gpu.predict_grouped_bf16("h100", m, live, e, k, n, "fwd").time_s
+    full = gpu_grouped.predict_grouped_bf16("h100", m, m, e, k, n, "fwd")
+    assert full.time_s > gpu_grouped.predict_grouped_bf16("h100", m, live, e, k, n, "fwd").time_s
