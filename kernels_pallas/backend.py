@@ -148,7 +148,7 @@ class KernelImpls:
     decode_attention: Impl | None = None  # one-token decode steps; None: the model's jnp attention
     grouped_matmul: Impl = "auto"  # grouped_fp8_matmul: the FP8 MoE experts of a quantized policy
     expert_matmul: Impl = "auto"  # grouped_matmul: the BF16 MoE experts (training, scoring)
-    interpret: bool = False  # decode_attention's Pallas kernels in interpret mode (CPU tests)
+    interpret: bool = False  # decode_attention / expert_matmul kernels interpreted (CPU tests)
 
     def __post_init__(self):
         for name in ("matmul", "grouped_matmul"):

@@ -115,7 +115,7 @@ def dispatch_chunk(platform: str | None, w_gate, num_local: int, k: int,
                                    interpret=kernels.interpret)  # fmt: skip
     if chosen.name != "xla":
         return TOKEN_CHUNK
-    per_token = num_local * k * w_gate.shape[1] * 4
+    per_token = num_local * k * d * 4
     return max(1, min(TOKEN_CHUNK, GPU_DENSE_RAGGED_BYTES // per_token))
 
 
