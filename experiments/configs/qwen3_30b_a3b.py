@@ -10,12 +10,12 @@ f32 params and Adam moments are 12 B/param = 42.7 GiB per GPU, the f32 gradients
 accumulator another ~14 each, which leaves too little of 80 GB for the activations. So Adam's
 first moment is kept in BF16 (``optim.mu_dtype``: 7.1 GiB less per GPU; the second moment
 stays f32, see ``OptimConfig``) and the 512-row minibatch is accumulated in 64 micro-batches of
-one row per GPU: the train program then needs 64.2 GiB per GPU compiled at all 48 layers (62.2
-from 8,16) of the 71.2 allowed. With f32 mu it needs 71.3 compiled at all 48 layers (68.7 extrapolated):
-0.1 over. The paged KV pool is 12 GiB per GPU (262K tokens of this model; Qwen3-8B's 16 GiB hold
-233K). On 8 x H200 (``--topology=8xh200``) ``--config.optim.mu_dtype=float32
---config.rl.grad_accum=32`` also fits (the paper's f32 state); across 4 nodes of H100s use
-qwen3_30b_a3b_multihost.py.
+one row per GPU: the train program then needs 64.2 GiB per GPU compiled at all 48 layers
+(62.2 from 8,16) of the 71.2 allowed. With f32 mu it needs 71.3 compiled at all 48 layers
+(68.7 extrapolated): 0.1 over. The paged KV pool is 12 GiB per GPU (262K tokens of this
+model; Qwen3-8B's 16 GiB hold 233K). On 8 x H200 (``--topology=8xh200``)
+``--config.optim.mu_dtype=float32 --config.rl.grad_accum=32`` also fits (the paper's f32
+state); across 4 nodes of H100s use qwen3_30b_a3b_multihost.py.
 
 Speed on GPUs: the BF16 experts (the scoring pass and training) run ``grouped_matmul``'s Hopper
 kernels, forward and backward, which compute only the dispatch buffer's live rows; XLA:GPU's own
