@@ -46,6 +46,13 @@ class TileMap:
         return jnp.stack([self.group_T, self.block_T, self.live_T])
 
 
+def group_bounds(group_sizes_E: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
+    """``(starts_E, ends_E)``: each group's rows ``[start, end)`` of the ``m`` sorted rows, the
+    sizes clipped so that the groups cover at most ``m`` rows (int32)."""
+    ends = jnp.minimum(jnp.cumsum(group_sizes_E.astype(jnp.int32)), m)
+    return jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]]), ends
+
+
 def make_tile_map(group_sizes_E: jax.Array, m: int, tile_m: int) -> TileMap:
     """The tiles of ``m`` rows sorted into groups of ``group_sizes_E`` (see the module doc).
 
@@ -53,8 +60,7 @@ def make_tile_map(group_sizes_E: jax.Array, m: int, tile_m: int) -> TileMap:
     """
     e = group_sizes_E.shape[0]
     t = num_tiles(m, e, tile_m)
-    ends = jnp.minimum(jnp.cumsum(group_sizes_E.astype(jnp.int32)), m)
-    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+    starts, ends = group_bounds(group_sizes_E, m)
     first = starts // tile_m
     last = (ends - 1) // tile_m
     n_tiles = jnp.where(ends > starts, last - first + 1, 0)

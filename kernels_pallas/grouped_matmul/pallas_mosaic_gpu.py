@@ -30,7 +30,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.grouped_fp8_matmul.tiles import gather_rows, make_tile_map, num_tiles
+from kernels_pallas.grouped_fp8_matmul.tiles import (
+    gather_rows,
+    group_bounds,
+    make_tile_map,
+    num_tiles,
+)
 
 SMEM_BYTES = 227 * 1024  # H100 dynamic shared memory per CTA
 _MAX_GRID = 2**31 - 1
@@ -212,8 +217,7 @@ def tgmm_mgpu(x_MK, dy_MN, group_sizes_E, *, config: GmmConfig | None = None,
     (m, k), n = x_MK.shape, dy_MN.shape[1]
     cfg = config or default_config(k, n)
     e = group_sizes_E.shape[0]
-    ends = jnp.minimum(jnp.cumsum(group_sizes_E.astype(jnp.int32)), m)
-    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+    starts, ends = group_bounds(group_sizes_E, m)
     kern = plgpu.kernel(
         functools.partial(_tgmm_kernel, cfg=cfg),
         out_type=jax.ShapeDtypeStruct((e, k, n), jnp.float32),

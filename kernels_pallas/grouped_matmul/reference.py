@@ -23,7 +23,8 @@ def grouped_matmul_reference(x_MK, w_EKN, group_sizes_E, out_dtype=None) -> jax.
 
 
 def grouped_wgrad_reference(x_MK, dy_MN, group_sizes_E) -> jax.Array:
-    """``dw_e = Σ_{m ∈ e} x_mᵀ dy_m`` [E, K, N] in f32, exactly (float64-free: HIGHEST f32)."""
+    """``dw_e = Σ_{m ∈ e} x_mᵀ dy_m`` [E, K, N] in f32 at HIGHEST precision (a one-hot einsum:
+    dense over the groups, a reference, not a fast path)."""
     e = group_sizes_E.shape[0]
     gs = group_sizes_E.astype(jnp.int32)
     ends = jnp.cumsum(gs)
