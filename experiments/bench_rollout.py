@@ -121,7 +121,7 @@ def prefill_fn(model_cfg: ModelConfig, cfg: RolloutConfig):
     prefill of the rollout, without the decode loop."""
 
     def prefill(params, prompts, kv_scales):
-        weights, _ = rollout_weights(params, cfg)
+        weights, _ = rollout_weights(params, cfg, fuse_for=model_cfg)
         b, p = prompts.tokens_BP.shape
         static = cfg.static_kv_scales
         cache = init_cache(

@@ -158,6 +158,66 @@ def quantize_check() -> dict:
     }
 
 
+def fused_check() -> dict:
+    """The rollout forward with fused q|k|v and gate|up (``models.fused``) on a tensor=2 mesh:
+    its logits against the unfused weights' on the same mesh (and both against one device: FP8
+    activation rounding may flip where a sharded reduction's order differs), its weights'
+    specs, and its collectives beside the unfused forward's (the split after each fused GEMM
+    must add none)."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from fp8rl_jax.models import ModelConfig, forward, init_weights
+    from fp8rl_jax.models.fused import fuse_projections
+    from fp8rl_jax.quant import QuantRecipe, quantize_params
+    from fp8rl_jax.train import sharding as sh
+
+    cfg = ModelConfig(vocab_size=256, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2,
+                      head_dim=128, intermediate_size=512, qk_norm=True)  # fmt: skip
+    params = init_weights(cfg, jax.random.key(0), jnp.float32, randomize_all=True)
+    tokens = jax.random.randint(jax.random.key(1), (4, 8), 0, cfg.vocab_size)
+    ref = np.asarray(forward(quantize_params(params, QuantRecipe()), tokens, cfg).logits_BTV)
+    mesh = sh.make_mesh(sh.MeshConfig(data=2, fsdp=2, tensor=2))
+    out = {}
+    with jax.set_mesh(mesh):
+        p_sh = sh.param_shardings(params, cfg, mesh, sh.TRAIN_RULES)
+        params = jax.device_put(params, p_sh)
+        pin = sh.rollout_params_constraint(cfg, mesh)
+        tok_sh = sh.batch_shardings(tokens, mesh)
+        for fuse in (False, True):
+
+            def run(p, t, fuse=fuse):
+                w = quantize_params(p, QuantRecipe())
+                w = pin(fuse_projections(w, cfg) if fuse else w)
+                return forward(w, t, cfg).logits_BTV, w
+
+            fn = jax.jit(run, in_shardings=(p_sh, tok_sh))
+            hlo = fn.lower(params, jax.device_put(tokens, tok_sh)).compile().as_text()
+            logits, w = fn(params, jax.device_put(tokens, tok_sh))
+            ops = ("all-gather", "all-reduce", "all-to-all", "collective-permute")
+            logits = np.asarray(logits)
+            out["fused" if fuse else "unfused"] = {
+                "max_logit_diff": float(np.max(np.abs(logits - ref))),
+                "collectives": {c: len(re.findall(rf"= \S+ {c}\(", hlo)) for c in ops},
+            }
+            unfused = logits
+            if fuse:
+                out["fused_vs_unfused_sharded"] = float(np.max(np.abs(logits - unfused)))
+                attn, mlp = w["layers"][0]["attn"], w["layers"][0]["mlp"]
+                out["fused"]["wqkv_specs"] = [
+                    str(attn["wqkv"].values.sharding.spec),
+                    str(attn["wqkv"].scales.sharding.spec),
+                ]
+                out["fused"]["w_gate_up_specs"] = [
+                    str(mlp["w_gate_up"].values.sharding.spec),
+                    str(mlp["w_gate_up"].scales.sharding.spec),
+                ]
+    return out
+
+
 def rows_check() -> dict:
     """The train program at fsdp=8 with 2 accumulated micro-batches and block remat: the row
     counts of its [rows, T, D] activations (forward and backward) in the compiled HLO.
@@ -205,6 +265,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--quantize-check", action="store_true")
     parser.add_argument("--rows-check", action="store_true")
+    parser.add_argument("--fused-check", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     # Must precede the first jax import: the CPU client's device count is fixed at start-up.
@@ -214,6 +275,8 @@ def main() -> None:
     report = {"quantize": quantize_check()} if args.quantize_check else {}
     if args.rows_check:
         report["rows"] = rows_check()
+    if args.fused_check:
+        report["fused"] = fused_check()
     meshes: dict[str, list[str]] = {}
     for case in args.case:
         model, mesh = case.split(":", 1)

@@ -39,7 +39,8 @@ def report() -> dict:
     Pure fsdp=8 is compiled by the rows check; its numerics are those of the 3-axis mesh's fsdp
     axis, so it is not run again here."""
     cases = ("dense:data=2,fsdp=2,tensor=2", "moe:data=2,expert=4")
-    return _worker("--quantize-check", "--rows-check", *(a for c in cases for a in ("--case", c)))
+    return _worker("--quantize-check", "--rows-check", "--fused-check",
+                   *(a for c in cases for a in ("--case", c)))  # fmt: skip
 
 
 def test_quantize_params_runs_sharded_without_gathering_weights(report):
@@ -55,6 +56,19 @@ def test_quantize_params_runs_sharded_without_gathering_weights(report):
     # The rollout layout: FP8 weights whole over data/fsdp, heads over tensor (4 heads x 64 =
     # 2 shards of 128 rows: whole blocks, so the scales split the same way).
     assert r["rollout_wq_specs"] == ["P('tensor',)", "P('tensor',)"]
+
+
+def test_fused_rollout_projections_shard_like_their_parts(report):
+    """Fused q|k|v and gate|up (``models.fused``) on data=2, fsdp=2, tensor=2: one KV group and
+    one (gate, up) block pair per tensor shard, values and scales alike; the same logits as the
+    unfused weights on the same mesh; no collective the unfused forward does not have (fewer
+    weights to gather)."""
+    r = report["fused"]
+    assert r["fused_vs_unfused_sharded"] < 1e-6
+    assert r["fused"]["wqkv_specs"] == r["fused"]["w_gate_up_specs"] == ["P('tensor',)"] * 2
+    for op, n in r["fused"]["collectives"].items():
+        assert n <= r["unfused"]["collectives"][op], (op, n, r["unfused"]["collectives"])
+    assert r["fused"]["collectives"]["all-reduce"] == r["unfused"]["collectives"]["all-reduce"]
 
 
 def test_train_program_keeps_rows_split_in_micro_batches_and_remat(report):

@@ -1,7 +1,8 @@
 """Ahead-of-time compile cases of the whole rollout program (``scripts/aot_check.py``).
 
-One jit holds what a rollout step runs: ``quantize_params`` (the per-step FP8 weight sync) and
-``generate`` (prefill + ``while_loop`` decode) with W8A8 linear layers and a static FP8 KV cache.
+One jit holds what a rollout step runs: ``quantize_params`` (the per-step FP8 weight sync, then
+``fuse_projections``) and ``generate`` (prefill + ``while_loop`` decode) with W8A8 linear layers
+and a static FP8 KV cache.
 The model has Qwen3-8B widths but only ``NUM_LAYERS`` of its 36 layers (every layer compiles to
 the same code; the label says so); its weights are ``jax.eval_shape`` of the init, so nothing is
 allocated. ``IMPLS`` is the one place that picks the kernels per target.
@@ -19,6 +20,7 @@ from fp8rl_jax.generation.kv import KVScales
 from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.generation.static import generate
 from fp8rl_jax.models import init_weights
+from fp8rl_jax.models.fused import fuse_projections
 from fp8rl_jax.models.presets import QWEN3_8B, QWEN3_STOP_IDS
 from fp8rl_jax.quant import QuantRecipe, quantize_params
 from kernels_pallas.aot import AotCase
@@ -53,7 +55,7 @@ def rollout_program(cfg, shape: RolloutShape, recipe, kv_cache_dtype: str, kerne
     """``(params, tokens_BP, lens_B, rng, kv_k_LK, kv_v_LK) -> Rollout``: weight sync + generate."""
 
     def rollout(params, tokens_BP, lens_B, rng, k_LK, v_LK):
-        weights = quantize_params(params, recipe)
+        weights = fuse_projections(quantize_params(params, recipe), cfg)
         fp8_kv = kv_cache_dtype.startswith("float8")
         return generate(
             weights, (tokens_BP, lens_B), cfg, SamplingConfig(temperature=1.0), rng,
@@ -120,7 +122,7 @@ def paged_rollout_program(cfg, shape: RolloutShape, recipe, kernels: KernelImpls
     paged = PagedConfig(num_slots=PAGED_SLOTS, page_size=page_size, prefill_batch=4)
 
     def rollout(params, tokens_BP, lens_B, rng, k_LK, v_LK):
-        weights = quantize_params(params, recipe)
+        weights = fuse_projections(quantize_params(params, recipe), cfg)
         return generate_paged(
             weights, (tokens_BP, lens_B), cfg, SamplingConfig(temperature=1.0), rng,
             paged=paged, kv_cache_dtype="float8_e4m3fn", kv_scale_mode="static",

@@ -59,6 +59,8 @@ class RolloutConfig:
     decode_attention_impl: Impl | None = "auto"
     grouped_matmul_impl: Impl = "auto"  # FP8 MoE experts (grouped_fp8_matmul): same choices
     fp8_attention: bool = False  # Q cast to E4M3 with KVScales.q (needs static FP8 KV scales)
+    # FP8 q|k|v and gate|up as one GEMM each (``models.fused``): fewer, fuller decode launches
+    fuse_projections: bool = True
     engine: EngineName = "static"  # static: dense cache, one batch; paged: page pool, slots
     paged: PagedConfig = PagedConfig()  # the paged engine's slots and page pool
 

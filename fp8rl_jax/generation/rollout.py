@@ -2,7 +2,8 @@
 
 ``rollout`` runs the policy exactly as the rollout engine runs it: the weights cast to
 ``compute_dtype``, quantized by ``rollout_cfg.quant`` (the per-step "weight sync", DESIGN.md
-§4.2), optionally pinned to a rollout layout, then handed to the engine ``rollout_cfg.engine``
+§4.2), q|k|v and gate|up fused into one GEMM each (``models.fused``), optionally pinned to a
+rollout layout, then handed to the engine ``rollout_cfg.engine``
 names. Evaluation calls it with greedy sampling, so its precision cannot drift from the
 rollout's. (``rollout_cfg`` is always the ``RolloutConfig``, ``model_cfg`` the ``ModelConfig``.)
 
@@ -30,6 +31,7 @@ from fp8rl_jax.generation.paged import PAGED_ENGINE
 from fp8rl_jax.generation.sampling import SamplingConfig
 from fp8rl_jax.generation.static import STATIC_ENGINE
 from fp8rl_jax.models import ModelConfig, QKVAmax, forward
+from fp8rl_jax.models.fused import fuse_projections
 from fp8rl_jax.quant import QuantStats, quantize_params
 
 PinParams = Callable[[dict], dict]  # pins the quantized weights to a layout (inside jit)
@@ -44,16 +46,25 @@ def cast_floats(tree, dtype):
 
 
 def rollout_weights(
-    params, rollout_cfg: RolloutConfig, pin: PinParams | None = None
+    params,
+    rollout_cfg: RolloutConfig,
+    pin: PinParams | None = None,
+    *,
+    fuse_for: ModelConfig | None = None,
 ) -> tuple[dict, QuantStats]:
-    """The rollout copy of the weights: cast to ``compute_dtype``, quantized, pinned.
+    """The rollout copy of the weights: cast to ``compute_dtype``, quantized, fused, pinned.
 
+    ``fuse_for``: the engine's copy (``rollout`` passes its ``ModelConfig``): q|k|v and gate|up
+    fused into one FP8 weight each where ``rollout_cfg.fuse_projections`` (``models.fused``).
+    Without it the weights keep the checkpoint's layout (what ``train.export`` writes).
     ``pin`` (e.g. ``train.sharding.rollout_params_constraint``) places the quantized weights in
     the rollout layout, so FSDP gathers run once per step, not once per generated token.
     """
     weights, stats = quantize_params(
         cast_floats(params, rollout_cfg.compute_dtype), rollout_cfg.quant, return_stats=True
     )
+    if fuse_for is not None and rollout_cfg.fuse_projections:
+        weights = fuse_projections(weights, fuse_for)
     return (weights if pin is None else pin(weights)), stats
 
 
@@ -90,7 +101,7 @@ def rollout(
     ``group_size``: the prompts come in runs of this many identical rows (GRPO groups); the
     paged engine then compiles a smaller prefill batch (``paged.plan_pool``), same tokens.
     """
-    weights, qstats = rollout_weights(params, rollout_cfg, pin)
+    weights, qstats = rollout_weights(params, rollout_cfg, pin, fuse_for=model_cfg)
     sampling = rollout_cfg.sampling if sampling is None else sampling
     ro, engine_metrics = ENGINE_IMPLS[rollout_cfg.engine](
         weights, prompts, model_cfg, rollout_cfg, sampling, rng, kv_scales,

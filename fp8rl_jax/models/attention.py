@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8rl_jax.models.config import ModelConfig
+from fp8rl_jax.models.fused import QKV, split_qkv
 from fp8rl_jax.models.layers import linear, rms_norm
 from fp8rl_jax.models.rope import apply_rope
 from kernels_pallas.quantize import saturating_cast
@@ -22,13 +23,22 @@ def project_qkv(p: dict, x_BTD: jax.Array, cos_BTC, sin_BTC, cfg: ModelConfig, i
     """q [B, T, H, C], k and v [B, T, K, C]: projections, bias, QK-norm, then RoPE (as HF)."""
     B, T, _ = x_BTD.shape
     H, K, C = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    q = linear(x_BTD, p["wq"], p.get("q_bias"), impl=impl).reshape(B, T, H, C)
-    k = linear(x_BTD, p["wk"], p.get("k_bias"), impl=impl).reshape(B, T, K, C)
-    v = linear(x_BTD, p["wv"], p.get("v_bias"), impl=impl).reshape(B, T, K, C)
+    if QKV in p:  # one FP8 GEMM for all three (``models.fused``), biases after the split
+        q, k, v = split_qkv(linear(x_BTD, p[QKV], impl=impl), cfg)
+        q, k, v = (_biased(y, p.get(f"{n}_bias")) for y, n in zip((q, k, v), "qkv", strict=True))
+    else:
+        q = linear(x_BTD, p["wq"], p.get("q_bias"), impl=impl).reshape(B, T, H, C)
+        k = linear(x_BTD, p["wk"], p.get("k_bias"), impl=impl).reshape(B, T, K, C)
+        v = linear(x_BTD, p["wv"], p.get("v_bias"), impl=impl).reshape(B, T, K, C)
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
     return apply_rope(q, cos_BTC, sin_BTC), apply_rope(k, cos_BTC, sin_BTC), v
+
+
+def _biased(y_BTNC: jax.Array, bias) -> jax.Array:
+    """``y`` plus a flat ``[N·C]`` projection bias (as ``linear`` adds it, in ``y``'s dtype)."""
+    return y_BTNC if bias is None else y_BTNC + bias.reshape(y_BTNC.shape[-2:]).astype(y_BTNC.dtype)
 
 
 def fake_quantize_q(q_BTHC: jax.Array, q_scale_K: jax.Array, dtype=jnp.float8_e4m3fn):

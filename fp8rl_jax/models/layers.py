@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fp8rl_jax.models.fused import GATE_UP, split_gate_up
 from fp8rl_jax.quant import matmul
 
 
@@ -25,6 +26,10 @@ def linear(x: jax.Array, w, bias: jax.Array | None = None, *, impl: str = "auto"
 
 
 def swiglu_mlp(p: dict, x: jax.Array, *, impl: str = "auto") -> jax.Array:
-    """``W_down (silu(x W_gate) ⊙ x W_up)`` (Shazeer 2020, arXiv 2002.05202)."""
-    gate = jax.nn.silu(linear(x, p["w_gate"], impl=impl))
-    return linear(gate * linear(x, p["w_up"], impl=impl), p["w_down"], impl=impl)
+    """``W_down (silu(x W_gate) ⊙ x W_up)`` (Shazeer 2020, arXiv 2002.05202); a fused
+    ``w_gate_up`` (``models.fused``) runs both input GEMMs as one."""
+    if GATE_UP in p:
+        gate, up = split_gate_up(linear(x, p[GATE_UP], impl=impl), p[GATE_UP].block_shape[0])
+    else:
+        gate, up = linear(x, p["w_gate"], impl=impl), linear(x, p["w_up"], impl=impl)
+    return linear(jax.nn.silu(gate) * up, p["w_down"], impl=impl)

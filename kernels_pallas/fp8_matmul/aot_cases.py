@@ -45,6 +45,11 @@ LAYERS = (
     ("Llama-3-70B", "k_proj|v_proj", 8192, 1024, (16, 4096)),
     ("Llama-3-70B", "gate|up_proj", 8192, 28672, (1, 64, 8192)),
     ("Llama-3-70B", "down_proj", 28672, 8192, (16, 4096)),
+    # the FP8 rollout's fused projections (``fp8rl_jax.models.fused``)
+    ("Qwen3-8B", "q|k|v fused", 4096, 6144, (16, 64, 4096)),
+    ("Qwen3-8B", "gate+up fused", 4096, 24576, (16, 4096)),
+    ("Qwen3-30B-A3B", "q|k|v fused", 2048, 5120, (16, 4096)),
+    ("Llama-3-70B", "q|k|v fused", 8192, 10240, (16, 64, 4096)),
 )
 # The XLA fallback on H100: one layer per model at every M (both of its methods).
 XLA_LAYERS = (

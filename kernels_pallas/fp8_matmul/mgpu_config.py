@@ -105,16 +105,23 @@ def snake_band(cfg: MgpuConfig, m_pad: int, k: int) -> int:
     return max(1, min(m_pad // rows, _L2_BAND_BYTES // (rows * k)))
 
 
-def default_split_k(ctas: int, k_steps: int) -> int:
+def default_split_k(ctas: int, k_steps: int, block_m: int = 16) -> int:
     """K chunks for a decode grid of ``ctas`` CTAs (one per SM at 255 registers): the largest
-    power of two with ``ctas · split <= 66`` (half the SMs) and >= 8 K steps per chunk. The
-    performance model (``perf_model.gpu``, H100) predicts: k/v_proj (16 CTAs, split 4) 1.3x
-    faster; grids of 64+ CTAs unsplit (at M = 64 a split is slower: the f32 partials' XLA sum
-    and the 64-row x tile re-read per chunk cost more than the SMs gained). The on-device
-    autotuner (``kernels_pallas.autotune``) also times split 2-8."""
+    power of two with ``ctas · split <= 132`` (one wave) that leaves each chunk >= 4 K steps on
+    a grid of <= a quarter of the SMs, else >= 16 (<= 32-row x tiles) or >= 32 (64-row x tiles,
+    re-read per chunk). The performance model (``perf_model.gpu``, H100) finds no better split
+    in 1-8 at the decode shapes of ``perf_model.md`` and ``fp8_matmul/aot_cases.py`` but for
+    3-5% at three (Llama-3-70B q|k|v fused at M = 32-64, 160 CTAs: split 2 past one wave;
+    Qwen3-30B-A3B k/v_proj, 8 CTAs: split 8 of 16 K steps). Against the earlier rule (half the
+    SMs, >= 8 steps per chunk) it predicts: Qwen3-8B
+    o_proj (64 CTAs) split 2, 1.10x; down_proj (64 CTAs, 96 K steps) split 2, 1.16x; k/v_proj
+    (16 CTAs) split 8, 1.10x over the earlier rule (half the SMs, >= 8 steps per chunk); at
+    M = 64 o_proj stays unsplit (the f32 partials' XLA sum and the x re-reads cost more than the
+    SMs gained). The on-device autotuner (``kernels_pallas.autotune``) also times split 2-8."""
+    min_steps = 4 if ctas <= NUM_SMS // 4 else 16 if block_m <= 32 else 32
     split = 1
-    while ctas * split * 2 <= NUM_SMS // 2 and k_steps % (split * 2) == 0 and \
-            k_steps // (split * 2) >= 8:  # fmt: skip
+    while ctas * split * 2 <= NUM_SMS and k_steps % (split * 2) == 0 and \
+            k_steps // (split * 2) >= min_steps:  # fmt: skip
         split *= 2
     return split
 
@@ -133,8 +140,9 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     the SMEM budget (<= 4 stages; 3 for 128x256 or the fused variant's BF16 x tiles; 2 for
     128x256, F32 out)."""
     if m <= 64 and not fused:
-        cfg = MgpuConfig(block_m=-(-m // 16) * 16, block_n=64, swap_ab=True,
-                         split_k=default_split_k(n // 64, k // GROUP))  # fmt: skip
+        rows = -(-m // 16) * 16
+        cfg = MgpuConfig(block_m=rows, block_n=64, swap_ab=True,
+                         split_k=default_split_k(n // 64, k // GROUP, rows))  # fmt: skip
     elif m <= 64:
         cfg = MgpuConfig(block_m=64, block_n=64 if n % 128 else 128)
     elif not fused and n % 256 == 0 and -(-m // 128) * (n // 256) >= NUM_SMS * 2 // 3:

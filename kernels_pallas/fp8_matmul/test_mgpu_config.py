@@ -101,3 +101,21 @@ def test_persistent_is_off_by_default_and_a_tuning_candidate(m, n, k):
                for c in persistent)  # fmt: skip
     assert not [c for _, _, c in api.tuning_specs(16, n, k, "gpu") if c is not None and
                 c.persistent]  # decode: swap-AB, no persistent twin  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "ctas,k_steps,block_m,split",
+    [
+        (64, 32, 16, 2),  # Qwen3-8B o_proj decode: 128 CTAs, chunks of 16 steps
+        (64, 32, 64, 1),  # ... at M = 64 a chunk would be 16 < 32 steps of a 64-row x tile
+        (64, 96, 64, 2),  # down_proj at M = 64: chunks of 48
+        (16, 32, 16, 8),  # k/v_proj: a small grid splits down to 4-step chunks
+        (8, 16, 16, 4),  # Qwen3-30B-A3B k/v_proj: 8 x 8 would leave 2-step chunks
+        (96, 32, 16, 1),  # q|k|v fused: 192 CTAs would be past one wave
+        (132, 64, 16, 1),
+    ],
+)
+def test_default_split_k_fills_one_wave_and_keeps_chunks_long(ctas, k_steps, block_m, split):
+    assert mgpu.default_split_k(ctas, k_steps, block_m) == split
+    cfg = mgpu.default_config(block_m, ctas * 64, k_steps * 128)
+    assert cfg.swap_ab and cfg.split_k == split

@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from fp8rl_jax.fields import is_batched
 from fp8rl_jax.models import ModelConfig, logical_axes
+from fp8rl_jax.models.fused import fused_axes
 from fp8rl_jax.quant import QArray, path_str
 from fp8rl_jax.train.sharding.mesh import mesh_sizes
 
@@ -66,6 +67,8 @@ _TP = (
     ("q_heads", ("tensor",)),
     ("kv_heads", ("tensor",)),
     ("mlp", ("tensor",)),
+    ("qkv_groups", ("tensor",)),  # fused rollout q|k|v (``models.fused``), whole KV groups
+    ("mlp_pairs", ("tensor",)),  # fused rollout gate|up, whole (gate, up) block pairs
     ("vocab", ("tensor",)),
     ("experts", ("expert",)),
 )
@@ -165,13 +168,20 @@ def _qarray_spec(q, names, sizes, rules, where, units):
     return v, s
 
 
-def _units(cfg: ModelConfig, names, shape) -> tuple[int, ...]:
-    # Flattened head dims [H*C] / [K*C] count in heads, so TP never splits a head.
+def _units(cfg: ModelConfig, names, shape, leaf=None) -> tuple[int, ...]:
+    """Flattened head dims [H*C] / [K*C] count in heads, so TP never splits a head; the fused
+    rollout weights (``models.fused``) count in whole KV groups (G+2 heads) and whole gate/up
+    block pairs, so a shard holds exactly the rows of the separate weights' shards."""
     heads = {"q_heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads}
-    return tuple(
-        cfg.head_dim if n in heads and d == heads[n] * cfg.head_dim else 1
-        for n, d in zip(names, shape, strict=True)
-    )
+    group = (cfg.num_heads // cfg.num_kv_heads + 2) * cfg.head_dim
+    pair = 2 * leaf.block_shape[0] if isinstance(leaf, QArray) else 2
+
+    def unit(n, d):
+        if n in heads and d == heads[n] * cfg.head_dim:
+            return cfg.head_dim
+        return {"qkv_groups": group, "mlp_pairs": pair}.get(n, 1)
+
+    return tuple(unit(n, d) for n, d in zip(names, shape, strict=True))
 
 
 def param_specs(weights, cfg: ModelConfig, mesh, rules: ShardingRules):
@@ -180,13 +190,13 @@ def param_specs(weights, cfg: ModelConfig, mesh, rules: ShardingRules):
 
     def one(path, names, leaf):
         where = path_str(path)
-        units = _units(cfg, names, _logical_shape(leaf))
+        units = _units(cfg, names, _logical_shape(leaf), leaf)
         if isinstance(leaf, QArray):
             v, s = _qarray_spec(leaf, names, sizes, rules, where, units)
             return QArray(P(*map(_entry, v)), P(*map(_entry, s)), leaf.block_shape, leaf.dtype)
         return P(*map(_entry, spec_for(leaf.shape, names, sizes, rules, where, units)))
 
-    axes = logical_axes(cfg)
+    axes = fused_axes(logical_axes(cfg), weights)
     try:
         return jax.tree_util.tree_map_with_path(
             one, axes, weights, is_leaf=lambda x: isinstance(x, tuple)
