@@ -7,7 +7,7 @@ import dataclasses
 import os
 import sys
 
-from kernels_pallas.perf_model import common, gpu, gpu_grouped, tpu
+from kernels_pallas.perf_model import common, gpu, gpu_grouped, gpu_rollout, tpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "perf_model.json")
@@ -34,9 +34,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     preds = run_all(args.chip)
     changes = gpu.design_changes()
-    goals = gpu.targets(preds)
+    steps = gpu_rollout.predictions()
+    goals = [*gpu.targets(preds), gpu_rollout.target(steps)]
+    h100_64 = next(p for p in steps if p.chip == "h100" and p.batch == 64)
     sections = {
         "Design changes, before -> after (predicted)": change_table(changes),
+        "Rollout decode step, W8A8 + FP8 KV vs BF16 (predicted)": "\n\n".join(
+            (gpu_rollout.table(steps), gpu_rollout.breakdown(h100_64),
+             gpu_rollout.__doc__.strip())),
         "Issue-21 targets (predicted, H100)": "\n".join(goals),
         "GPU model and its assumptions": gpu.__doc__.strip(),
     }
@@ -45,6 +50,7 @@ def main(argv=None) -> int:
         print(f"\n## {title}\n\n{text}")
     extra = dict(
         targets=goals,
+        rollout_steps=[p.to_json() for p in steps],
         design_changes=[
             dict(change=c, before=b.to_json(), after=a.to_json()) for c, b, a in changes
         ],

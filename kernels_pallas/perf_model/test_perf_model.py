@@ -70,3 +70,25 @@ def test_grouped_bf16_against_the_dense_ragged_dot_baseline():
     # All rows live (no expert parallelism): the kernels' work grows, the baseline's does not.
     full = gpu_grouped.predict_grouped_bf16("h100", m, m, e, k, n, "fwd")
     assert full.time_s > gpu_grouped.predict_grouped_bf16("h100", m, live, e, k, n, "fwd").time_s
+
+
+def test_rollout_step_sums_its_kernels():
+    """The decode step is the per-layer kernels x layers + the LM head; BF16 runs q, k, v as
+    three GEMMs, FP8 one fused GEMM; the KV cache at full length is hand-computed (B = 64:
+    2 x 36 layers x 64 rows x 6,144 slots x 8 heads x 128 B = 27 GiB FP8)."""
+    from kernels_pallas.perf_model import gpu_rollout as r
+
+    cfg = r.QWEN3_8B
+    p = r.decode_step("h100", cfg, 64, 4096)
+    assert p.fp8_s == pytest.approx(sum(p.fp8_parts.values()))
+    assert p.bf16_s == pytest.approx(sum(p.bf16_parts.values()))
+    qkv = gpu.bf16_gemm_s("h100", 64, 4096, 4096) + 2 * gpu.bf16_gemm_s("h100", 64, 1024, 4096)
+    assert p.bf16_parts["q, k, v"] == pytest.approx(36 * qkv)
+    fused = gpu.predict_matmul("h100", 64, 6144, 4096, "bf16").time_s
+    assert p.fp8_parts["q|k|v fused"] == pytest.approx(36 * fused)
+    assert p.kv_fp8_gib == pytest.approx(2 * 36 * 64 * 6144 * 8 * 128 / 2**30)
+    assert p.kv_bf16_gib == 2 * p.kv_fp8_gib
+    # the KV read dominates a 4K-context step: FP8 halves it, so the step ratio tends to ~2
+    assert 1.0 < p.ratio < 2.2
+    long = r.decode_step("h100", cfg, 64, 32768)
+    assert long.ratio > p.ratio

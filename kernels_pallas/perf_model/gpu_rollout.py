@@ -1,0 +1,143 @@
+"""Rollout decode throughput, W8A8 + FP8 KV against BF16, from the per-kernel predictions.
+
+Issue 21's last target: a Qwen3-8B-shaped rollout with 4K-token responses at >= 1.4x the BF16
+tokens/s. One decode step of ``B`` rows runs, per layer, the kernels the engine launches:
+
+  FP8 rollout (``fp8rl_jax.models.fused``): q|k|v as one GEMM, paged decode attention on the FP8
+      cache, o_proj, gate+up as one GEMM, down_proj: ``gpu.predict_matmul`` (BF16 x: each GEMM
+      pays its XLA quantization fusion) and ``gpu.predict_attention``;
+  BF16 rollout: q, k, v, o, gate, up, down as seven BF16 GEMMs (``gpu.bf16_gemm_s``) and
+      BF16-cache decode attention (``gpu.bf16_attention_s``);
+
+plus, for both, the same ``OTHER_LAUNCHES`` small XLA fusions per layer (norms, RoPE, residual
+adds, the cache write: launch-bound at decode sizes) and, per step, the BF16 LM head GEMM over
+the vocabulary and sampling (``OTHER_LAUNCHES`` more). The context is the mean over a response:
+``prompt + response / 2`` slots. Prefill is left out (a 4K-token response is decode-bound: 4,096
+launches of every kernel against one prefill). tokens/s = B / step time. The table gives the
+KV cache at full length too: from B = 128 the BF16 cache (108 GiB) no longer fits one H100, the
+FP8 one (54 GiB) does, so there FP8's gain is also the batch BF16 cannot hold (not counted).
+Predicted, never measured: the per-kernel assumptions of ``gpu.py`` all carry over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kernels_pallas.perf_model import gpu
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseModel:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+
+
+QWEN3_8B = DenseModel("Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936)
+OTHER_LAUNCHES = 6  # per layer, both precisions: 2 RMSNorms, QK-norm + RoPE, 2 adds, cache write
+PROMPT, RESPONSE = 2048, 4096  # tokens (the issue's 4K-token responses)
+BATCHES = (16, 64, 128, 256)  # decode rows per GPU
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPrediction:
+    model: str
+    chip: str
+    batch: int
+    context: int
+    fp8_s: float
+    bf16_s: float
+    fp8_parts: dict  # kernel -> seconds per step (all layers)
+    bf16_parts: dict
+
+    kv_fp8_gib: float = 0.0  # the whole cache at full length (prompt + response), per GPU
+    kv_bf16_gib: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        return self.bf16_s / self.fp8_s
+
+    def to_json(self) -> dict:
+        return dict(dataclasses.asdict(self), ratio=self.ratio,
+                    fp8_tokens_per_s=self.batch / self.fp8_s,
+                    bf16_tokens_per_s=self.batch / self.bf16_s)  # fmt: skip
+
+
+def decode_step(chip: str, cfg: DenseModel, batch: int, context: int) -> StepPrediction:
+    """One decode step of ``batch`` rows at ``context`` slots, FP8 and BF16 (module docstring)."""
+    d, c = cfg.hidden, cfg.head_dim
+    q_n, kv_n = cfg.heads * c, cfg.kv_heads * c
+
+    def mm(n, k):
+        return gpu.predict_matmul(chip, batch, n, k, "bf16").time_s
+
+    other = OTHER_LAUNCHES * gpu.LAUNCH_S
+    attn = gpu.predict_attention(chip, "paged_attention", batch, context, cfg.heads,
+                                 cfg.kv_heads, c)  # fmt: skip
+    fp8 = {
+        "q|k|v fused": mm(q_n + 2 * kv_n, d),
+        "attention (FP8 cache)": attn.time_s,
+        "o_proj": mm(d, q_n),
+        "gate+up fused": mm(2 * cfg.ffn, d),
+        "down_proj": mm(d, cfg.ffn),
+        "other fusions": other,
+    }
+    bf = lambda n, k: gpu.bf16_gemm_s(chip, batch, n, k)  # noqa: E731
+    bf16 = {
+        "q, k, v": bf(q_n, d) + 2 * bf(kv_n, d),
+        "attention (BF16 cache)": gpu.bf16_attention_s(chip, batch, context, cfg.kv_heads, c),
+        "o_proj": bf(d, q_n),
+        "gate, up": 2 * bf(cfg.ffn, d),
+        "down_proj": bf(d, cfg.ffn),
+        "other fusions": other,
+    }
+    head = bf(cfg.vocab, d) + OTHER_LAUNCHES * gpu.LAUNCH_S  # LM head + sampling, both
+    fp8_parts = {k: v * cfg.layers for k, v in fp8.items()} | {"LM head + sampling": head}
+    bf16_parts = {k: v * cfg.layers for k, v in bf16.items()} | {"LM head + sampling": head}
+    kv = 2 * cfg.layers * batch * (PROMPT + RESPONSE) * kv_n / 2**30  # bytes per element: 1
+    return StepPrediction(cfg.name, chip, batch, context, sum(fp8_parts.values()),
+                          sum(bf16_parts.values()), fp8_parts, bf16_parts, kv, 2 * kv)  # fmt: skip
+
+
+def predictions(chips=gpu.GPU_CHIPS) -> list[StepPrediction]:
+    ctx = PROMPT + RESPONSE // 2
+    return [decode_step(chip, QWEN3_8B, b, ctx) for chip in chips for b in BATCHES]
+
+
+def table(preds: list[StepPrediction]) -> str:
+    rows = ["| model | chip | rows B | mean context | FP8 step (us) | BF16 step (us) "
+            "| FP8 tokens/s | BF16 tokens/s | ratio | KV cache GiB, FP8 / BF16 |",
+            "|" + "---|" * 10]  # fmt: skip
+    for p in preds:
+        rows.append(f"| {p.model} | {p.chip} | {p.batch} | {p.context} | {p.fp8_s * 1e6:.0f} "
+                    f"| {p.bf16_s * 1e6:.0f} | {p.batch / p.fp8_s:,.0f} | "
+                    f"{p.batch / p.bf16_s:,.0f} | {p.ratio:.2f}x | {p.kv_fp8_gib:.0f} / "
+                    f"{p.kv_bf16_gib:.0f} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def breakdown(p: StepPrediction) -> str:
+    """Per-kernel time of one step (all layers), FP8 beside BF16."""
+    rows = [f"{p.model}, {p.chip}, B = {p.batch}, context {p.context}: per step (us)",
+            "", "| FP8 kernel | us | BF16 kernel | us |", "|---|---|---|---|"]  # fmt: skip
+    for (a, ta), (b, tb) in zip(p.fp8_parts.items(), p.bf16_parts.items(), strict=True):
+        rows.append(f"| {a} | {ta * 1e6:.0f} | {b} | {tb * 1e6:.0f} |")
+    return "\n".join(rows)
+
+
+def target(preds: list[StepPrediction]) -> str:
+    """Judged at the batch sizes whose BF16 cache fits one H100 beside the 16 GiB of BF16
+    weights (a bigger batch only FP8 can hold is a further gain this leaves out)."""
+    h100 = [p for p in preds if p.chip == "h100" and p.kv_bf16_gib + 16 <= 80 * 0.9]
+    met = [p for p in h100 if p.ratio >= 1.4]
+    worst = min(h100, key=lambda p: p.ratio)
+    return (f"- W8A8 + FP8 KV rollout, Qwen3-8B shape, 4K-token responses, >= 1.4x BF16 tokens/s "
+            f"(decode step, H100, batches whose BF16 cache fits): "
+            f"{'MET' if len(met) == len(h100) else 'NOT MET'} "
+            f"({len(met)}/{len(h100)} batch sizes meet it); worst B={worst.batch}: "
+            f"{worst.ratio:.2f}")  # fmt: skip
