@@ -147,11 +147,13 @@ def test_rollout_engines_give_the_same_tokens_fused_or_not(engine):
         seen.append(w)
         return w
 
-    out = {}
+    out, last = {}, {}
     for fuse in (True, False):
         rc = dataclasses.replace(base, fuse_projections=fuse)
         out[fuse], _ = rollout(params, _prompts(), CFG, rc, jax.random.key(3), pin=pin)
-    assert QKV in seen[0]["layers"][0]["attn"] and "wq" in seen[1]["layers"][0]["attn"]
+        last[fuse] = seen[-1]  # the engine's weights: pinned, fused, pinned again
+    assert len(seen) == 3  # twice with fusion (before and after it), once without
+    assert QKV in last[True]["layers"][0]["attn"] and "wq" in last[False]["layers"][0]["attn"]
     np.testing.assert_array_equal(out[True].tokens_BT, out[False].tokens_BT)
     np.testing.assert_allclose(out[True].logp_BT, out[False].logp_BT, rtol=0, atol=1e-6)
 

@@ -52,20 +52,27 @@ def rollout_weights(
     *,
     fuse_for: ModelConfig | None = None,
 ) -> tuple[dict, QuantStats]:
-    """The rollout copy of the weights: cast to ``compute_dtype``, quantized, fused, pinned.
+    """The rollout copy of the weights: cast to ``compute_dtype``, quantized, pinned, fused.
 
-    ``fuse_for``: the engine's copy (``rollout`` passes its ``ModelConfig``): q|k|v and gate|up
-    fused into one FP8 weight each where ``rollout_cfg.fuse_projections`` (``models.fused``).
-    Without it the weights keep the checkpoint's layout (what ``train.export`` writes).
     ``pin`` (e.g. ``train.sharding.rollout_params_constraint``) places the quantized weights in
     the rollout layout, so FSDP gathers run once per step, not once per generated token.
+    ``fuse_for``: the engine's copy (``rollout`` passes its ``ModelConfig``): q|k|v and gate|up
+    fused into one FP8 weight each where ``rollout_cfg.fuse_projections`` (``models.fused``),
+    and pinned again. Without it the weights keep the checkpoint's layout (what
+    ``train.export`` writes).
     """
     weights, stats = quantize_params(
         cast_floats(params, rollout_cfg.compute_dtype), rollout_cfg.quant, return_stats=True
     )
+    pin = pin or (lambda w: w)
+    weights = pin(weights)
     if fuse_for is not None and rollout_cfg.fuse_projections:
-        weights = fuse_projections(weights, fuse_for)
-    return (weights if pin is None else pin(weights)), stats
+        # after the pin: the FP8 weights are in the rollout layout, so concatenating them moves
+        # nothing between devices (fused on FSDP-sharded weights, XLA kept gathered copies of
+        # gate/up per layer: +0.17 GiB per layer for Qwen3-8B's eval on 8xH100)
+        fused = fuse_projections(weights, fuse_for)
+        weights = weights if fused is weights else pin(fused)
+    return weights, stats
 
 
 ENGINE_IMPLS: dict[EngineName, Engine] = {"static": STATIC_ENGINE, "paged": PAGED_ENGINE}

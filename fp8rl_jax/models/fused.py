@@ -7,10 +7,10 @@ One GEMM over the concatenated weights (N = 6144) fills 96 SMs, reads the activa
 and quantizes them once: predicted 1.7x the BF16 GEMM of the same fused shape. vLLM does the
 same (``QKVParallelLinear``, ``MergedColumnParallelLinear``).
 
-``fuse_projections`` runs once per step, right after ``quantize_params`` (the fused weight is
-written where the quantizer writes anyway, not per decode step). It fuses only QArray weights
-whose parts concatenate exactly, block for block, so the fused GEMM computes the same sums
-per output column as the separate ones:
+``fuse_projections`` runs once per step in the weight sync (``generation.rollout_weights``,
+after the quantized weights are pinned to the rollout layout), not per decode step. It fuses
+only QArray weights whose parts concatenate exactly, block for block (each part's rows whole
+128-blocks), so the fused GEMM computes the same sums per output column as the separate ones:
 
 - ``attn.wqkv`` ``[K·(G+2)·C, D]`` from ``wq`` ``[H·C, D]``, ``wk``/``wv`` ``[K·C, D]`` (QArray
   layout ``[N, K]``), grouped per KV head ``g``: the ``G = H/K`` query heads that read ``g``,
@@ -147,7 +147,8 @@ def _replace(p: dict, parts: tuple[str, ...], name: str, value) -> dict:
 
 def fuse_projections(weights: dict, cfg: ModelConfig) -> dict:
     """Rollout weights with q|k|v and gate|up fused where their QArrays allow (module docstring);
-    anything else (BF16 weights, per-tensor scales, ``head_dim % 128``, MoE experts) unchanged."""
+    anything else (BF16 weights, per-tensor scales, ``head_dim % 128``, MoE experts) unchanged
+    (``weights`` itself when nothing fuses)."""
 
     def attn(p):
         if not can_fuse_qkv(p, cfg):

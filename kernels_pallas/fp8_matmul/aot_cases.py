@@ -137,6 +137,11 @@ TILES = (
     ("pallas_tpu", ("v5e",), "fp8", _BF, 4096, 4096, 16, _T(pack=2)),  # pairs, upcast
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 8192, 28672, 64, _T(block_n=2048)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 4096, _T(1024, 2048, 512)),
+    # v6e prefill's default is dequant_bf16; the exact per-group path stays available there,
+    # and dequant_bf16 compiles on v5e too when asked for
+    ("pallas_tpu", ("v6e",), "fp8", _BF, 4096, 4096, 4096, _T(compute_dtype="native")),
+    ("pallas_tpu", ("v5e",), "fp8", _BF, 4096, 4096, 4096, _T(compute_dtype="dequant_bf16")),
+    ("pallas_tpu", ("v6e",), "fp8", _F32, 4096, 12288, 300, _T(compute_dtype="dequant_bf16")),
 )
 
 

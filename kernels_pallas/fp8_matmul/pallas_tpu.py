@@ -12,6 +12,15 @@ Where the chip's MXU takes FP8 (v6e and later: at the BF16 rate) the FP8 tiles g
 E4M3 and E5M2 value exactly. Either way each product and sum is exact up to f32 rounding, so the
 numerics are the reference's.
 
+A 128-deep dot fills half of a v6e MXU (256 x 256 arrays), so prefill tiles there are MXU-bound
+at half the BF16 rate (perf_model.tpu: 0.51x XLA's BF16 matmul). ``compute_dtype="dequant_bf16"``
+(the default for row tiles of >= 256 on an FP8-MXU chip) instead writes ``x̂ · s_x`` and
+``ŵ · s_w`` to BF16 VMEM tiles and runs one ``block_k``-deep dot per step (predicted 1.02-1.03x at
+M >= 4096). The BF16 rounding of each dequantized element is exact when the scales are powers
+of two (``QuantRecipe(pow2_scales=True)``: 4 significant bits times 2^e) and otherwise adds at
+most 2^-9 relative error per operand element, 32x below E4M3's own step (the XLA path's
+``dequant_bf16`` on GPU makes the same trade).
+
 Operand layout prepared by ``fp8_matmul_tpu`` (the TPU block rule: the last two block dims
 divisible by (8, 128) or equal to the array's; kernels_wave2 §0 #4):
   * ``s_x``: [K/block_k, M_pad, block_k/128] f32, blocks ``(None, block_m, G)`` in VMEM;
@@ -43,7 +52,8 @@ GROUP = 128  # K group of activation scales, and both block dims of weight scale
 VMEM_BYTES = 48 * 2**20  # tile budget; the scoped limit is raised to cover it
 VMEM_LIMIT_BYTES = 64 * 2**20  # of 128 MiB physical on v5e / v6e
 MAX_GROUPS = 32  # K groups unrolled per grid step (block_k <= 4096)
-COMPUTE_DTYPES = ("bfloat16", "float32", "native")
+COMPUTE_DTYPES = ("bfloat16", "float32", "native", "dequant_bf16")
+DEQUANT_MIN_ROWS = 256  # dequant_bf16 by default on an FP8-MXU chip for row tiles this tall
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +64,10 @@ class TpuConfig:
     block_n: int | None = None  # a multiple of 128 dividing N
     block_k: int | None = None  # K per grid step: the largest multiple of 128 <= it dividing K
     # "native": FP8 straight into the MXU (v6e+); "bfloat16" / "float32": upcast in VMEM first
-    # (lossless); None: native where the chip has an FP8 MXU, else bfloat16.
+    # (lossless); "dequant_bf16": x̂·s_x and ŵ·s_w rounded to BF16 in VMEM, then one dot as deep
+    # as block_k (exact with power-of-two scales, else <= 2^-9 relative per operand element);
+    # None: dequant_bf16 for prefill tiles (>= DEQUANT_MIN_ROWS rows) on an FP8-MXU chip,
+    # native for its decode tiles, bfloat16 elsewhere.
     compute_dtype: str | None = None
     # K groups per MXU dot (1 or 2); 2 stacks two groups' rows block-diagonally into one 256-deep
     # dot (decode on a 256x256 FP8 MXU); None: 2 for native decode tiles, else 1.
@@ -74,6 +87,10 @@ class Plan:
     @property
     def fp8_mxu(self) -> bool:
         return self.compute_dtype == "native"
+
+    @property
+    def dequant(self) -> bool:
+        return self.compute_dtype == "dequant_bf16"
 
 
 def has_fp8_mxu(device_kind: str) -> bool:
@@ -119,7 +136,14 @@ def plan(m: int, k: int, n: int, cfg: TpuConfig | None, *, fp8_mxu: bool,
         if b is not None and (b <= 0 or b % unit):
             return f"{name}={b} must be a positive multiple of {unit}"
     m32 = pl.cdiv(m, 32) * 32
-    block_m = min(cfg.block_m or 512, m32)
+    # On an FP8-MXU chip (256-deep arrays) a 128-deep per-group dot fills half an array: prefill
+    # tiles dequantize to BF16 and run one block_k-deep dot instead, 1024 x 1024 x 1024 (26 MB
+    # of VMEM; perf_model.tpu: v6e 0.51x -> 1.02-1.03x XLA's BF16 matmul at M >= 4096; 1024 x
+    # 2048 would give 1.07-1.10x but needs ~53 MiB, over the 48 MiB tile budget).
+    dequant = cfg.compute_dtype == "dequant_bf16" or (
+        cfg.compute_dtype is None and fp8_mxu and min(cfg.block_m or 1024, m32) >= DEQUANT_MIN_ROWS
+    )
+    block_m = min(cfg.block_m or (1024 if dequant else 512), m32)
     decode = m32 <= block_m and block_m <= 64
     block_k = largest_divisor(k, cfg.block_k or (MAX_GROUPS * GROUP if decode else 1024))
     if block_k // GROUP > MAX_GROUPS:
@@ -128,12 +152,15 @@ def plan(m: int, k: int, n: int, cfg: TpuConfig | None, *, fp8_mxu: bool,
     block_n = cfg.block_n or _default_block_n(n, k, block_m, block_k, m_tiles)
     if n % block_n:
         return f"N={n} must be a multiple of block_n={block_n}"
-    compute = cfg.compute_dtype or ("native" if fp8_mxu else "bfloat16")
+    compute = "dequant_bf16" if dequant else cfg.compute_dtype or (
+        "native" if fp8_mxu else "bfloat16")  # fmt: skip
     if compute == "native" and not (fp8_mxu or interpret):
         return "compute_dtype='native' needs a chip with an FP8 MXU (v6e or later)"
     # Two groups per 256-deep dot pay off while 2 block_m rows fit the 256-row weight-load time.
     few_rows = m_tiles == 1 and block_m <= 2 * GROUP
     pack = cfg.pack or (2 if compute == "native" and few_rows and block_k % (2 * GROUP) == 0 else 1)
+    if pack == 2 and dequant:
+        return "pack=2 needs compute_dtype 'native' or an upcast (dequant_bf16 runs one deep dot)"
     if pack not in (1, 2):
         return f"pack={pack} must be 1 or 2"
     if pack == 2 and (m_tiles > 1 or block_k % (2 * GROUP)):
@@ -155,6 +182,8 @@ def vmem_bytes(p: Plan, out_itemsize: int = 4) -> int:
     bm, bn, bk = p.block_m, p.block_n, p.block_k
     ins = p.pack**2 * bm * bk + bn * bk + bm * GROUP * 4
     upcast = 0 if p.fp8_mxu else (bm + bn) * GROUP * 4
+    if p.dequant:  # the BF16 operand tiles (scratch) and one f32 product
+        upcast = (bm + bn) * bk * 2 + bm * bn * 4
     return 2 * ins + 2 * bm * bn * out_itemsize + 2 * bm * bn * 4 + upcast
 
 
@@ -185,14 +214,42 @@ def accumulate(x_ref, sx_ref, w_ref, sw_ref, acc_ref, k, *, n_groups, n_cols, k_
                     k * n_groups + g, n_cols, k_groups)  # fmt: skip
 
 
-def _kernel(x_ref, sx_ref, w_ref, sw_ref, out_ref, acc_ref, **static):
+def accumulate_dequant(x_ref, sx_ref, w_ref, sw_ref, acc_ref, xs_ref, ws_ref, k, *, n_groups,
+                       n_cols, k_groups):  # fmt: skip
+    """One K tile as one deep dot: x̂·s_x per (row, group) and ŵ·s_w per 128x128 block written
+    to BF16 VMEM tiles, then ``acc += xs · wsᵀ`` (f32 MXU accumulation over all of block_k)."""
+    for g in range(n_groups):
+        gs = slice(g * GROUP, (g + 1) * GROUP)
+        xs_ref[:, gs] = (x_ref[:, gs].astype(jnp.float32) * sx_ref[:, g : g + 1]).astype(
+            xs_ref.dtype
+        )
+
+    def dequant_rows(c, carry):  # one 128-row band of the weight tile, all its K groups
+        rows = pl.ds(pl.multiple_of(c * GROUP, GROUP), GROUP)
+        for g in range(n_groups):
+            gs = slice(g * GROUP, (g + 1) * GROUP)
+            s = sw_ref[0, c * k_groups + k * n_groups + g]
+            ws_ref[rows, gs] = (w_ref[rows, gs].astype(jnp.float32) * s).astype(ws_ref.dtype)
+        return carry
+
+    jax.lax.fori_loop(0, n_cols, dequant_rows, 0)
+    acc_ref[...] += jax.lax.dot_general(
+        xs_ref[...], ws_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+    )
+
+
+def _kernel(x_ref, sx_ref, w_ref, sw_ref, out_ref, acc_ref, *scratch, dequant=False, **static):
     k = pl.program_id(2)
 
     @pl.when(k == 0)
     def _init():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    accumulate(x_ref, sx_ref, w_ref, sw_ref, acc_ref, k, **static)
+    if dequant:
+        static = {n: v for n, v in static.items() if n not in ("compute_dtype", "pack")}
+        accumulate_dequant(x_ref, sx_ref, w_ref, sw_ref, acc_ref, *scratch, k, **static)
+    else:
+        accumulate(x_ref, sx_ref, w_ref, sw_ref, acc_ref, k, **static)
 
     @pl.when(k == pl.num_programs(2) - 1)
     def _store():
@@ -247,9 +304,10 @@ def fp8_matmul_tpu(
     sx = jnp.pad(x_q.scales, ((0, m_pad - m), (0, 0)))
     sx = sx.reshape(m_pad, k // bk, n_groups).transpose(1, 0, 2)
     sw = w_q.scales.reshape(n // bn, 1, (bn // GROUP) * k_groups)
-    compute = None if p.fp8_mxu else jnp.dtype(p.compute_dtype)
+    compute = None if (p.fp8_mxu or p.dequant) else jnp.dtype(p.compute_dtype)
     kernel = functools.partial(_kernel, n_groups=n_groups, n_cols=bn // GROUP, k_groups=k_groups,
-                               compute_dtype=compute, pack=p.pack)  # fmt: skip
+                               compute_dtype=compute, pack=p.pack, dequant=p.dequant)  # fmt: skip
+    dequant_tiles = [pltpu.VMEM((bm, bk), jnp.bfloat16), pltpu.VMEM((bn, bk), jnp.bfloat16)]
     if p.pack > 1:
         x_spec = pl.BlockSpec((bk // (2 * GROUP), 2 * bm, 2 * GROUP), lambda i, j, kk: (kk, 0, 0))
     else:
@@ -267,7 +325,7 @@ def fp8_matmul_tpu(
         ],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m_pad, n), jnp.dtype(out_dtype)),
-        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32), *(dequant_tiles if p.dequant else [])],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             vmem_limit_bytes=VMEM_LIMIT_BYTES,

@@ -266,12 +266,47 @@ def test_tpu_wide_tiles_native_fp8_and_packed_groups(m, k, n, cfg):
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
 
 
+@pytest.mark.parametrize("pow2", [True, False])
+def test_tpu_dequant_bf16_deep_dot(pow2):
+    """compute_dtype="dequant_bf16" (v6e prefill): x̂·s_x and ŵ·s_w rounded to BF16, one 256-deep
+    dot per step over 2 N x 2 M tiles and 2 K steps. Power-of-two scales: exact products, so
+    the reference's result up to f32 summation order. Other scales: each operand element's
+    BF16 rounding is <= 2^-9 relative, so |y - ref| <= 2^-8 (|x̂ s_x| · |ŵ s_w|ᵀ) + f32 slack."""
+    m, k, n = 96, 512, 256
+    x, w, xq, _ = _operands(m, k, n, seed=5)
+    x = x * jnp.exp(jax.random.normal(jax.random.key(6), (m, 1)))  # rows of different scale
+    xq = quantize_activations(x, 128)
+    wq = quantize_weight(w, (128, 128), pow2_scales=pow2)
+    if pow2:
+        xq = QArray(xq.values, 2.0 ** jnp.ceil(jnp.log2(xq.scales)), xq.block_shape, xq.dtype)
+    cfg = TpuConfig(block_m=64, block_n=128, block_k=256, compute_dtype="dequant_bf16")
+    assert tpu.plan(m, k, n, cfg, fp8_mxu=False).dequant
+    y = np.asarray(tpu.fp8_matmul_tpu(xq, wq, out_dtype=jnp.float32, interpret=True, config=cfg))
+    ref = np.asarray(fp8_matmul_reference(xq, wq, out_dtype=jnp.float32), np.float64)
+    xd = np.abs(np.asarray(dequantize(xq), np.float64))
+    wd = np.abs(np.asarray(dequantize(wq), np.float64))
+    mag = xd @ wd.T  # Σ_k |x_k w_k|
+    err = np.abs(y - ref)
+    if pow2:
+        assert np.all(err <= 1e-6 * mag + 1e-30)
+    else:
+        assert np.all(err <= 2.0**-8 * mag + 1e-6 * mag)
+        assert np.max(err / mag) > 2.0**-16  # the rounding is really there (not the exact path)
+
+
 def test_tpu_plan_picks_mxu_sized_tiles():
     plan = tpu.plan
     # decode on v6e: whole K, 4 N tiles of 1024, two groups per dot; v5e: upcast, no pairs
     assert plan(16, 4096, 4096, None, fp8_mxu=True) == tpu.Plan(32, 1024, 4096, "native", 2)
     assert plan(16, 4096, 4096, None, fp8_mxu=False) == tpu.Plan(32, 1024, 4096, "bfloat16", 1)
-    assert plan(4096, 4096, 12288, None, fp8_mxu=True) == tpu.Plan(512, 1024, 1024, "native", 1)
+    # prefill on v6e: dequantized BF16 tiles, one 1024-deep dot per step; v5e: upcast per group
+    assert plan(4096, 4096, 12288, None, fp8_mxu=True) == tpu.Plan(
+        1024, 1024, 1024, "dequant_bf16", 1)  # fmt: skip
+    assert plan(4096, 4096, 12288, None, fp8_mxu=False) == tpu.Plan(512, 1024, 1024, "bfloat16")
+    assert plan(256, 4096, 4096, None, fp8_mxu=True).compute_dtype == "dequant_bf16"
+    assert plan(128, 4096, 4096, None, fp8_mxu=True) == tpu.Plan(128, 1024, 1024, "native", 2)
+    explicit = TpuConfig(compute_dtype="native")  # the exact path stays available on v6e
+    assert plan(4096, 4096, 4096, explicit, fp8_mxu=True).compute_dtype == "native"
     assert plan(16, 2048, 512, None, fp8_mxu=True).block_n == 256  # >= 2 steps for small N
     assert "FP8 MXU" in plan(16, 256, 256, TpuConfig(compute_dtype="native"), fp8_mxu=False)
     assert "pack=2" in plan(4096, 4096, 4096, TpuConfig(pack=2), fp8_mxu=True)

@@ -96,6 +96,8 @@ def plan(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig | 
         bn -= GROUP
     block_k = largest_divisor(k, min(cfg.block_k, MAX_GROUPS * GROUP))
     compute = cfg.compute_dtype or ("native" if fp8_mxu else "bfloat16")
+    if compute == "dequant_bf16":
+        return "compute_dtype='dequant_bf16' is the dense kernel's (fp8_matmul) only"
     if compute == "native" and not (fp8_mxu or interpret):
         return "compute_dtype='native' needs a chip with an FP8 MXU (v6e or later)"
     few_rows = bm <= 2 * GROUP and block_k % (2 * GROUP) == 0

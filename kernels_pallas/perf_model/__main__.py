@@ -35,14 +35,14 @@ def main(argv=None) -> int:
     preds = run_all(args.chip)
     changes = gpu.design_changes()
     steps = gpu_rollout.predictions()
-    goals = [*gpu.targets(preds), gpu_rollout.target(steps)]
+    goals = [*gpu.targets(preds), gpu_rollout.target(steps), *tpu.targets(preds)]
     h100_64 = next(p for p in steps if p.chip == "h100" and p.batch == 64)
     sections = {
         "Design changes, before -> after (predicted)": change_table(changes),
         "Rollout decode step, W8A8 + FP8 KV vs BF16 (predicted)": "\n\n".join(
-            (gpu_rollout.table(steps), gpu_rollout.breakdown(h100_64),
-             gpu_rollout.__doc__.strip())),
-        "Issue-21 targets (predicted, H100)": "\n".join(goals),
+            (gpu_rollout.table(steps), gpu_rollout.breakdown(h100_64), gpu_rollout.__doc__.strip())
+        ),
+        "Issue-21 targets (predicted: H100, TPU v5e / v6e)": "\n".join(goals),
         "GPU model and its assumptions": gpu.__doc__.strip(),
     }
     print(common.table(preds))

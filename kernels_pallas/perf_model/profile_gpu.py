@@ -74,8 +74,10 @@ def variants() -> dict:
         "mm_swap_32x64": (*mm(32, "fp8", G(32, 64, 4, True)), {}),
         "mm_swap_64x64": (*mm(64, "fp8", G(64, 64, 4, True)), {}),
         # split-K (the default_split_k choices: 2 for 64-CTA grids, 4-8 for k/v widths)
-        **{f"mm_swap_{m}x64_k{s}": (*mm(m, "fp8", G(m, 64, 4, True, s)), {})
-           for m, s in ((16, 2), (16, 4), (16, 8), (64, 2), (64, 8))},
+        **{
+            f"mm_swap_{m}x64_k{s}": (*mm(m, "fp8", G(m, 64, 4, True, s)), {})
+            for m, s in ((16, 2), (16, 4), (16, 8), (64, 2), (64, 8))
+        },
         "decode_fp8": (*dec("fp8_static"), {}),
         "decode_bf16": (*dec("bf16"), {}),
         "paged_fp8": (*paged("fp8_static"), {}),

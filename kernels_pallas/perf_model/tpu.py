@@ -18,6 +18,9 @@ Assumptions (each a named constant below; calibrate when a TPU is lent):
     weight tile is D deep whatever Kd is (a 128-deep contraction fills half of a v6e array) and
     streaming R < D rows cannot hide the D-cycle weight load. FP8 operands run at the BF16 rate on
     v6e; v5e has no FP8 MXU (FP8 is upcast to BF16 on the VPU first).
+  * ``dequant`` tiles (v6e prefill): one ``[bm, bk] x [bk, bn]`` dot per step at full depth, and
+    per element of both operand tiles an FP8 -> f32 convert, a scale multiply and a BF16 round
+    (``upcast_ops + 2`` ops) plus one store of the BF16 tile.
   * VPU: 8 x 128 lanes, ``VALU_SLOTS`` = 4 f32 element-ops per lane per cycle, one vector store
     per cycle (a 4 KiB vreg); an FP8 -> BF16 convert costs ``upcast_ops`` ops per element (v5e
     emulates it: 4; v6e converts natively: 2, a guess). A per-128-K-group promotion
@@ -144,6 +147,7 @@ class MatmulTiles:
     fp8_mxu: bool  # FP8 fed straight to the MXU (else upcast to BF16 in VMEM first)
     out_bytes: int = 2
     pack: int = 1  # K groups per MXU dot (2: two groups block-diagonal in one 256-deep dot)
+    dequant: bool = False  # operands dequantized to BF16 in VMEM, one block_k-deep dot per step
 
 
 # The wave-2 kernel (before issue 21): 256 x 128 x 512 tiles, FP8 upcast on every chip.
@@ -164,6 +168,8 @@ def fp8_matmul_step(chip: TpuChip, m: int, k: int, n: int, t: MatmulTiles) -> tu
     mt, nt, kt = m_pad // bm, n // bn, k // bk
     steps, groups = mt * nt * kt, bk // SCALE_GROUP
     upcast = 0 if (t.fp8_mxu and chip.fp8_mxu) else chip.upcast_ops * (bm + bn) * bk
+    if t.dequant:  # convert, multiply by the scale, round to BF16: per element of both tiles
+        upcast = (chip.upcast_ops + 2) * (bm + bn) * bk
     # x (and its scales) change with every step when K is split, else only with the M tile;
     # the weight changes with every step unless a single (N, K) tile covers it.
     x_total = m_pad * k * (t.pack + 4 / SCALE_GROUP) * (nt if kt > 1 else 1)
@@ -175,6 +181,11 @@ def fp8_matmul_step(chip: TpuChip, m: int, k: int, n: int, t: MatmulTiles) -> tu
         vst_vregs=_acc_vst(chip, bm, bn, groups),
         dma_bytes=(x_total + w_total + out_total) / steps,
     )
+    if t.dequant:  # one deep dot, one accumulator add; the BF16 tiles are stored to VMEM once
+        step = dataclasses.replace(
+            step, mxu_cycles=mxu_cycles(chip, bm, bk, bn), valu_ops=bm * bn + upcast,
+            vst_vregs=(bm + bn) * bk / (2 * VREG_ELEMS) + bm * bn / VREG_ELEMS,
+        )  # fmt: skip
     return steps, step
 
 
@@ -185,8 +196,9 @@ def fp8_matmul_predict(chip: TpuChip, m: int, k: int, n: int, t: MatmulTiles, ke
     last = t.block_m * t.block_n * t.out_bytes
     secs, bound = grid_time(chip, steps, step, first, last)
     detail = f"bm={t.block_m} bn={t.block_n} bk={t.block_k} pack={t.pack} " + (
-        "fp8->mxu" if t.fp8_mxu and chip.fp8_mxu else "upcast"
-    )
+        "dequant->bf16 dot" if t.dequant else "fp8->mxu" if t.fp8_mxu and chip.fp8_mxu
+        else "upcast"
+    )  # fmt: skip
     return Prediction(kernel, chip.name, shape, secs, xla_bf16_matmul_s(chip, m, k, n), bound,
                       steps, detail)  # fmt: skip
 
@@ -249,6 +261,25 @@ def predict_tpu(op: str, shape: dict, chip: str):
         p = tpu_attention.predict(c, op, label, b, s, slots, kv, h // kv, d, kv_bytes, False)
         return _to_common(op, p, _ROOF, 2 * b * s * kv * d * kv_bytes, 4 * b * s * h * d)
     raise ValueError(f"perf_model.tpu: unknown op {op!r}")
+
+
+def targets(preds) -> list[str]:
+    """Issue 21's TPU targets on the joint table's fp8_matmul rows (``common.Prediction``s):
+    v6e >= 1.3x XLA's BF16 matmul, v5e >= 0.9x; decode (M <= 64) and prefill (M >= 4096)
+    judged apart, since only decode can gain from bytes."""
+    out = []
+    for chip, goal in (("v6e", 1.3), ("v5e", 0.9)):
+        rows = [p for p in preds if p.chip == chip and p.op == "fp8_matmul"]
+        for name, keep in (("M <= 64", lambda m: m <= 64), ("M >= 4096", lambda m: m >= 4096)):
+            sel = [p for p in rows if keep(int(p.label.split("M=", 1)[1].split()[0]))]
+            if not sel:
+                continue
+            met = [p for p in sel if p.ratio >= goal]
+            worst = min(sel, key=lambda p: p.ratio)
+            out.append(f"- TPU {chip} fp8_matmul >= {goal}x XLA BF16, {name}: "
+                       f"{'MET' if len(met) == len(sel) else 'NOT MET'} ({len(met)}/{len(sel)}); "
+                       f"worst {worst.label}: {worst.ratio:.2f}")  # fmt: skip
+    return out
 
 
 def _cases():

@@ -39,7 +39,8 @@ def matmul_tiles(chip: model.TpuChip, m: int, k: int, n: int) -> model.MatmulTil
     from kernels_pallas.fp8_matmul import pallas_tpu as tpu
 
     p = tpu.plan(m, k, n, None, fp8_mxu=chip.fp8_mxu)
-    return model.MatmulTiles(p.block_m, p.block_n, p.block_k, fp8_mxu=p.fp8_mxu, pack=p.pack)
+    return model.MatmulTiles(p.block_m, p.block_n, p.block_k, fp8_mxu=p.fp8_mxu, pack=p.pack,
+                             dequant=p.dequant)  # fmt: skip
 
 
 def grouped_tiles(chip: model.TpuChip, rows: int, k: int, ns, e: int) -> model.MatmulTiles:
