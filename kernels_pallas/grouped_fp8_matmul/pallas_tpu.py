@@ -6,7 +6,9 @@ scalar prefetch, so the index maps pick the row block of ``x`` and the expert of
 per grid step is the dense TPU kernel's (``fp8_matmul/pallas_tpu.py``): one MXU product per
 128-wide K group (FP8 straight into the MXU on v6e+, upcast in VMEM to BF16 elsewhere: lossless)
 promoted into an f32 accumulator per 128-column weight-scale block,
-``acc[:, c] += (x̂_g · ŵ_{c,g}ᵀ) * s_x[:, g] * s_w[e, c, g]``. Each tile writes its own output tile
+``acc[:, c] += (x̂_g · ŵ_{c,g}ᵀ) * s_x[:, g] * s_w[e, c, g]``; or, for row tiles of >= 256 on
+v6e (``dequant_bf16``, the dense kernel's), both operands dequantized to BF16 in VMEM and one
+``block_k``-deep dot per step. Each tile writes its own output tile
 (``[T·tm, N]``); the wrapper gathers rows from their group's tile.
 
 Dead tiles (past the live ones) skip the math and clamp their block indices to the last grid
@@ -33,12 +35,14 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels_pallas.fp8_matmul.pallas_tpu import (
     COMPUTE_DTYPES,
+    DEQUANT_MIN_ROWS,
     GROUP,
     MAX_GROUPS,
     VMEM_BYTES,
     VMEM_LIMIT_BYTES,
     Plan,
     accumulate,
+    accumulate_dequant,
     block_diagonal_pairs,
     largest_divisor,
     target_has_fp8_mxu,
@@ -95,9 +99,14 @@ def plan(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig | 
     while any(n % bn for n in ns):  # the largest common divisor of every stack's N
         bn -= GROUP
     block_k = largest_divisor(k, min(cfg.block_k, MAX_GROUPS * GROUP))
-    compute = cfg.compute_dtype or ("native" if fp8_mxu else "bfloat16")
-    if compute == "dequant_bf16":
-        return "compute_dtype='dequant_bf16' is the dense kernel's (fp8_matmul) only"
+    # v6e prefill tiles: one block_k-deep BF16 dot per step, as the dense kernel's dequant_bf16
+    dequant = cfg.compute_dtype == "dequant_bf16" or (
+        cfg.compute_dtype is None and fp8_mxu and bm >= DEQUANT_MIN_ROWS
+    )
+    compute = "dequant_bf16" if dequant else cfg.compute_dtype or (
+        "native" if fp8_mxu else "bfloat16")  # fmt: skip
+    if dequant and (cfg.pack or 1) != 1:
+        return "pack=2 needs compute_dtype 'native' or an upcast (dequant_bf16 runs one deep dot)"
     if compute == "native" and not (fp8_mxu or interpret):
         return "compute_dtype='native' needs a chip with an FP8 MXU (v6e or later)"
     few_rows = bm <= 2 * GROUP and block_k % (2 * GROUP) == 0
@@ -116,8 +125,9 @@ def tiles(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig |
     return plan(m, k, ns, num_groups, cfg, fp8_mxu=target_has_fp8_mxu(), interpret=interpret)
 
 
-def _kernel(meta_ref, x_ref, sx_ref, *refs, stack_tiles, **static):
-    *w_refs, out_ref, acc_ref = refs
+def _kernel(meta_ref, x_ref, sx_ref, *refs, stack_tiles, dequant=False, **static):
+    scratch = refs[-2:] if dequant else ()
+    *w_refs, out_ref, acc_ref = refs[:-2] if dequant else refs
     t, j, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
     @pl.when(k == 0)
@@ -125,7 +135,11 @@ def _kernel(meta_ref, x_ref, sx_ref, *refs, stack_tiles, **static):
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     def tile(w_ref, sw_ref):
-        accumulate(x_ref, sx_ref, w_ref, sw_ref, acc_ref, k, **static)
+        if dequant:
+            kw = {n: v for n, v in static.items() if n not in ("compute_dtype", "pack")}
+            accumulate_dequant(x_ref, sx_ref, w_ref, sw_ref, acc_ref, *scratch, k, **kw)
+        else:
+            accumulate(x_ref, sx_ref, w_ref, sw_ref, acc_ref, k, **static)
 
     lo = 0
     for s, hi in enumerate(itertools.accumulate(stack_tiles)):  # the stack of this N tile
@@ -200,12 +214,19 @@ def _call(meta, x, sx, ws: tuple[QArray, ...], t: int, p: Plan, out_dtype, inter
             *w_specs,
         ],  # fmt: skip
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk, meta: (i, j)),
-        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        scratch_shapes=[
+            pltpu.VMEM((bm, bn), jnp.float32),
+            *(
+                [pltpu.VMEM((bm, block_k), jnp.bfloat16), pltpu.VMEM((bn, block_k), jnp.bfloat16)]
+                if p.dequant
+                else []
+            ),
+        ],  # fmt: skip
     )
-    compute = None if p.fp8_mxu else jnp.dtype(p.compute_dtype)
+    compute = None if (p.fp8_mxu or p.dequant) else jnp.dtype(p.compute_dtype)
     kernel = functools.partial(_kernel, n_groups=n_groups, n_cols=bn // GROUP, k_groups=k_groups,
                                compute_dtype=compute, stack_tiles=stack_tiles,
-                               pack=p.pack)  # fmt: skip
+                               pack=p.pack, dequant=p.dequant)  # fmt: skip
     return pl.pallas_call(
         kernel,
         grid_spec=grid_spec,

@@ -237,6 +237,32 @@ def test_tpu_native_fp8_packed_groups_two_n_and_k_steps():
     np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-5, atol=1e-5 * abs(ref).max())
 
 
+def test_tpu_dequant_bf16_stacks_two_n_and_k_steps():
+    """compute_dtype="dequant_bf16" (v6e prefill): both operands to BF16 in VMEM, one 256-deep dot
+    per step; gate+up stacks, 2 K steps, an empty group. With power-of-two scales every
+    dequantized element is exact in BF16, so the result is the reference's up to f32 order."""
+    _, gs, xq, (wg, wu) = _operands(72, 512, (128, 128), (30, 0, 22, 20), seed=7)
+    pow2 = lambda q: QArray(q.values, 2.0 ** jnp.ceil(jnp.log2(q.scales)), q.block_shape,  # noqa: E731
+                            q.dtype)  # fmt: skip
+    xq, wg, wu = pow2(xq), pow2(wg), pow2(wu)
+    ref = np.asarray(_reference(xq, (wg, wu), gs, out_dtype=jnp.float32))
+    cfg = TpuConfig(block_m=32, block_n=128, block_k=256, compute_dtype="dequant_bf16")
+    y = grouped_fp8_matmul(xq, (wg, wu), gs, out_dtype=jnp.float32, impl="pallas_tpu",
+                           config=cfg, interpret=True)  # fmt: skip
+    np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-5, atol=1e-6 * abs(ref).max())
+
+
+def test_tpu_plan_dequantizes_prefill_tiles_on_an_fp8_mxu():
+    from kernels_pallas.grouped_fp8_matmul import pallas_tpu as gtpu
+
+    ns = (768, 768)  # Qwen3-30B-A3B gate+up, 128 experts
+    assert gtpu.plan(65536, 2048, ns, 128, None, fp8_mxu=True).compute_dtype == "dequant_bf16"
+    assert gtpu.plan(65536, 2048, ns, 128, None, fp8_mxu=False).compute_dtype == "bfloat16"
+    assert gtpu.plan(8, 2048, ns, 128, None, fp8_mxu=True).compute_dtype == "native"
+    bad = TpuConfig(compute_dtype="dequant_bf16", pack=2)
+    assert "pack=2" in gtpu.plan(4096, 2048, ns, 128, bad, fp8_mxu=True)
+
+
 def test_stacks_equal_the_concatenated_weight():
     """A tuple of stacks is one product over their concatenation along N; with N blocks that
     are not whole (F=96), the XLA path multiplies stack by stack."""

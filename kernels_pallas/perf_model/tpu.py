@@ -216,8 +216,9 @@ def grouped_fp8_matmul_predict(chip: TpuChip, rows: int, k: int, n: int, experts
     per = math.ceil(rows / used)
     base = used * xla_bf16_matmul_s(chip, per, k, n)
     detail = f"tiles={tiles} bm={t.block_m} bn={t.block_n} bk={t.block_k} " + (
-        "fp8->mxu" if t.fp8_mxu and chip.fp8_mxu else "upcast"
-    )
+        "dequant->bf16 dot" if t.dequant else "fp8->mxu" if t.fp8_mxu and chip.fp8_mxu
+        else "upcast"
+    )  # fmt: skip
     return Prediction(kernel, chip.name, shape, secs, base, bound, tiles * steps1, detail)
 
 

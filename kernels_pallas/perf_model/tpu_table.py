@@ -47,7 +47,8 @@ def grouped_tiles(chip: model.TpuChip, rows: int, k: int, ns, e: int) -> model.M
     from kernels_pallas.grouped_fp8_matmul import pallas_tpu as tpu
 
     p = tpu.plan(rows, k, ns, e, None, fp8_mxu=chip.fp8_mxu)
-    return model.MatmulTiles(p.block_m, p.block_n, p.block_k, fp8_mxu=p.fp8_mxu, pack=p.pack)
+    return model.MatmulTiles(p.block_m, p.block_n, p.block_k, fp8_mxu=p.fp8_mxu, pack=p.pack,
+                             dequant=p.dequant)  # fmt: skip
 
 
 def pair(before: model.Prediction, now: model.Prediction) -> dict:
