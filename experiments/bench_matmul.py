@@ -44,6 +44,8 @@ from kernels_pallas.quantize import quantize_activations, quantize_weight  # noq
 
 GPU_M = (4096, 16, 64, 8192)  # the targets' M first, so a cut run still has them
 GPU_LAYERS = (  # (model, layer, N, K)
+    ("Qwen3-8B", "q|k|v fused", 6144, 4096),  # the FP8 rollout's one GEMM (models/fused.py)
+    ("Qwen3-8B", "o_proj", 4096, 4096),
     ("DeepSeek-V3", "q_a+kv_a_proj", 2112, 7168),
     ("DeepSeek-V3", "o_proj", 7168, 16384),
     ("Qwen3-8B", "gate|up_proj", 12288, 4096),
