@@ -2,8 +2,10 @@
 
 ``common``: chips, cases, ``Prediction``, the table and its JSON/markdown; ``gpu``: Mosaic GPU
 (H100/H200) predictions from the compiled kernels' SASS (``gpu_grouped``: the BF16 MoE expert
-kernels against XLA's dense ``ragged_dot``); ``tpu``: Mosaic TPU (v5e/v6e)
-predictions from block shapes. ``python -m kernels_pallas.perf_model`` prints the table.
+kernels against XLA's dense ``ragged_dot``; ``gpu_targets``: the design changes before -> after
+and issue 21's H100 targets; ``gpu_rollout``: a whole decode step, W8A8 + FP8 KV vs BF16);
+``tpu``: Mosaic TPU (v5e/v6e) predictions from block shapes. ``python -m
+kernels_pallas.perf_model`` prints the table.
 """
 
 from kernels_pallas.perf_model.common import CHIPS, Case, Chip, Prediction

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import sys
 
-from kernels_pallas.perf_model import common, gpu, gpu_grouped, gpu_rollout, tpu
+from kernels_pallas.perf_model import common, gpu, gpu_grouped, gpu_rollout, gpu_targets, tpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "perf_model.json")
@@ -33,9 +33,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chip", action="append", help="only these chips (repeatable)")
     args = ap.parse_args(argv)
     preds = run_all(args.chip)
-    changes = gpu.design_changes()
+    changes = gpu_targets.design_changes()
     steps = gpu_rollout.predictions()
-    goals = [*gpu.targets(preds), gpu_rollout.target(steps), *tpu.targets(preds)]
+    goals = [*gpu_targets.targets(preds), gpu_rollout.target(steps), *tpu.targets(preds)]
     h100_64 = next(p for p in steps if p.chip == "h100" and p.batch == 64)
     sections = {
         "Design changes, before -> after (predicted)": change_table(changes),

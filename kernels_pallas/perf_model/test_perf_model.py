@@ -92,3 +92,20 @@ def test_rollout_step_sums_its_kernels():
     assert 1.0 < p.ratio < 2.2
     long = r.decode_step("h100", cfg, 64, 32768)
     assert long.ratio > p.ratio
+
+
+def test_targets_judge_the_gemms_the_rollout_runs():
+    """The FP8 rollout runs q|k|v and gate|up fused: their separate rows leave the rollout's
+    verdicts (kept in the 'every listed shape' lines); the fused change's 'before' is the parts'
+    GEMMs summed, each with its own activation quantization."""
+    from kernels_pallas.perf_model import gpu_targets as t
+
+    assert not t._runs_alone("Qwen3-8B k|v_proj M=16")
+    assert not t._runs_alone("Llama-3-70B gate|up M=64")
+    assert t._runs_alone("Qwen3-8B q|k|v fused M=16") and t._runs_alone("Qwen3-8B q|o_proj M=16")
+    before = t.separate_sum("h100", 16, (4096, 1024, 1024), 4096, "x")
+    parts = [gpu.predict_matmul("h100", 16, n, 4096, "bf16") for n in (4096, 1024, 1024)]
+    assert before.time_s == pytest.approx(sum(p.time_s for p in parts))
+    assert before.baseline_s == pytest.approx(sum(p.baseline_s for p in parts))
+    fused = gpu.predict_matmul("h100", 16, 6144, 4096, "bf16")
+    assert fused.time_s < before.time_s  # one launch, one quantization, 96 CTAs

@@ -1,0 +1,146 @@
+"""The GPU half's design changes (before -> after, predicted) and issue 21's H100 targets, judged
+on ``gpu.py``'s predictions at its cases (``python -m kernels_pallas.perf_model`` prints both)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kernels_pallas.fp8_matmul.mgpu_config import NUM_SMS
+from kernels_pallas.perf_model.common import GPU_CHIPS, Prediction
+from kernels_pallas.perf_model.gpu import (
+    ATTENTION_SHAPES,
+    FUSED_LAYERS,
+    MATMUL_LAYERS,
+    SEPARATE_ONLY,
+    predict_attention,
+    predict_matmul,
+)
+
+
+def design_changes() -> list[tuple[str, Prediction, Prediction]]:
+    """(change, before, after) at every case the change touches, on H100 and H200."""
+    from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
+
+    out = []
+    for model, layer, n, k, ms in MATMUL_LAYERS:
+        for m in (m for m in ms if m > 64):
+            for chip in GPU_CHIPS:
+                label = f"{model} {layer} M={m}"
+                before = predict_matmul(chip, m, n, k, "bf16", mode="fused", label=label)
+                after = predict_matmul(chip, m, n, k, "bf16", mode="qarray", label=label)
+                out.append(("x quantized once (QArray kernel for every M)", before, after))
+    for model, layer, n, k, ms in MATMUL_LAYERS:
+        for m in (m for m in ms if m <= 64):
+            for chip in GPU_CHIPS:
+                label = f"{model} {layer} M={m}"
+                after = predict_matmul(chip, m, n, k, "bf16", label=label)
+                before = predict_matmul(chip, m, n, k, "bf16", label=label, split_k=1)
+                if before.impl != after.impl:
+                    out.append(("decode GEMM: split-K to fill the SMs", before, after))
+    for model, layer, n, k, ms in MATMUL_LAYERS:
+        for m in (m for m in ms if m > 64):
+            for chip in GPU_CHIPS:
+                label = f"{model} {layer} M={m}"
+                now = mgpu.default_config(m, n, k)
+                steps = (
+                    ("prefill: 128x256 CTA tiles (2 sub-tiles per warpgroup)",
+                     mgpu.MgpuConfig(128, 128, 4), dataclasses.replace(now, cluster_m=1)),
+                    ("prefill: 2-CTA clusters along M, weight tile multicast",
+                     dataclasses.replace(now, cluster_m=1), now),
+                    ("prefill: persistent grid, snake tile order",
+                     now, dataclasses.replace(now, persistent=NUM_SMS)),
+                )  # fmt: skip
+                for change, cfg_before, cfg_after in steps:
+                    before, after = (
+                        predict_matmul(chip, m, n, k, "bf16", mode="qarray", label=label,
+                                       config=c)
+                        for c in (cfg_before, cfg_after)
+                    )  # fmt: skip
+                    if before.impl != after.impl:
+                        out.append((change, before, after))
+    for model, layer, parts, k, ms in FUSED_LAYERS:
+        for m in ms:
+            for chip in GPU_CHIPS:
+                label = f"{model} {layer} M={m}"
+                fused = predict_matmul(chip, m, sum(parts), k, "bf16", label=label)
+                out.append(("q|k|v and gate+up: one GEMM over the concatenated weights",
+                            separate_sum(chip, m, parts, k, label), fused))  # fmt: skip
+    for model, b, s, h, n_kv in ATTENTION_SHAPES:
+        for chip in GPU_CHIPS:
+            label = f"{model} B={b} S={s} H/K={h}/{n_kv} fp8 cache"
+            before = predict_attention(chip, "paged_attention", b, s, h, n_kv, 128, splits=1,
+                                       label=label)  # fmt: skip
+            after = predict_attention(chip, "paged_attention", b, s, h, n_kv, 128, label=label)
+            if before.impl != after.impl:
+                out.append(("paged attention: splits for every batch size", before, after))
+    return out
+
+
+def separate_sum(chip: str, m: int, parts, k: int, label: str) -> Prediction:
+    """The parts of a fused projection as separate GEMMs (each quantizing x again): their
+    predicted times summed, beside their BF16 GEMMs' times summed."""
+    preds = [predict_matmul(chip, m, n, k, "bf16", label=label) for n in parts]
+    impls = " + ".join(f"N={n}" for n in parts)
+    return dataclasses.replace(
+        preds[0], impl=f"{len(parts)} GEMMs ({impls})",
+        time_s=sum(p.time_s for p in preds), baseline_s=sum(p.baseline_s for p in preds),
+        bytes=sum(p.bytes for p in preds), flops=sum(p.flops for p in preds),
+    )  # fmt: skip
+
+
+def _runs_alone(label: str) -> bool:
+    """Whether the FP8 rollout runs this MATMUL_LAYERS / FUSED_LAYERS row as its own GEMM."""
+    return not any(label.startswith(f"{model} {layer} ") for model, layer in SEPARATE_ONLY)
+
+
+def targets(preds: list[Prediction]) -> list[str]:
+    """Issue 21's GPU targets, each judged on the model's predictions (H100)."""
+    h100 = [p for p in preds if p.chip == "h100"]
+    every = [p for p in h100 if p.op == "fp8_matmul"]
+    mm = [p for p in every if _runs_alone(p.label)]  # the GEMMs the FP8 rollout runs
+    big = [p for p in mm if p.label.endswith("M=4096")]
+    small = [p for p in mm if int(p.label.rsplit("M=", 1)[1]) <= 64]
+    small_all = [p for p in every if int(p.label.rsplit("M=", 1)[1]) <= 64]
+    big_all = [p for p in every if p.label.endswith("M=4096")]
+    att = [p for p in h100 if p.op in ("decode_attention", "paged_attention")]
+    att64 = [p for p in att if _bkv(p.label) >= 64]
+
+    def verdict(name, rows, ok, show):
+        met = [p for p in rows if ok(p)]
+        worst = min(rows, key=show) if rows else None
+        w = f"; worst {worst.label} ({worst.op}): {show(worst):.2f}" if worst else ""
+        return f"- {name}: {'MET' if len(met) == len(rows) else 'NOT MET'} " \
+               f"({len(met)}/{len(rows)} shapes meet it){w}"  # fmt: skip
+
+    # x already FP8 (its quantization fused into the producer: no separate XLA fusion to launch)
+    rows = [*MATMUL_LAYERS, *((mo, la, sum(parts), k, ms) for mo, la, parts, k, ms in FUSED_LAYERS)]
+    pre = [predict_matmul("h100", m, n, k, "fp8", label=f"{model} {layer} M={m}")
+           for model, layer, n, k, ms in rows for m in ms]  # fmt: skip
+    pre = [p for p in pre if _runs_alone(p.label)]
+    big_pre = [p for p in pre if p.label.endswith("M=4096")]
+    small_pre = [p for p in pre if int(p.label.rsplit("M=", 1)[1]) <= 64]
+    return [
+        "GEMMs the FP8 rollout runs: q|k|v and gate+up fused (one GEMM each, its BF16 baseline "
+        "the BF16 GEMM of the same fused shape), o_proj, down_proj; the separate k|v_proj and "
+        "gate|up rows are judged on their own in the 'every listed shape' lines.",
+        verdict("H100 fp8_matmul >= 1.5x BF16 jnp.dot at M = 4096 (BF16 x, quantize fusion "
+                "included)", big, lambda p: p.ratio >= 1.5, lambda p: p.ratio),
+        verdict("  every listed shape, separate k|v_proj and gate|up included", big_all,
+                lambda p: p.ratio >= 1.5, lambda p: p.ratio),
+        verdict("  same, x arriving FP8 (quantization fused into its producer)", big_pre,
+                lambda p: p.ratio >= 1.5, lambda p: p.ratio),
+        verdict("H100 fp8_matmul >= 1.6x BF16 at M <= 64 (BF16 x)", small,
+                lambda p: p.ratio >= 1.6, lambda p: p.ratio),
+        verdict("  every listed shape, separate k|v_proj and gate|up included", small_all,
+                lambda p: p.ratio >= 1.6, lambda p: p.ratio),
+        verdict("  same, x arriving FP8", small_pre, lambda p: p.ratio >= 1.6,
+                lambda p: p.ratio),
+        verdict("H100 decode attention >= 80% of HBM, FP8 cache, B x KV >= 64", att64,
+                lambda p: p.hbm_fraction() >= 0.8, lambda p: p.hbm_fraction()),
+    ]  # fmt: skip
+
+
+def _bkv(label: str) -> int:
+    b = int(label.split("B=", 1)[1].split()[0])
+    kv = int(label.split("H/K=", 1)[1].split()[0].split("/")[1])
+    return b * kv
