@@ -1,9 +1,9 @@
-"""The one rollout call of the RL step and of evaluation: cast -> quantize -> pin -> generate.
+"""The one rollout call of the RL step and of evaluation: cast, quantize, pin, fuse, generate.
 
 ``rollout`` runs the policy exactly as the rollout engine runs it: the weights cast to
 ``compute_dtype``, quantized by ``rollout_cfg.quant`` (the per-step "weight sync", DESIGN.md
-§4.2), q|k|v and gate|up fused into one GEMM each (``models.fused``), optionally pinned to a
-rollout layout, then handed to the engine ``rollout_cfg.engine``
+§4.2), optionally pinned to a rollout layout, q|k|v and gate|up fused into one GEMM each
+(``models.fused``), then handed to the engine ``rollout_cfg.engine``
 names. Evaluation calls it with greedy sampling, so its precision cannot drift from the
 rollout's. (``rollout_cfg`` is always the ``RolloutConfig``, ``model_cfg`` the ``ModelConfig``.)
 
@@ -67,9 +67,8 @@ def rollout_weights(
     pin = pin or (lambda w: w)
     weights = pin(weights)
     if fuse_for is not None and rollout_cfg.fuse_projections:
-        # after the pin: the FP8 weights are in the rollout layout, so concatenating them moves
-        # nothing between devices (fused on FSDP-sharded weights, XLA kept gathered copies of
-        # gate/up per layer: +0.17 GiB per layer for Qwen3-8B's eval on 8xH100)
+        # after the pin: the FP8 weights are in the rollout layout, so concatenating them needs
+        # no resharding of FSDP shards (the fused dims' shards hold the parts' shards' rows)
         fused = fuse_projections(weights, fuse_for)
         weights = weights if fused is weights else pin(fused)
     return weights, stats
