@@ -137,7 +137,7 @@ def plan(m: int, k: int, n: int, cfg: TpuConfig | None, *, fp8_mxu: bool,
             return f"{name}={b} must be a positive multiple of {unit}"
     m32 = pl.cdiv(m, 32) * 32
     # On an FP8-MXU chip (256-deep arrays) a 128-deep per-group dot fills half an array: prefill
-    # tiles dequantize to BF16 and run one block_k-deep dot instead, 1024 x 1024 x 1024 (26 MB
+    # tiles dequantize to BF16 and run one block_k-deep dot instead, 1024 x 1024 x 1024 (30 MB
     # of VMEM; perf_model.tpu: v6e 0.51x -> 1.02-1.03x XLA's BF16 matmul at M >= 4096; 1024 x
     # 2048 would give 1.07-1.10x but needs ~53 MiB, over the 48 MiB tile budget).
     dequant = cfg.compute_dtype == "dequant_bf16" or (
@@ -238,18 +238,26 @@ def accumulate_dequant(x_ref, sx_ref, w_ref, sw_ref, acc_ref, xs_ref, ws_ref, k,
     )
 
 
-def _kernel(x_ref, sx_ref, w_ref, sw_ref, out_ref, acc_ref, *scratch, dequant=False, **static):
+def accumulate_tile(x_ref, sx_ref, w_ref, sw_ref, acc_ref, scratch, k, *, dequant, n_groups,
+                    n_cols, k_groups, compute_dtype, pack):  # fmt: skip
+    """One K tile by the plan's method: ``accumulate_dequant`` (``scratch``: its two BF16 tiles)
+    or ``accumulate`` (per-group dots and promotion)."""
+    shape = dict(n_groups=n_groups, n_cols=n_cols, k_groups=k_groups)
+    if dequant:
+        accumulate_dequant(x_ref, sx_ref, w_ref, sw_ref, acc_ref, *scratch, k, **shape)
+    else:
+        accumulate(x_ref, sx_ref, w_ref, sw_ref, acc_ref, k, **shape,
+                   compute_dtype=compute_dtype, pack=pack)  # fmt: skip
+
+
+def _kernel(x_ref, sx_ref, w_ref, sw_ref, out_ref, acc_ref, *scratch, **static):
     k = pl.program_id(2)
 
     @pl.when(k == 0)
     def _init():
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    if dequant:
-        static = {n: v for n, v in static.items() if n not in ("compute_dtype", "pack")}
-        accumulate_dequant(x_ref, sx_ref, w_ref, sw_ref, acc_ref, *scratch, k, **static)
-    else:
-        accumulate(x_ref, sx_ref, w_ref, sw_ref, acc_ref, k, **static)
+    accumulate_tile(x_ref, sx_ref, w_ref, sw_ref, acc_ref, scratch, k, **static)
 
     @pl.when(k == pl.num_programs(2) - 1)
     def _store():

@@ -41,8 +41,7 @@ from kernels_pallas.fp8_matmul.pallas_tpu import (
     VMEM_BYTES,
     VMEM_LIMIT_BYTES,
     Plan,
-    accumulate,
-    accumulate_dequant,
+    accumulate_tile,
     block_diagonal_pairs,
     largest_divisor,
     target_has_fp8_mxu,
@@ -125,9 +124,10 @@ def tiles(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig |
     return plan(m, k, ns, num_groups, cfg, fp8_mxu=target_has_fp8_mxu(), interpret=interpret)
 
 
-def _kernel(meta_ref, x_ref, sx_ref, *refs, stack_tiles, dequant=False, **static):
-    scratch = refs[-2:] if dequant else ()
-    *w_refs, out_ref, acc_ref = refs[:-2] if dequant else refs
+def _kernel(meta_ref, x_ref, sx_ref, *refs, stack_tiles, **static):
+    n_scratch = 2 if static["dequant"] else 0  # accumulate_dequant's BF16 tiles
+    *w_refs, out_ref, acc_ref = refs[: len(refs) - n_scratch]
+    scratch = refs[len(refs) - n_scratch :]
     t, j, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
     @pl.when(k == 0)
@@ -135,11 +135,7 @@ def _kernel(meta_ref, x_ref, sx_ref, *refs, stack_tiles, dequant=False, **static
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     def tile(w_ref, sw_ref):
-        if dequant:
-            kw = {n: v for n, v in static.items() if n not in ("compute_dtype", "pack")}
-            accumulate_dequant(x_ref, sx_ref, w_ref, sw_ref, acc_ref, *scratch, k, **kw)
-        else:
-            accumulate(x_ref, sx_ref, w_ref, sw_ref, acc_ref, k, **static)
+        accumulate_tile(x_ref, sx_ref, w_ref, sw_ref, acc_ref, scratch, k, **static)
 
     lo = 0
     for s, hi in enumerate(itertools.accumulate(stack_tiles)):  # the stack of this N tile
