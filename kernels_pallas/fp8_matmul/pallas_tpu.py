@@ -116,6 +116,20 @@ def _default_block_n(n: int, k: int, block_m: int, block_k: int, m_tiles: int) -
     return bn
 
 
+def compute_mode(compute_dtype: str | None, fp8_mxu: bool, rows: int) -> str:
+    """The compute dtype a plan runs (``TpuConfig.compute_dtype``'s rule), for row tiles of
+    ``rows``: an explicit one as given; else ``dequant_bf16`` for prefill tiles on an FP8-MXU chip,
+    ``native`` for its decode tiles, ``bfloat16`` on a chip without an FP8 MXU."""
+    if compute_dtype is not None:
+        return compute_dtype
+    if not fp8_mxu:
+        return "bfloat16"
+    return "dequant_bf16" if rows >= DEQUANT_MIN_ROWS else "native"
+
+
+PACK_DEQUANT = "pack=2 needs compute_dtype 'native' or an upcast (dequant_bf16 runs one deep dot)"
+
+
 def plan(m: int, k: int, n: int, cfg: TpuConfig | None, *, fp8_mxu: bool,
          interpret: bool = False) -> Plan | str:  # fmt: skip
     """The block shapes for this problem, or why the kernel cannot take it. ``fp8_mxu``: the
@@ -140,9 +154,8 @@ def plan(m: int, k: int, n: int, cfg: TpuConfig | None, *, fp8_mxu: bool,
     # tiles dequantize to BF16 and run one block_k-deep dot instead, 1024 x 1024 x 1024 (30 MB
     # of VMEM; perf_model.tpu: v6e 0.51x -> 1.02-1.03x XLA's BF16 matmul at M >= 4096; 1024 x
     # 2048 would give 1.07-1.10x but needs ~53 MiB, over the 48 MiB tile budget).
-    dequant = cfg.compute_dtype == "dequant_bf16" or (
-        cfg.compute_dtype is None and fp8_mxu and min(cfg.block_m or 1024, m32) >= DEQUANT_MIN_ROWS
-    )
+    compute = compute_mode(cfg.compute_dtype, fp8_mxu, min(cfg.block_m or 1024, m32))
+    dequant = compute == "dequant_bf16"
     block_m = min(cfg.block_m or (1024 if dequant else 512), m32)
     decode = m32 <= block_m and block_m <= 64
     block_k = largest_divisor(k, cfg.block_k or (MAX_GROUPS * GROUP if decode else 1024))
@@ -152,15 +165,13 @@ def plan(m: int, k: int, n: int, cfg: TpuConfig | None, *, fp8_mxu: bool,
     block_n = cfg.block_n or _default_block_n(n, k, block_m, block_k, m_tiles)
     if n % block_n:
         return f"N={n} must be a multiple of block_n={block_n}"
-    compute = "dequant_bf16" if dequant else cfg.compute_dtype or (
-        "native" if fp8_mxu else "bfloat16")  # fmt: skip
     if compute == "native" and not (fp8_mxu or interpret):
         return "compute_dtype='native' needs a chip with an FP8 MXU (v6e or later)"
     # Two groups per 256-deep dot pay off while 2 block_m rows fit the 256-row weight-load time.
     few_rows = m_tiles == 1 and block_m <= 2 * GROUP
     pack = cfg.pack or (2 if compute == "native" and few_rows and block_k % (2 * GROUP) == 0 else 1)
     if pack == 2 and dequant:
-        return "pack=2 needs compute_dtype 'native' or an upcast (dequant_bf16 runs one deep dot)"
+        return PACK_DEQUANT
     if pack not in (1, 2):
         return f"pack={pack} must be 1 or 2"
     if pack == 2 and (m_tiles > 1 or block_k % (2 * GROUP)):

@@ -35,14 +35,15 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels_pallas.fp8_matmul.pallas_tpu import (
     COMPUTE_DTYPES,
-    DEQUANT_MIN_ROWS,
     GROUP,
     MAX_GROUPS,
+    PACK_DEQUANT,
     VMEM_BYTES,
     VMEM_LIMIT_BYTES,
     Plan,
     accumulate_tile,
     block_diagonal_pairs,
+    compute_mode,
     largest_divisor,
     target_has_fp8_mxu,
     vmem_bytes,
@@ -77,7 +78,7 @@ def tile_m(m: int, num_groups: int, cfg: TpuConfig) -> int:
 def plan(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig | None, *,
          fp8_mxu: bool, interpret: bool = False) -> Plan | str:  # fmt: skip
     """The block shapes for this problem (``ns``: N of each weight stack), or why the kernel
-    cannot take it. ``fp8_mxu``: the target's MXU takes FP8 (the default compute is "native")."""
+    cannot take it. ``fp8_mxu``: the target's MXU takes FP8 (``compute_mode`` picks the default)."""
     cfg = cfg or TpuConfig()
     bm = tile_m(m, num_groups, cfg)
     if bm % 32 or bm <= 0:
@@ -98,14 +99,9 @@ def plan(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig | 
     while any(n % bn for n in ns):  # the largest common divisor of every stack's N
         bn -= GROUP
     block_k = largest_divisor(k, min(cfg.block_k, MAX_GROUPS * GROUP))
-    # v6e prefill tiles: one block_k-deep BF16 dot per step, as the dense kernel's dequant_bf16
-    dequant = cfg.compute_dtype == "dequant_bf16" or (
-        cfg.compute_dtype is None and fp8_mxu and bm >= DEQUANT_MIN_ROWS
-    )
-    compute = "dequant_bf16" if dequant else cfg.compute_dtype or (
-        "native" if fp8_mxu else "bfloat16")  # fmt: skip
-    if dequant and (cfg.pack or 1) != 1:
-        return "pack=2 needs compute_dtype 'native' or an upcast (dequant_bf16 runs one deep dot)"
+    compute = compute_mode(cfg.compute_dtype, fp8_mxu, bm)  # v6e prefill: dequant_bf16
+    if compute == "dequant_bf16" and (cfg.pack or 1) != 1:
+        return PACK_DEQUANT
     if compute == "native" and not (fp8_mxu or interpret):
         return "compute_dtype='native' needs a chip with an FP8 MXU (v6e or later)"
     few_rows = bm <= 2 * GROUP and block_k % (2 * GROUP) == 0

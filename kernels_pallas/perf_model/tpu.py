@@ -189,16 +189,20 @@ def fp8_matmul_step(chip: TpuChip, m: int, k: int, n: int, t: MatmulTiles) -> tu
     return steps, step
 
 
+def _method(chip: TpuChip, t: MatmulTiles) -> str:
+    """How a plan multiplies, for the table's detail column."""
+    if t.dequant:
+        return "dequant->bf16 dot"
+    return "fp8->mxu" if t.fp8_mxu and chip.fp8_mxu else "upcast"
+
+
 def fp8_matmul_predict(chip: TpuChip, m: int, k: int, n: int, t: MatmulTiles, kernel: str,
                        shape: str) -> Prediction:  # fmt: skip
     steps, step = fp8_matmul_step(chip, m, k, n, t)
     first = (t.block_m + t.block_n) * t.block_k
     last = t.block_m * t.block_n * t.out_bytes
     secs, bound = grid_time(chip, steps, step, first, last)
-    detail = f"bm={t.block_m} bn={t.block_n} bk={t.block_k} pack={t.pack} " + (
-        "dequant->bf16 dot" if t.dequant else "fp8->mxu" if t.fp8_mxu and chip.fp8_mxu
-        else "upcast"
-    )  # fmt: skip
+    detail = f"bm={t.block_m} bn={t.block_n} bk={t.block_k} pack={t.pack} " + _method(chip, t)
     return Prediction(kernel, chip.name, shape, secs, xla_bf16_matmul_s(chip, m, k, n), bound,
                       steps, detail)  # fmt: skip
 
@@ -215,10 +219,7 @@ def grouped_fp8_matmul_predict(chip: TpuChip, rows: int, k: int, n: int, experts
     secs, bound = grid_time(chip, tiles * steps1, step, (t.block_m + t.block_n) * t.block_k, last)
     per = math.ceil(rows / used)
     base = used * xla_bf16_matmul_s(chip, per, k, n)
-    detail = f"tiles={tiles} bm={t.block_m} bn={t.block_n} bk={t.block_k} " + (
-        "dequant->bf16 dot" if t.dequant else "fp8->mxu" if t.fp8_mxu and chip.fp8_mxu
-        else "upcast"
-    )  # fmt: skip
+    detail = f"tiles={tiles} bm={t.block_m} bn={t.block_n} bk={t.block_k} " + _method(chip, t)
     return Prediction(kernel, chip.name, shape, secs, base, bound, tiles * steps1, detail)
 
 
