@@ -141,7 +141,7 @@ def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, 
         cfgs = [mgpu.default_config(m, n, k)]
         if m <= 64:
             bm = -(-m // 16) * 16
-            cfgs += [G(bm, 64, 4, True, split) for split in (1, 2, 4, 8)]
+            cfgs += [G(bm, bn, 4, True, split) for bn in (64, 128) for split in (1, 2, 4, 8)]
         if m <= 256:
             cfgs += [G(min(64, -(-m // 16) * 16), 64, 4, True), G(64, 128, 4)]
         cfgs += [G(128, 256, 3, cluster_m=2), G(128, 256, 3), G(256, 128, 3)]

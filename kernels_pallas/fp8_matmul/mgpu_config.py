@@ -106,7 +106,8 @@ def snake_band(cfg: MgpuConfig, m_pad: int, k: int) -> int:
 
 
 def default_split_k(ctas: int, k_steps: int, block_m: int = 16) -> int:
-    """K chunks for a decode grid of ``ctas`` CTAs (one per SM at 255 registers): the largest
+    """K chunks for a decode grid of ``ctas`` CTAs (one per SM: 255 registers x 256 threads, or
+    168 x 384 for 128-row tiles; ``decode_config`` picks the tile): the largest
     power of two with ``ctas · split <= 132`` (one wave) that leaves each chunk >= 4 K steps on
     a grid of <= a quarter of the SMs, else >= 16 (<= 32-row x tiles) or >= 32 (64-row x tiles,
     re-read per chunk). The performance model (``perf_model.gpu``, H100) finds no better split
@@ -116,8 +117,9 @@ def default_split_k(ctas: int, k_steps: int, block_m: int = 16) -> int:
     SMs, >= 8 steps per chunk) it predicts: Qwen3-8B
     o_proj (64 CTAs) split 2, 1.10x; down_proj (64 CTAs, 96 K steps) split 2, 1.16x; k/v_proj
     (16 CTAs) split 8, 1.10x over the earlier rule (half the SMs, >= 8 steps per chunk); at
-    M = 64 o_proj stays unsplit (the f32 partials' XLA sum and the x re-reads cost more than the
-    SMs gained). The on-device autotuner (``kernels_pallas.autotune``) also times split 2-8."""
+    M = 64 o_proj stays unsplit (the f32 partials' XLA sum and the x re-reads cost more than
+    the SMs gained). The on-device autotuner (``kernels_pallas.autotune``) times split 1-8 x
+    64/128 rows."""
     min_steps = 4 if ctas <= NUM_SMS // 4 else 16 if block_m <= 32 else 32
     split = 1
     while ctas * split * 2 <= NUM_SMS and k_steps % (split * 2) == 0 and \
@@ -126,9 +128,39 @@ def default_split_k(ctas: int, k_steps: int, block_m: int = 16) -> int:
     return split
 
 
+def decode_config(m: int, n: int, k: int) -> MgpuConfig:
+    """The swap-AB tile for M <= 64 (M rounded up to 16): 128 weight rows per CTA (two compute
+    warpgroups, each its own wgmma chain, half the x re-reads of 64-row tiles) where N % 128 == 0
+    and its grid, split by ``default_split_k``, has as many CTAs as the 64-row one's without
+    adding a split-K sum the 64-row grid does not need, or the 64-row grid would run past one
+    wave; else 64 rows. The performance model (``perf_model.md``, BF16 x, from the profiled SASS
+    of both tiles) predicts, against 64-row tiles everywhere: Llama-3-70B q|k|v fused at M = 64
+    (160 64-row CTAs: two waves) 1.60x -> 1.98x BF16 on H100 (1.13x -> 1.91x on H200); Qwen3-8B
+    o_proj M = 16 1.39x -> 1.44x; H200 gate+up fused M = 64 1.52x -> 1.82x; no shape slower.
+    Over the decode shapes of ``aot_cases.py`` at M = 16/32/64 the rule's pick is within 0.7%
+    of the model's best of 64/128 rows x split 1-16 on average, 9% at worst (N = 512)."""
+    rows = -(-m // 16) * 16
+
+    def tile(block_n: int) -> MgpuConfig:
+        split = default_split_k(n // block_n, k // GROUP, rows)
+        return MgpuConfig(block_m=rows, block_n=block_n, swap_ab=True, split_k=split)
+
+    narrow = tile(64)
+    if n % 128:
+        return narrow
+    wide = tile(128)
+    grid = lambda c: n // c.block_n * c.split_k  # noqa: E731
+    if grid(narrow) > NUM_SMS:  # 64-row tiles past one wave
+        return wide
+    # equal grids, unless the 128-row tiles need a split-K sum the 64-row ones do not
+    return (
+        wide if grid(wide) >= grid(narrow) and (narrow.split_k > 1 or wide.split_k == 1) else narrow
+    )
+
+
 def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2):
-    """Untuned defaults. Decode (M <= 64, unfused): swap-AB with 64 weight rows per CTA, so N=4096
-    gives 64 CTAs streaming the weight, and M rounded up to 16. Prefill: 128x256 CTAs where their
+    """Untuned defaults. Decode (M <= 64, unfused): swap-AB with 64 or 128 weight rows per CTA
+    (``decode_config``), M rounded up to 16. Prefill: 128x256 CTAs where their
     grid fills >= 2/3 of the SMs (the performance model, H100: 1.33-1.44x faster than 128x128
     there, 0.5-0.96x on grids of <= 64 CTAs: ``perf_model.md``), else 128x128 with two compute
     warpgroups (64x128 if N % 128). Unfused prefill grids of >= 88 CTAs with an even number of
@@ -140,9 +172,7 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     the SMEM budget (<= 4 stages; 3 for 128x256 or the fused variant's BF16 x tiles; 2 for
     128x256, F32 out)."""
     if m <= 64 and not fused:
-        rows = -(-m // 16) * 16
-        cfg = MgpuConfig(block_m=rows, block_n=64, swap_ab=True,
-                         split_k=default_split_k(n // 64, k // GROUP, rows))  # fmt: skip
+        cfg = decode_config(m, n, k)
     elif m <= 64:
         cfg = MgpuConfig(block_m=64, block_n=64 if n % 128 else 128)
     elif not fused and n % 256 == 0 and -(-m // 128) * (n // 256) >= NUM_SMS * 2 // 3:

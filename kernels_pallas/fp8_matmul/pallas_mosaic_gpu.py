@@ -68,6 +68,7 @@ from kernels_pallas.fp8_matmul.mgpu_config import (  # noqa: F401
     GROUP,
     SMEM_BYTES,
     MgpuConfig,
+    decode_config,
     default_config,
     default_split_k,
     smem_bytes,

@@ -167,6 +167,7 @@ def test_impl_matches_reference(impl, config, interpret, m, k, n, dtype, raw):
         (MgpuConfig(block_m=16, block_n=128, max_concurrent_steps=2, swap_ab=True), 40, 256),
         (MgpuConfig(block_m=64, block_n=64, max_concurrent_steps=3), 80, 256),
         (MgpuConfig(16, 64, max_concurrent_steps=2, swap_ab=True, split_k=3), 5, 256),
+        (MgpuConfig(16, 128, max_concurrent_steps=2, swap_ab=True, split_k=3), 24, 256),  # 2 WGs
         (MgpuConfig(block_m=128, block_n=256, max_concurrent_steps=2), 200, 512),  # f32 out: 2
         (MgpuConfig(block_m=256, block_n=128, max_concurrent_steps=2), 300, 256),
         # 2-CTA clusters along M sharing the weight tile (TMA multicast): 2 clusters x 2 N tiles

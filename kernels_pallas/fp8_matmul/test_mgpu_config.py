@@ -41,7 +41,7 @@ def test_smem_count_is_mosaic_gpus_count():
         (128, 28672, 8192, 2, (128, 256, 3, False, 1)),  # one M tile
         (4096, 12288, 4096, 4, (128, 256, 2, False, 2)),  # F32 out: 2 stages fit 227 KiB
         (4096, 4160, 4096, 2, (128, 64, 4, False, 2)),  # N % 128
-        (64, 4096, 4096, 2, (64, 64, 4, True, 1)),  # decode
+        (64, 4096, 12288, 2, (64, 128, 4, True, 1)),  # decode (decode_config)
     ],
 )
 def test_default_tile_choice(m, n, k, out_b, tile):
@@ -117,5 +117,25 @@ def test_persistent_is_off_by_default_and_a_tuning_candidate(m, n, k):
 )
 def test_default_split_k_fills_one_wave_and_keeps_chunks_long(ctas, k_steps, block_m, split):
     assert mgpu.default_split_k(ctas, k_steps, block_m) == split
-    cfg = mgpu.default_config(block_m, ctas * 64, k_steps * 128)
-    assert cfg.swap_ab and cfg.split_k == split
+
+
+@pytest.mark.parametrize(
+    "m,n,k,tile",
+    [  # (M, N, K) -> (block_m, block_n, split_k) of the swap-AB decode tile (decode_config)
+        (16, 4096, 4096, (16, 128, 4)),  # Qwen3-8B o_proj: 32 x 4 CTAs = 64 x 2
+        (64, 4096, 4096, (64, 64, 1)),  # 32 x 4 = 128 CTAs, but a split-K sum 64 x 1 needs not
+        (64, 4096, 12288, (64, 128, 4)),  # down_proj: 32 x 4 = 64 x 2 (both split)
+        (64, 6144, 4096, (64, 64, 1)),  # q|k|v fused: 48 x 1 < 96 x 1 (no split needed)
+        (16, 6144, 4096, (16, 64, 1)),  # ... at M = 16: 48 x 2 = 96 x 1, no split needed
+        (64, 10240, 8192, (64, 128, 1)),  # Llama-3-70B q|k|v fused: 160 64-row CTAs > 132
+        (16, 24576, 4096, (16, 128, 1)),  # gate|up fused: 384 -> 192 CTAs
+        (16, 512, 2048, (16, 64, 4)),  # Qwen3-30B-A3B k/v_proj: 8 x 4 > 4 x 4
+        (16, 4160, 4096, (16, 64, 2)),  # N % 128: 64-row tiles only (65 CTAs x 2)
+        (5, 4096, 4096, (16, 128, 4)),  # M rounded up to 16
+    ],
+)
+def test_decode_config_prefers_two_warpgroup_tiles_on_equal_grids(m, n, k, tile):
+    cfg = mgpu.default_config(m, n, k)
+    assert cfg == mgpu.decode_config(m, n, k)
+    assert (cfg.block_m, cfg.block_n, cfg.split_k) == tile and cfg.swap_ab
+    assert mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None

@@ -78,6 +78,15 @@ def variants() -> dict:
             f"mm_swap_{m}x64_k{s}": (*mm(m, "fp8", G(m, 64, 4, True, s)), {})
             for m, s in ((16, 2), (16, 4), (16, 8), (64, 2), (64, 8))
         },
+        # 128 weight rows per CTA: two compute warpgroups of 64 (the decode default where N %
+        # 128 == 0: two wgmma chains per SM and half the x re-reads of 64-row tiles)
+        **{
+            f"mm_swap_{m}x128" + (f"_k{s}" if s > 1 else ""): (
+                *mm(m, "fp8", G(m, 128, 4, True, s)),
+                {},
+            )
+            for m, s in ((16, 1), (32, 1), (64, 1), (16, 2), (16, 4), (16, 8), (64, 2), (64, 4))
+        },
         "decode_fp8": (*dec("fp8_static"), {}),
         "decode_bf16": (*dec("bf16"), {}),
         "paged_fp8": (*paged("fp8_static"), {}),
