@@ -3,8 +3,9 @@
 Implementations (``backend.ImplTable``; ``impl="auto"`` takes the target's kernel when its
 support check passes, else ``xla`` with one log line; an explicit impl that cannot run raises):
   * ``xla``: ``xla.fp8_matmul_xla`` (any shape; the exact reference on CPU, fast paths on GPU);
-  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16 x quantized once by XLA first,
-    or in-kernel with an explicit non-swap config);
+  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16/F32 x quantized once first: by
+    the one-launch ``act_quantize`` kernel for decode rows, by XLA above; or in-kernel with an
+    explicit non-swap config);
   * ``impl="auto"`` with ``FP8RL_AUTOTUNE=1`` on a GPU/TPU: the fastest candidate timed on the
     device (``kernels_pallas.autotune``), cached per device kind, jax version and shape;
   * ``pallas_tpu``: the Mosaic TPU kernel.
@@ -21,7 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas import autotune
+from kernels_pallas import act_quantize, autotune
 from kernels_pallas.backend import Implementation, ImplTable, device_reason, target_device
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.fp8_matmul import pallas_tpu as tpu
@@ -118,13 +119,33 @@ def _run_xla(x, w_q, *, config, out_dtype, interpret):
                           platform=platform)  # fmt: skip
 
 
+# Raw x of up to this many rows (decode batches) is quantized by the one-launch Triton kernel;
+# above, by XLA (prefill: bandwidth, not launches, decides, and XLA fuses with the producer).
+KERNEL_QUANT_MAX_ROWS = 256
+
+
+def _mgpu_quantized(x, w_q: QArray, cfg, interpret: bool) -> QArray:
+    """x as the Hopper kernel reads it: a QArray as given; raw decode rows quantized in one
+    launch (``act_quantize``), padded to the CTA row tile; else ``quantize_activations``."""
+    if isinstance(x, QArray) or _rows(x) > KERNEL_QUANT_MAX_ROWS:
+        return _quantized(x, w_q)
+    tile = cfg.block_m * cfg.cluster_m
+    rows = -(-_rows(x) // tile) * tile
+    if act_quantize.supports(x.shape, rows) is not None:  # e.g. an 8-row tile
+        return _quantized(x, w_q)
+    return act_quantize.quantize_activations_triton(
+        x, 128, w_q.values.dtype, rows=rows, interpret=interpret
+    )
+
+
 def _run_mgpu(x, w_q, *, config, out_dtype, interpret):
     cfg = _mgpu_config(x, w_q, config, out_dtype)
     if _fused(x, config, *w_q.shape):
         return mgpu.fp8_matmul_mgpu_fused(x, w_q, out_dtype=out_dtype, interpret=interpret,
                                           config=cfg)  # fmt: skip
-    return mgpu.fp8_matmul_mgpu(_quantized(x, w_q), w_q, out_dtype=out_dtype,
-                                interpret=interpret, config=cfg)  # fmt: skip
+    y = mgpu.fp8_matmul_mgpu(_mgpu_quantized(x, w_q, cfg, interpret), w_q, out_dtype=out_dtype,
+                             interpret=interpret, config=cfg)  # fmt: skip
+    return y[: _rows(x)]
 
 
 def _run_tpu(x, w_q, *, config, out_dtype, interpret):
@@ -233,8 +254,9 @@ def fp8_matmul(
     """Blockwise FP8 W8A8 ``y = x · wᵀ`` (``fp8_matmul_reference`` has the formula).
 
     ``x``: a QArray [..., K] with (128,) groups or a plain array [..., K], quantized per token in
-    groups of the weight's K block once, by ``quantize_activations`` (in-kernel only with an
-    explicit non-swap ``MgpuConfig``: ``fused_default``); leading axes are flattened into M.
+    groups of the weight's K block once, by ``quantize_activations`` or its one-launch kernel
+    (``act_quantize``, Hopper, <= 256 rows: same bits), in-kernel only with an explicit non-swap
+    ``MgpuConfig`` (``fused_default``); leading axes are flattened into M.
     ``w_q``: a QArray [N, K] (``quantize_weight``). ``impl``: "auto" | "xla" |
     "pallas_mosaic_gpu" | "pallas_tpu"; ``config``: the implementation's tile config
     (``XlaConfig``, ``MgpuConfig``, ``TpuConfig``; None: per-shape default).

@@ -1,0 +1,116 @@
+"""Per-token 1x128 FP8 quantization of activations as one Pallas (Triton) kernel on NVIDIA GPUs.
+
+At decode sizes every XLA fusion is a launch, and XLA splits ``quantize_activations`` (amax
+reduce, scale, cast, and the scale transpose the Hopper GEMM reads) into two to four fusions
+behind each FP8 GEMM's producer (the compiled H100 rollout program:
+``experiments/results/rollout_launches.json``). This kernel does all of it in one launch and
+writes the layout ``fp8_matmul_mgpu`` reads: values padded with zero rows to the GEMM's row
+tile, scales ``[K/128, rows]`` (returned as the transposed view of a QArray, which the GEMM
+transposes back: XLA cancels the pair). Same formula as ``quantize_activations``, bit for bit:
+``s = max(amax, tiny) / fp8_max``, ``x̂ = cast(clamp(x · (fp8_max / max(amax, tiny))))``, the
+two divisions IEEE round-to-nearest (``div.rn.f32``; Triton's own f32 division is not).
+
+One program quantizes ``ROWS`` rows x one 128-column group: Triton blocks are powers of two and
+the decode row tiles (``mgpu_config.decode_config``) are multiples of 16. Pallas' Triton backend,
+not Mosaic GPU: Mosaic GPU's layouts reduce rows of 64-row register tiles, and a decode step
+has 1-64 rows (padding them to 64 would be one more launch). jax 0.12 deprecates the Triton
+backend; where it is gone ``supports`` says so and ``fp8_matmul`` quantizes with XLA again.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+try:  # deprecated in jax 0.12 (removal announced, no date): without it, XLA quantizes
+    from jax.experimental.pallas import triton as pltriton
+except ImportError:  # pragma: no cover - a jax without the Pallas Triton backend
+    pltriton = None
+
+from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_dtype, fp8_max
+
+ROWS = 16
+GROUP = 128
+
+
+def _div(a: jax.Array, b: jax.Array, interpret: bool) -> jax.Array:
+    """IEEE round-to-nearest ``a / b`` in f32 (the CPU's division in interpret mode)."""
+    if interpret:
+        return a / b
+    (out,) = pltriton.elementwise_inline_asm(
+        "div.rn.f32 $0, $1, $2;",
+        args=[a, b],
+        constraints="=r,r,r",
+        pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)],
+    )
+    return out
+
+
+def _kernel(x_ref, q_ref, s_ref, *, dtype, interpret: bool):
+    x = x_ref[...].astype(jnp.float32)  # [ROWS, GROUP]
+    den = jnp.maximum(jnp.max(jnp.abs(x), axis=1), SCALE_TINY)
+    fmax = jnp.full(den.shape, fp8_max(dtype), jnp.float32)
+    inv = _div(fmax, den, interpret)
+    q_ref[...] = jnp.clip(x * inv[:, None], -fmax[:, None], fmax[:, None]).astype(dtype)
+    s_ref[...] = _div(den, fmax, interpret)[None, :]
+
+
+def supports(x_shape: tuple[int, ...], rows: int, group_size: int = GROUP) -> str | None:
+    """None if the kernel takes ``x [M, K]`` padded to ``rows``, else why not."""
+    if pltriton is None:
+        return "this jax has no Pallas Triton backend"
+    if len(x_shape) != 2:
+        return f"x must be [M, K], got shape {x_shape}"
+    m, k = x_shape
+    if group_size != GROUP:
+        return f"group_size must be {GROUP}, got {group_size}"
+    if k % GROUP or k == 0:
+        return f"K={k} must be a positive multiple of {GROUP}"
+    if rows % ROWS or rows < m or m < 1:
+        return f"rows={rows} must be a multiple of {ROWS} and >= M={m} >= 1"
+    return None
+
+
+@functools.partial(jax.jit, static_argnames=("rows", "group_size", "dtype", "interpret"))
+def quantize_activations_triton(
+    x_MK: jax.Array,
+    group_size: int = GROUP,
+    dtype=jnp.float8_e4m3fn,
+    *,
+    rows: int | None = None,
+    interpret: bool = False,
+) -> QArray:
+    """``quantize_activations(x_MK, group_size, dtype)`` with ``rows - M`` zero rows appended
+    (``rows``: M rounded up to 16 by default), as one GPU kernel (module docstring).
+
+    ``x_MK``: BF16, F16 or F32 ``[M, K]``; returns a QArray ``[rows, K]`` (the padded rows have
+    zero values and the smallest scale).
+    """
+    m, k = x_MK.shape if x_MK.ndim == 2 else (0, 0)
+    rows = rows if rows is not None else -(-m // ROWS) * ROWS
+    if (reason := supports(x_MK.shape, rows, group_size)) is not None:
+        raise ValueError(f"quantize_activations_triton: {reason}")
+    dtype = fp8_dtype(dtype)
+    x_pad = x_MK if rows == m else jnp.pad(x_MK, ((0, rows - m), (0, 0)))
+    groups = k // GROUP
+    values, scales_GR = pl.pallas_call(
+        functools.partial(_kernel, dtype=dtype, interpret=interpret),
+        grid=(rows // ROWS, groups),
+        in_specs=[pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g))],
+        out_specs=[
+            pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g)),
+            pl.BlockSpec((1, ROWS), lambda i, g: (g, i)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((rows, k), dtype),
+            jax.ShapeDtypeStruct((groups, rows), jnp.float32),
+        ],
+        interpret=interpret,
+        compiler_params=None if interpret else pltriton.CompilerParams(num_warps=4, num_stages=1),
+        name="quantize_activations_triton",
+    )(x_pad)
+    return QArray(values, scales_GR.T, (GROUP,), jnp.dtype(x_MK.dtype))
