@@ -105,57 +105,50 @@ def snake_band(cfg: MgpuConfig, m_pad: int, k: int) -> int:
     return max(1, min(m_pad // rows, _L2_BAND_BYTES // (rows * k)))
 
 
-def default_split_k(ctas: int, k_steps: int, block_m: int = 16) -> int:
-    """K chunks for a decode grid of ``ctas`` CTAs (one per SM: 255 registers x 256 threads, or
-    168 x 384 for 128-row tiles; ``decode_config`` picks the tile): the largest
-    power of two with ``ctas · split <= 132`` (one wave) that leaves each chunk >= 4 K steps on
-    a grid of <= a quarter of the SMs, else >= 16 (<= 32-row x tiles) or >= 32 (64-row x tiles,
-    re-read per chunk). The performance model (``perf_model.gpu``, H100) finds no better split
-    in 1-8 at the decode shapes of ``perf_model.md`` and ``fp8_matmul/aot_cases.py`` but for
-    3-5% at three (Llama-3-70B q|k|v fused at M = 32-64, 160 CTAs: split 2 past one wave;
-    Qwen3-30B-A3B k/v_proj, 8 CTAs: split 8 of 16 K steps). Against the earlier rule (half the
-    SMs, >= 8 steps per chunk) it predicts: Qwen3-8B
-    o_proj (64 CTAs) split 2, 1.10x; down_proj (64 CTAs, 96 K steps) split 2, 1.16x; k/v_proj
-    (16 CTAs) split 8, 1.10x over the earlier rule (half the SMs, >= 8 steps per chunk); at
-    M = 64 o_proj stays unsplit (the f32 partials' XLA sum and the x re-reads cost more than
-    the SMs gained). The on-device autotuner (``kernels_pallas.autotune``) times split 1-8 x
-    64/128 rows."""
-    min_steps = 4 if ctas <= NUM_SMS // 4 else 16 if block_m <= 32 else 32
+# Decode grids split K until this many compute warpgroups run (a little over half the SMs' worth
+# of two-warpgroup CTAs): the performance model finds the f32 partials' XLA sum (serial, one
+# more pass over the output) costs more than further SMs gain past it.
+_DECODE_WGS = 160
+_DECODE_MIN_STEPS = 4  # K steps per chunk (the pipeline fill is paid per chunk)
+
+
+def decode_split_k(ctas: int, k_steps: int, wgs_per_cta: int = 2) -> int:
+    """K chunks for a decode grid of ``ctas`` CTAs: the largest power of two dividing the K
+    steps with ``ctas · wgs_per_cta · split <= 160`` and >= 4 K steps per chunk."""
     split = 1
-    while ctas * split * 2 <= NUM_SMS and k_steps % (split * 2) == 0 and \
-            k_steps // (split * 2) >= min_steps:  # fmt: skip
+    while ctas * wgs_per_cta * split * 2 <= _DECODE_WGS and k_steps % (split * 2) == 0 and \
+            k_steps // (split * 2) >= _DECODE_MIN_STEPS:  # fmt: skip
         split *= 2
     return split
 
 
 def decode_config(m: int, n: int, k: int) -> MgpuConfig:
     """The swap-AB tile for M <= 64 (M rounded up to 16): 128 weight rows per CTA (two compute
-    warpgroups, each its own wgmma chain, half the x re-reads of 64-row tiles) where N % 128 == 0
-    and its grid, split by ``default_split_k``, has as many CTAs as the 64-row one's without
-    adding a split-K sum the 64-row grid does not need, or the 64-row grid would run past one
-    wave; else 64 rows. The performance model (``perf_model.md``, BF16 x, from the profiled SASS
-    of both tiles) predicts, against 64-row tiles everywhere: Llama-3-70B q|k|v fused at M = 64
-    (160 64-row CTAs: two waves) 1.60x -> 1.98x BF16 on H100 (1.13x -> 1.91x on H200); Qwen3-8B
-    o_proj M = 16 1.39x -> 1.44x; H200 gate+up fused M = 64 1.52x -> 1.82x; no shape slower.
-    Over the decode shapes of ``aot_cases.py`` at M = 16/32/64 the rule's pick is within 0.7%
-    of the model's best of 64/128 rows x split 1-16 on average, 9% at worst (N = 512)."""
+    warpgroups, each its own wgmma chain, half the x re-reads of 64-row tiles) with K split by
+    ``decode_split_k``; 64 rows where N % 128 != 0, or where 128 rows leave an unsplit grid of
+    under half the SMs that 64 rows fill within one wave (Qwen3-8B q|k|v fused: 96 CTAs, not 48).
+    The performance model (``perf_model.md``: H100, BF16 x, the profiled SASS of both tiles, the
+    split-K sum and the output transpose as a serial XLA fusion) puts this rule's pick within
+    0.4% of its best of 64/128 rows x split 1-16 on average over 19 decode shapes at M =
+    16/32/64 (``aot_cases.py``, ``perf_model.gpu``), 7% at worst (Qwen3-30B-A3B k/v_proj, N =
+    512: split 8 would leave 2-step chunks); against 64-row tiles with the earlier split rule
+    (one wave, >= 16-32 steps per chunk) it predicts Llama-3-70B q|k|v fused M = 64 1.52x ->
+    1.87x BF16, Qwen3-8B o_proj M = 64 1.03x -> 1.14x, Qwen3-30B-A3B q_proj 0.81x -> 0.92x, no
+    shape more than 3% slower. The on-device autotuner (``kernels_pallas.autotune``) times
+    split 1-8 x 64/128 rows."""
     rows = -(-m // 16) * 16
+    steps = k // GROUP
 
     def tile(block_n: int) -> MgpuConfig:
-        split = default_split_k(n // block_n, k // GROUP, rows)
+        split = decode_split_k(n // block_n, steps, 2 if block_n == 128 else 1)
         return MgpuConfig(block_m=rows, block_n=block_n, swap_ab=True, split_k=split)
 
-    narrow = tile(64)
     if n % 128:
-        return narrow
+        return tile(64)
     wide = tile(128)
-    grid = lambda c: n // c.block_n * c.split_k  # noqa: E731
-    if grid(narrow) > NUM_SMS:  # 64-row tiles past one wave
-        return wide
-    # equal grids, unless the 128-row tiles need a split-K sum the 64-row ones do not
-    return (
-        wide if grid(wide) >= grid(narrow) and (narrow.split_k > 1 or wide.split_k == 1) else narrow
-    )
+    if wide.split_k == 1 and n // 128 < NUM_SMS // 2 and n // 64 <= NUM_SMS:
+        return tile(64)
+    return wide
 
 
 def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2):

@@ -104,37 +104,39 @@ def test_persistent_is_off_by_default_and_a_tuning_candidate(m, n, k):
 
 
 @pytest.mark.parametrize(
-    "ctas,k_steps,block_m,split",
+    "ctas,k_steps,wgs,split",
     [
-        (64, 32, 16, 2),  # Qwen3-8B o_proj decode: 128 CTAs, chunks of 16 steps
-        (64, 32, 64, 1),  # ... at M = 64 a chunk would be 16 < 32 steps of a 64-row x tile
-        (64, 96, 64, 2),  # down_proj at M = 64: chunks of 48
-        (16, 32, 16, 8),  # k/v_proj: a small grid splits down to 4-step chunks
-        (8, 16, 16, 4),  # Qwen3-30B-A3B k/v_proj: 8 x 8 would leave 2-step chunks
-        (96, 32, 16, 1),  # q|k|v fused: 192 CTAs would be past one wave
-        (132, 64, 16, 1),
+        (32, 32, 2, 2),  # Qwen3-8B o_proj, 128-row tiles: 64 x 2 = 128 warpgroups (256 > 160)
+        (32, 96, 2, 2),  # down_proj
+        (8, 32, 2, 8),  # k/v_proj: a small grid splits down to 4-step chunks
+        (4, 16, 2, 4),  # Qwen3-30B-A3B k/v_proj: 8 would leave 2-step chunks
+        (40, 16, 2, 2),  # Qwen3-30B-A3B q|k|v fused: 160 warpgroups
+        (48, 32, 2, 1),  # Qwen3-8B q|k|v fused: 192 would be past the cap
+        (65, 32, 1, 2),  # 64-row tiles (N % 128): one warpgroup per CTA
+        (8, 12, 2, 2),  # 12 K steps: 4 does not divide them
+        (8, 8, 2, 2),  # 8 K steps: 4 would leave 2-step chunks
     ],
 )
-def test_default_split_k_fills_one_wave_and_keeps_chunks_long(ctas, k_steps, block_m, split):
-    assert mgpu.default_split_k(ctas, k_steps, block_m) == split
+def test_decode_split_k_caps_warpgroups_and_keeps_chunks_long(ctas, k_steps, wgs, split):
+    assert mgpu.decode_split_k(ctas, k_steps, wgs) == split
 
 
 @pytest.mark.parametrize(
     "m,n,k,tile",
     [  # (M, N, K) -> (block_m, block_n, split_k) of the swap-AB decode tile (decode_config)
-        (16, 4096, 4096, (16, 128, 4)),  # Qwen3-8B o_proj: 32 x 4 CTAs = 64 x 2
-        (64, 4096, 4096, (64, 64, 1)),  # 32 x 4 = 128 CTAs, but a split-K sum 64 x 1 needs not
-        (64, 4096, 12288, (64, 128, 4)),  # down_proj: 32 x 4 = 64 x 2 (both split)
-        (64, 6144, 4096, (64, 64, 1)),  # q|k|v fused: 48 x 1 < 96 x 1 (no split needed)
-        (16, 6144, 4096, (16, 64, 1)),  # ... at M = 16: 48 x 2 = 96 x 1, no split needed
-        (64, 10240, 8192, (64, 128, 1)),  # Llama-3-70B q|k|v fused: 160 64-row CTAs > 132
-        (16, 24576, 4096, (16, 128, 1)),  # gate|up fused: 384 -> 192 CTAs
-        (16, 512, 2048, (16, 64, 4)),  # Qwen3-30B-A3B k/v_proj: 8 x 4 > 4 x 4
+        (16, 4096, 4096, (16, 128, 2)),  # Qwen3-8B o_proj: 32 CTAs x 2
+        (64, 4096, 4096, (64, 128, 2)),
+        (64, 4096, 12288, (64, 128, 2)),  # down_proj
+        (64, 6144, 4096, (64, 64, 1)),  # q|k|v fused: 48 unsplit 128-row CTAs; 96 of 64 rows
+        (64, 10240, 8192, (64, 128, 1)),  # Llama-3-70B q|k|v fused: 80 CTAs
+        (16, 8192, 8192, (16, 64, 1)),  # Llama-3-70B o_proj: 64 unsplit CTAs -> 128 of 64 rows
+        (16, 24576, 4096, (16, 128, 1)),  # gate+up fused: 192 CTAs
+        (16, 512, 2048, (16, 128, 4)),  # Qwen3-30B-A3B k/v_proj: 4 CTAs x 4 (4-step chunks)
         (16, 4160, 4096, (16, 64, 2)),  # N % 128: 64-row tiles only (65 CTAs x 2)
-        (5, 4096, 4096, (16, 128, 4)),  # M rounded up to 16
+        (5, 4096, 4096, (16, 128, 2)),  # M rounded up to 16
     ],
 )
-def test_decode_config_prefers_two_warpgroup_tiles_on_equal_grids(m, n, k, tile):
+def test_decode_config_prefers_two_warpgroup_tiles(m, n, k, tile):
     cfg = mgpu.default_config(m, n, k)
     assert cfg == mgpu.decode_config(m, n, k)
     assert (cfg.block_m, cfg.block_n, cfg.split_k) == tile and cfg.swap_ab

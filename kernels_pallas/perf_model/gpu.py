@@ -172,8 +172,8 @@ def bf16_gemm_s(chip: str, m: int, n: int, k: int) -> float:
 
 
 def quantize_s(chip: str, m: int, k: int) -> float:
-    """The XLA per-token 1x128 quantization as its own fusion: read BF16, write FP8 + scales
-    (upper bound: fused into its producer it saves the BF16 write instead)."""
+    """Per-token 1x128 quantization as one launch (``act_quantize`` up to 256 rows, an XLA
+    fusion above): read BF16, write FP8 + scales."""
     nbytes = m * k * 3 + m * (k // 128) * 4
     return nbytes / (CHIPS[chip].hbm_bytes_per_s * QUANT_BW_EFF) + LAUNCH_S
 
@@ -198,8 +198,13 @@ def _nearest_profile(name: str, profs: dict) -> dict:
     return profs[cands[-1]]
 
 
-def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=None):
-    """(seconds, terms, variant) of the Hopper fp8_matmul kernel alone at this config."""
+def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=None,
+                  epilogue_launch: bool = True):  # fmt: skip
+    """(kernel seconds, epilogue seconds, terms, variant) of the Hopper fp8_matmul kernel at
+    this config. The epilogue is the XLA fusion after a swap-AB kernel (yᵀ transposed back,
+    split-K partials summed), serial after it: the partials' bytes always, its launch unless
+    ``epilogue_launch=False`` (in a program XLA fuses it into the consumer, the residual add or
+    SiLU product, which the BF16 program runs too)."""
     profs = profs or load_profiles()
     name = _variant_name(cfg, fused)
     split_name = f"{name}_k{getattr(cfg, 'split_k', 1)}"
@@ -220,19 +225,23 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     cl = getattr(cfg, "cluster_m", 1)  # M is padded to whole clusters
     ctas = math.ceil(m / (cfg.block_m * cl)) * cl * (n // cfg.block_n) * split
     t, terms = grid_time(chip, loop, prof, ctas, k // 128 // split, cfg.persistent)
+    epilogue = LAUNCH_S if cfg.swap_ab and epilogue_launch else 0.0
     if split > 1:  # the XLA sum of the f32 partials [split, N, M_pad]
         m_pad = math.ceil(m / cfg.block_m) * cfg.block_m
-        t += (split + 1) * n * m_pad * 4 / CHIPS[chip].hbm_bytes_per_s + LAUNCH_S
+        epilogue += (split + 1) * n * m_pad * 4 / CHIPS[chip].hbm_bytes_per_s
         name += f" split_k={split}"
-    return t, dict(terms, registers=prof["registers"], smem_alloc=prof["smem_bytes"]), name
+    terms = dict(terms, registers=prof["registers"], smem_alloc=prof["smem_bytes"])
+    return t, epilogue, terms, name
 
 
 def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: str = "default",
-                   label: str = "", split_k: int | None = None,
-                   config=None) -> Prediction:  # fmt: skip
-    """fp8_matmul on a Hopper GPU. ``x``: how activations arrive ("bf16" pays quantization).
-    ``mode``: "default" (what ``api.fp8_matmul`` dispatches today), "fused" (in-kernel
-    quantization), "qarray" (quantize once, then the QArray kernel)."""
+                   label: str = "", split_k: int | None = None, config=None,
+                   in_program: bool = False) -> Prediction:  # fmt: skip
+    """fp8_matmul on a Hopper GPU. ``x``: how activations arrive ("bf16" pays quantization:
+    the one-launch ``act_quantize`` kernel up to 256 rows, XLA's fusion above). ``mode``:
+    "default" (what ``api.fp8_matmul`` dispatches today), "fused" (in-kernel quantization),
+    "qarray" (quantize once, then the QArray kernel). ``in_program``: inside a program whose
+    launches are counted (``gpu_rollout``), so no launch for the output's epilogue fusion."""
     from kernels_pallas.fp8_matmul import api
     from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 
@@ -243,15 +252,16 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
     cfg = config or mgpu.default_config(m, n, k, fused=fused)
     if split_k is not None and cfg.swap_ab:
         cfg = dataclasses.replace(cfg, split_k=split_k)
-    t, terms, name = matmul_kernel(chip, m, n, k, cfg, fused)
-    extra = quantize_s(chip, m, k) if (x == "bf16" and not fused) else 0.0
+    t, epilogue, terms, name = matmul_kernel(chip, m, n, k, cfg, fused,
+                                             epilogue_launch=not in_program)  # fmt: skip
+    quant = quantize_s(chip, m, k) if (x == "bf16" and not fused) else 0.0
     out_b = 2
     hbm = (m * k * (2 if fused else 1) + n * k + m * n * out_b + (n // 128) * (k // 128) * 4
            + (0 if fused else m * (k // 128) * 4))  # fmt: skip
-    impl = name + (" + XLA quantize" if extra else "")
+    impl = name + ("" if not quant else " + quantize kernel" if m <= 256 else " + XLA quantize")
     base = f"XLA BF16 jnp.dot ({BF16_GEMM_EFF:.0%} of peak / {BF16_GEMM_BW_EFF:.0%} of HBM)"
     return finish("fp8_matmul", label or f"M={m} N={n} K={k}", chip, impl, t, terms, hbm,
-                   2 * m * n * k, base, bf16_gemm_s(chip, m, n, k), extra)  # fmt: skip
+                   2 * m * n * k, base, bf16_gemm_s(chip, m, n, k), quant + epilogue)  # fmt: skip
 
 
 # --- decode / paged attention ---------------------------------------------------------------
@@ -264,8 +274,9 @@ def bf16_attention_s(chip: str, b: int, s: int, n_kv: int, d: int) -> float:
 
 def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: int,
                       cache: str = "fp8", *, splits: int | None = None,
-                      label: str = "") -> Prediction:  # fmt: skip
-    """Decode attention (dense, or paged with 64-slot pages) over full rows of ``s`` slots."""
+                      label: str = "", in_program: bool = False) -> Prediction:  # fmt: skip
+    """Decode attention (dense, or paged with 64-slot pages) over full rows of ``s`` slots;
+    ``in_program``: the chunks' XLA combine is a launch the program's count holds."""
     import jax
     import jax.numpy as jnp
 
@@ -294,7 +305,7 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
     t, terms = grid_time(chip, loop, prof, n_kv * b * splits, steps)
     terms = dict(terms, splits=splits, registers=prof["registers"], smem_alloc=prof["smem_bytes"])
     extra = 0.0 if splits == 1 else b * h * d * 4 * splits * 2 / CHIPS[chip].hbm_bytes_per_s
-    extra += LAUNCH_S if splits > 1 else 0.0  # the XLA combine of the chunks
+    extra += LAUNCH_S if splits > 1 and not in_program else 0.0  # the XLA combine of chunks
     nbytes = 2 * b * s * n_kv * d * kv_b
     base = f"BF16-cache decode attention ({BF16_ATTN_BW_EFF:.0%} of HBM)"
     impl = f"{name} J={splits}"

@@ -1,29 +1,35 @@
 """Rollout decode throughput, W8A8 + FP8 KV against BF16, from the per-kernel predictions.
 
 Issue 21's last target: a Qwen3-8B-shaped rollout with 4K-token responses at >= 1.4x the BF16
-tokens/s. One decode step of ``B`` rows runs, per layer, the kernels the engine launches:
+tokens/s. One decode step of ``B`` rows runs, per layer, the kernels the compiled programs
+launch (``hlo_launches``: counted in the H100 decode loops, ``rollout_launches.json``):
 
-  FP8 rollout (``fp8rl_jax.models.fused``): q|k|v as one GEMM, paged decode attention on the FP8
-      cache, o_proj, gate+up as one GEMM, down_proj: ``gpu.predict_matmul`` (BF16 x: each GEMM
-      pays its XLA quantization fusion) and ``gpu.predict_attention``;
-  BF16 rollout: q, k, v, o, gate, up, down as seven BF16 GEMMs (``gpu.bf16_gemm_s``) and
-      BF16-cache decode attention (``gpu.bf16_attention_s``);
+  FP8 rollout (``fp8rl_jax.models.fused``): q|k|v as one GEMM, decode attention on the FP8
+      cache, o_proj, gate+up as one GEMM, down_proj (``gpu.predict_matmul``: BF16 x, each
+      GEMM's input quantized by its own ``act_quantize`` launch; ``gpu.predict_attention``);
+  BF16 rollout: q|k|v as one GEMM (XLA fuses the three dots: the count says so), o, gate, up
+      and down as BF16 GEMMs (``gpu.bf16_gemm_s``), BF16-cache decode attention
+      (``gpu.bf16_attention_s``);
 
-plus, for both, the same ``OTHER_LAUNCHES`` small XLA fusions per layer (norms, RoPE, residual
-adds, the cache write: launch-bound at decode sizes) and, per step, the BF16 LM head GEMM over
-the vocabulary and sampling (``OTHER_LAUNCHES`` more). The context is the mean over a response:
-``prompt + response / 2`` slots. Prefill is left out (a 4K-token response is decode-bound: 4,096
-launches of every kernel against one prefill). tokens/s = B / step time. The table gives the
-KV cache at full length too: from B = 128 the BF16 cache (108 GiB) no longer fits one H100, the
-FP8 one (54 GiB) does, so there FP8's gain is also the batch BF16 cannot hold (not counted).
-Predicted, never measured: the per-kernel assumptions of ``gpu.py`` all carry over.
+plus each program's own count of other XLA fusions per layer (norms, RoPE, residual adds, the
+cache write, the swap-AB GEMM outputs' transposes and split-K sums, which XLA fuses into their
+consumers, and the attention chunks' combine), at ``gpu.LAUNCH_S`` each: launch-bound at decode
+sizes. Per step, for both: the BF16 LM head GEMM over the vocabulary and the step's other
+fusions (sampling, stop checks). The context is the mean over a response: ``prompt + response /
+2`` slots. Prefill is left out (a 4K-token response is decode-bound: 4,096 launches of every
+kernel against one prefill). tokens/s = B / step time. The table gives the KV cache at full
+length too: from B = 128 the BF16 cache (108 GiB) no longer fits one H100, the FP8 one (54 GiB)
+does, so there FP8's gain is also the batch BF16 cannot hold (not counted). Predicted, never
+measured: the per-kernel assumptions of ``gpu.py`` all carry over; the launch counts are the
+static engine's (the paged engine runs the same model code per layer; its attention kernel
+and cache write differ).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from kernels_pallas.perf_model import gpu
+from kernels_pallas.perf_model import gpu, hlo_launches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +45,6 @@ class DenseModel:
 
 
 QWEN3_8B = DenseModel("Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936)
-OTHER_LAUNCHES = 6  # per layer, both precisions: 2 RMSNorms, QK-norm + RoPE, 2 adds, cache write
 PROMPT, RESPONSE = 2048, 4096  # tokens (the issue's 4K-token responses)
 BATCHES = (16, 64, 128, 256)  # decode rows per GPU
 
@@ -68,37 +73,51 @@ class StepPrediction:
                     bf16_tokens_per_s=self.batch / self.bf16_s)  # fmt: skip
 
 
+def _counts(precision: str, batch: int) -> hlo_launches.Launches:
+    """The measured launches of the batch size measured nearest below ``batch`` (or above)."""
+    by_b = hlo_launches.load()[precision]
+    sizes = sorted(int(b) for b in by_b)
+    return by_b[str(max([b for b in sizes if b <= batch] or sizes[:1]))]
+
+
 def decode_step(chip: str, cfg: DenseModel, batch: int, context: int) -> StepPrediction:
     """One decode step of ``batch`` rows at ``context`` slots, FP8 and BF16 (module docstring)."""
     d, c = cfg.hidden, cfg.head_dim
     q_n, kv_n = cfg.heads * c, cfg.kv_heads * c
+    fp8_n, bf16_n = _counts("fp8", batch), _counts("bf16", batch)
+    # the kernels modelled one by one must be the ones the programs launch
+    assert (fp8_n.per_layer["mosaic"], fp8_n.per_layer["triton"]) == (5, 4), fp8_n
+    assert (bf16_n.per_layer["xla_gemm"], bf16_n.per_layer["mosaic"]) == (5, 1), bf16_n
 
     def mm(n, k):
-        return gpu.predict_matmul(chip, batch, n, k, "bf16").time_s
+        return gpu.predict_matmul(chip, batch, n, k, "bf16", in_program=True).time_s
 
-    other = OTHER_LAUNCHES * gpu.LAUNCH_S
     attn = gpu.predict_attention(chip, "paged_attention", batch, context, cfg.heads,
-                                 cfg.kv_heads, c)  # fmt: skip
+                                 cfg.kv_heads, c, in_program=True)  # fmt: skip
     fp8 = {
         "q|k|v fused": mm(q_n + 2 * kv_n, d),
         "attention (FP8 cache)": attn.time_s,
         "o_proj": mm(d, q_n),
         "gate+up fused": mm(2 * cfg.ffn, d),
         "down_proj": mm(d, cfg.ffn),
-        "other fusions": other,
+        f"{fp8_n.per_layer['xla']} other fusions": fp8_n.per_layer["xla"] * gpu.LAUNCH_S,
     }
     bf = lambda n, k: gpu.bf16_gemm_s(chip, batch, n, k)  # noqa: E731
     bf16 = {
-        "q, k, v": bf(q_n, d) + 2 * bf(kv_n, d),
+        "q|k|v (XLA fuses the dots)": bf(q_n + 2 * kv_n, d),
         "attention (BF16 cache)": gpu.bf16_attention_s(chip, batch, context, cfg.kv_heads, c),
         "o_proj": bf(d, q_n),
         "gate, up": 2 * bf(cfg.ffn, d),
         "down_proj": bf(d, cfg.ffn),
-        "other fusions": other,
+        f"{bf16_n.per_layer['xla']} other fusions": bf16_n.per_layer["xla"] * gpu.LAUNCH_S,
     }
-    head = bf(cfg.vocab, d) + OTHER_LAUNCHES * gpu.LAUNCH_S  # LM head + sampling, both
-    fp8_parts = {k: v * cfg.layers for k, v in fp8.items()} | {"LM head + sampling": head}
-    bf16_parts = {k: v * cfg.layers for k, v in bf16.items()} | {"LM head + sampling": head}
+    head = bf(cfg.vocab, d)  # the LM head, both
+    fp8_parts = {k: v * cfg.layers for k, v in fp8.items()} | {
+        f"LM head + {fp8_n.per_step['xla']} fusions": head + fp8_n.per_step["xla"] * gpu.LAUNCH_S
+    }
+    bf16_parts = {k: v * cfg.layers for k, v in bf16.items()} | {
+        f"LM head + {bf16_n.per_step['xla']} fusions": head + bf16_n.per_step["xla"] * gpu.LAUNCH_S
+    }
     kv = 2 * cfg.layers * batch * (PROMPT + RESPONSE) * kv_n / 2**30  # bytes per element: 1
     return StepPrediction(cfg.name, chip, batch, context, sum(fp8_parts.values()),
                           sum(bf16_parts.values()), fp8_parts, bf16_parts, kv, 2 * kv)  # fmt: skip

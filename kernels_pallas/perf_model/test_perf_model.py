@@ -73,19 +73,28 @@ def test_grouped_bf16_against_the_dense_ragged_dot_baseline():
 
 
 def test_rollout_step_sums_its_kernels():
-    """The decode step is the per-layer kernels x layers + the LM head; BF16 runs q, k, v as
-    three GEMMs, FP8 one fused GEMM; the KV cache at full length is hand-computed (B = 64:
-    2 x 36 layers x 64 rows x 6,144 slots x 8 heads x 128 B = 27 GiB FP8)."""
+    """The decode step is the per-layer kernels x layers + the LM head, with each program's
+    measured count of other launches; both run q|k|v as one GEMM (XLA fuses BF16's three dots);
+    inside the program a swap-AB GEMM's epilogue is fused into its consumer (no launch of its
+    own). The KV cache at full length is hand-computed (B = 64: 2 x 36 layers x 64 rows x 6,144
+    slots x 8 heads x 128 B = 27 GiB FP8)."""
     from kernels_pallas.perf_model import gpu_rollout as r
+    from kernels_pallas.perf_model import hlo_launches
 
     cfg = r.QWEN3_8B
     p = r.decode_step("h100", cfg, 64, 4096)
     assert p.fp8_s == pytest.approx(sum(p.fp8_parts.values()))
     assert p.bf16_s == pytest.approx(sum(p.bf16_parts.values()))
-    qkv = gpu.bf16_gemm_s("h100", 64, 4096, 4096) + 2 * gpu.bf16_gemm_s("h100", 64, 1024, 4096)
-    assert p.bf16_parts["q, k, v"] == pytest.approx(36 * qkv)
-    fused = gpu.predict_matmul("h100", 64, 6144, 4096, "bf16").time_s
-    assert p.fp8_parts["q|k|v fused"] == pytest.approx(36 * fused)
+    n = hlo_launches.load()
+    other_fp8, other_bf16 = n["fp8"]["64"].per_layer["xla"], n["bf16"]["64"].per_layer["xla"]
+    assert p.fp8_parts[f"{other_fp8} other fusions"] == pytest.approx(36 * other_fp8 * 2e-6)
+    assert p.bf16_parts[f"{other_bf16} other fusions"] == pytest.approx(36 * other_bf16 * 2e-6)
+    qkv = gpu.bf16_gemm_s("h100", 64, 6144, 4096)
+    assert p.bf16_parts["q|k|v (XLA fuses the dots)"] == pytest.approx(36 * qkv)
+    alone = gpu.predict_matmul("h100", 64, 6144, 4096, "bf16")
+    fused = gpu.predict_matmul("h100", 64, 6144, 4096, "bf16", in_program=True)
+    assert alone.time_s - fused.time_s == pytest.approx(gpu.LAUNCH_S)  # the transpose fusion
+    assert p.fp8_parts["q|k|v fused"] == pytest.approx(36 * fused.time_s)
     assert p.kv_fp8_gib == pytest.approx(2 * 36 * 64 * 6144 * 8 * 128 / 2**30)
     assert p.kv_bf16_gib == 2 * p.kv_fp8_gib
     # the KV read dominates a 4K-context step: FP8 halves it, so the step ratio tends to ~2
