@@ -123,13 +123,14 @@ def targets(preds: list[Prediction]) -> list[str]:
         "GEMMs the FP8 rollout runs: q|k|v and gate+up fused (one GEMM each, its BF16 baseline "
         "the BF16 GEMM of the same fused shape), o_proj, down_proj; the separate k|v_proj and "
         "gate|up rows are judged on their own in the 'every listed shape' lines.",
-        verdict("H100 fp8_matmul >= 1.5x BF16 jnp.dot at M = 4096 (BF16 x, quantize fusion "
+        verdict("H100 fp8_matmul >= 1.5x BF16 jnp.dot at M = 4096 (BF16 x, quantization "
                 "included)", big, lambda p: p.ratio >= 1.5, lambda p: p.ratio),
         verdict("  every listed shape, separate k|v_proj and gate|up included", big_all,
                 lambda p: p.ratio >= 1.5, lambda p: p.ratio),
         verdict("  same, x arriving FP8 (quantization fused into its producer)", big_pre,
                 lambda p: p.ratio >= 1.5, lambda p: p.ratio),
-        verdict("H100 fp8_matmul >= 1.6x BF16 at M <= 64 (BF16 x)", small,
+        verdict("H100 fp8_matmul >= 1.6x BF16 at M <= 64 (BF16 x; standalone: quantize, "
+                "GEMM, output fusion)", small,
                 lambda p: p.ratio >= 1.6, lambda p: p.ratio),
         verdict("  every listed shape, separate k|v_proj and gate|up included", small_all,
                 lambda p: p.ratio >= 1.6, lambda p: p.ratio),
