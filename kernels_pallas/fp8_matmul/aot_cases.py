@@ -113,6 +113,7 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "bf16", _F32, 4096, 12288, 4096, _G(128, 128, 3)),  # 226 KiB
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 32, _G(32, 128, 4, True)),  # 2 WGs
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 5, _G(8, 64, 4, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 5, _G(8, 128, 4, True)),  # y tiles
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 48, _G(48, 64, 6, True)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _G(16, 64, 6, True)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(64, 64, 6)),  # deepest

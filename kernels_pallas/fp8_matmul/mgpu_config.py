@@ -127,15 +127,16 @@ def decode_config(m: int, n: int, k: int) -> MgpuConfig:
     warpgroups, each its own wgmma chain, half the x re-reads of 64-row tiles) with K split by
     ``decode_split_k``; 64 rows where N % 128 != 0, or where 128 rows leave an unsplit grid of
     under half the SMs that 64 rows fill within one wave (Qwen3-8B q|k|v fused: 96 CTAs, not 48).
-    The performance model (``perf_model.md``: H100, BF16 x, the profiled SASS of both tiles, the
-    split-K sum and the output transpose as a serial XLA fusion) puts this rule's pick within
-    0.4% of its best of 64/128 rows x split 1-16 on average over 19 decode shapes at M =
-    16/32/64 (``aot_cases.py``, ``perf_model.gpu``), 7% at worst (Qwen3-30B-A3B k/v_proj, N =
-    512: split 8 would leave 2-step chunks); against 64-row tiles with the earlier split rule
-    (one wave, >= 16-32 steps per chunk) it predicts Llama-3-70B q|k|v fused M = 64 1.52x ->
-    1.87x BF16, Qwen3-8B o_proj M = 64 1.03x -> 1.14x, Qwen3-30B-A3B q_proj 0.81x -> 0.92x, no
-    shape more than 3% slower. The on-device autotuner (``kernels_pallas.autotune``) times
-    split 1-8 x 64/128 rows."""
+    Chosen for GEMMs inside a program, where XLA fuses the split-K sum into the consumer (a
+    standalone call pays its launch too). The performance model (``perf_model.md``: H100, BF16
+    x, the profiled SASS of both tiles, in-program) puts this rule's pick within 0.6% of its best
+    of 64/128 rows x split 1-16 on average over 19 decode shapes at M = 16/32/64
+    (``aot_cases.py``, ``perf_model.gpu``), 9% at worst (Qwen3-30B-A3B k/v_proj, N = 512: split
+    8 would leave 2-step chunks); against 64-row tiles with the earlier split rule (one wave,
+    >= 16-32 steps per chunk) it predicts Llama-3-70B q|k|v fused M = 64 1.60x -> 1.98x BF16,
+    Qwen3-8B o_proj M = 64 1.19x -> 1.35x, gate|up M = 64 1.72x -> 1.87x, Qwen3-30B-A3B q_proj
+    M = 16 1.01x -> 1.17x, no shape more than 4% slower. The on-device autotuner
+    (``kernels_pallas.autotune``) times split 1-8 x 64/128 rows (standalone calls)."""
     rows = -(-m // 16) * 16
     steps = k // GROUP
 
@@ -203,12 +204,6 @@ def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize
         return f"K={k} must be a positive multiple of {GROUP}"
     if (k // GROUP) % cfg.split_k:
         return f"split_k={cfg.split_k} must divide the {k // GROUP} K steps"
-    out_row = cfg.block_m * (4 if cfg.split_k > 1 else out_itemsize)
-    if cfg.swap_ab and out_row % 32:
-        return (
-            f"swap_ab block_m={cfg.block_m} makes {out_row} B output rows; "
-            "the epilogue tile needs a multiple of 32 B (its smallest swizzle)"
-        )
     if n % cfg.block_n:
         return f"N={n} must be a multiple of block_n={cfg.block_n}"
     if m < 1:

@@ -15,8 +15,11 @@ the weight is stored ``[N, K]`` (the QArray weight convention, ``qarray.py``) an
     warpgroup), B = ``w_smem.T``;
   * ``swap_ab=True`` (decode, M <= 64): ``yᵀ[n, m] = w[n, :] · x[m, :]``, A = 64 weight rows per
     warpgroup, B = ``x_smem.T``: M becomes the wgmma N (8..64, a multiple of 8) instead of being
-    padded to 64 rows, and both operands stay K-major (tokamax sm90 swap-AB). The kernel writes
-    ``yᵀ [N, M_pad]`` and the wrapper transposes that small array.
+    padded to 64 rows, and both operands stay K-major (tokamax sm90 swap-AB). The epilogue
+    stores the yᵀ accumulator through a transposed SMEM view, so the kernel writes ``y [M_pad,
+    N]``: no transpose after it (one XLA launch fewer at decode, where launches decide). F32
+    tiles (F32 out, split-K partials) have no transposed store: those write ``yᵀ``, transposed
+    by the XLA fusion that sums the partials.
 
 Scales: ``s_x`` travels as ``[K/128, M_pad]`` f32 (one contiguous TMA row per K step); the weight
 scale is one f32 scalar per 128x128 block, read from ``s_w [N/128, K/128]`` in GMEM each step (a
@@ -183,7 +186,8 @@ def _k_step_wide(x_smem, w_smem, sx_ref, accs, sws, *, cfg: MgpuConfig, chain: b
 def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fused: bool, wdt,
             interpret: bool = False):  # fmt: skip
     """One CTA: one output tile over all K steps, or with ``cfg.persistent`` a loop over output
-    tiles (``_persistent_loop``). ``out`` is y [M_pad, N], or yᵀ when swapped."""
+    tiles (``_persistent_loop``). ``out`` is y [M_pad, N] or yᵀ (``_stores_y``), split-K
+    chunks stacked."""
     out_dtype = out_gmem.dtype
     bm, bn, swap, tm = cfg.block_m, cfg.block_n, cfg.swap_ab, _WGMMA_M
     a_blk, b_blk = (bn, bm) if swap else (bm, bn)  # rows of the A and B operand tiles
@@ -215,11 +219,17 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
     nwg, subs = cfg.num_compute_wgs, cfg.wg_subtiles
     wide = len(subs) > 1
     wg_m, sub_n = a_blk // nwg, _WIDE_SUB_N if wide else b_blk  # a WG's rows, a sub-tile's cols
+    # a swapped 16-bit tile is stored transposed (y, not yᵀ): its SMEM tile is [M rows, 64
+    # weight rows] (``_stores_y``); f32 partials stay yᵀ for the XLA sum that follows anyway
+    flip = swap and _stores_y(cfg, out_dtype)
+    out_tile = (sub_n, tm) if flip else (tm, sub_n)
     scratch = dict(
         pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(*gmem_in),
         out_smem=plgpu.SMEM(
-            (nwg, len(subs), tm, sub_n), out_dtype, transforms=_smem_transforms(out_dtype, sub_n)
-        ),
+            (nwg, len(subs), *out_tile),
+            out_dtype,
+            transforms=_smem_transforms(out_dtype, out_tile[1]),
+        ),  # fmt: skip
         xq_smem=plgpu.SMEM((nwg, tm, GROUP), wdt, transforms=_smem_transforms(wdt, GROUP))
         if fused
         else None,
@@ -237,15 +247,23 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
                 zero = lambda: plgpu.layout_cast(jnp.zeros((tm, sub_n), jnp.float32), _WGMMA)
                 accs = eval_pipeline(tuple(zero() for _ in subs) if wide else zero())
                 accs = accs if wide else (accs,)
-                rows = pl.ds(k_part * (out_gmem.shape[0] // cfg.split_k) + a_idx * a_blk, a_blk)
-                dst = out_gmem.at[rows, pl.ds(b_idx * b_blk, b_blk)]
+                # out rows and columns of this tile; a K chunk's partials below the last's
+                r_idx, c_idx, r_blk, c_blk = (b_idx, a_idx, b_blk, a_blk) if flip else \
+                    (a_idx, b_idx, a_blk, b_blk)  # fmt: skip
+                k_rows = out_gmem.shape[0] // cfg.split_k
+                dst = out_gmem.at[pl.ds(k_part * k_rows + r_idx * r_blk, r_blk),
+                                  pl.ds(c_idx * c_blk, c_blk)]  # fmt: skip
                 if cfg.persistent:  # the previous tile's TMA store must have read out_smem
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
                 for s, acc in enumerate(accs):
-                    out_smem[wg, s] = acc.astype(out_dtype)
+                    tile_ref = out_smem.at[wg, s].T if flip else out_smem.at[wg, s]
+                    tile_ref[...] = acc.astype(out_dtype)
                 plgpu.commit_smem()
                 for s, (r, c) in enumerate(subs):
-                    sub = dst.at[pl.ds(wg * wg_m + r, tm), pl.ds(c, sub_n)]
+                    if flip:  # this warpgroup's 64 weight rows are 64 columns of y
+                        sub = dst.at[:, pl.ds(wg * wg_m, tm)]
+                    else:
+                        sub = dst.at[pl.ds(wg * wg_m + r, tm), pl.ds(c, sub_n)]
                     plgpu.copy_smem_to_gmem(out_smem.at[wg, s], sub)
                 if not cfg.persistent:
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -315,6 +333,12 @@ def _check_weight(w_q: QArray) -> None:
         raise ValueError(f"fp8_matmul_mgpu: w_q must be rank 2 [N, K], got shape {w_q.shape}")
 
 
+def _stores_y(cfg: MgpuConfig, out_dtype) -> bool:
+    """Whether the kernel writes y [M_pad, N] (every config but a swap-AB one with F32 out or
+    split-K partials, which writes yᵀ: Mosaic GPU has no transposed store of 32-bit tiles)."""
+    return not cfg.swap_ab or (cfg.split_k == 1 and jnp.dtype(out_dtype).itemsize == 2)
+
+
 def _pad_rows(a: jax.Array, rows: int) -> jax.Array:
     return a if a.shape[0] == rows else jnp.pad(a, ((0, rows - a.shape[0]), (0, 0)))
 
@@ -327,14 +351,15 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
     split = cfg.split_k
     grid, names = (a_rows // a_blk // cfg.cluster_m, b_rows // b_blk), ("a", "b")
     cluster = dict(cluster=(cfg.cluster_m,), cluster_names=("c",)) if cfg.cluster_m > 1 else {}
-    if split > 1:  # K chunks: f32 partials [split · N, M_pad], summed below
+    if split > 1:  # K chunks: f32 partials [split · M_pad, N], summed below
         grid, names = (*grid, split), ("a", "b", "s")
     if cfg.persistent:  # never more CTAs than (cluster) tiles: every CTA loops at least once
         grid, names = (min(cfg.persistent // cfg.cluster_m, grid[0] * grid[1]),), ("p",)
+    rows, cols = (m_pad, n) if _stores_y(cfg, out_dtype) else (a_rows, b_rows)
     kern = plgpu.kernel(
         functools.partial(_kernel, cfg=cfg, fused=fused, wdt=w_q.values.dtype, interpret=interpret),
         out_type=jax.ShapeDtypeStruct(
-            (split * a_rows, b_rows), jnp.float32 if split > 1 else out_dtype
+            (split * rows, cols), jnp.float32 if split > 1 else out_dtype
         ),  # fmt: skip
         grid=grid,
         grid_names=names,
@@ -346,8 +371,8 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
     )
     y = kern(x, sx_t, w_q.values, w_q.scales)
     if split > 1:
-        y = y.reshape(split, a_rows, b_rows).sum(0).astype(out_dtype)
-    return y.T if cfg.swap_ab else y
+        y = y.reshape(split, rows, cols).sum(0).astype(out_dtype)
+    return y.T if cfg.swap_ab and not _stores_y(cfg, out_dtype) else y
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "interpret", "config"))

@@ -192,6 +192,30 @@ def test_mosaic_gpu_explicit_configs(cfg, m, n):
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
 
 
+@pytest.mark.parametrize(
+    "cfg,m",
+    [
+        (MgpuConfig(8, 128, 2, swap_ab=True), 5),  # 8 token rows, two warpgroups
+        (MgpuConfig(16, 64, 2, swap_ab=True), 16),
+        (MgpuConfig(64, 128, 2, swap_ab=True), 40),
+        (MgpuConfig(16, 128, 2, swap_ab=True, split_k=3), 9),  # partials: yᵀ, summed by XLA
+    ],
+)
+def test_mosaic_gpu_swap_tiles_write_y(cfg, m):
+    """Swap-AB tiles with 16-bit output store the yᵀ accumulator through a transposed SMEM view
+    and write y itself (no transpose after the kernel); each output element is its reference's
+    rounded to BF16 (within one BF16 step of the F32 reference)."""
+    x, w, _, _ = _operands(m, 384, 256, E4M3, seed=9)
+    w = w * jnp.repeat(10.0 ** jnp.arange(2), 128)[None, :]
+    xq, wq = quantize_activations(x, 128, E4M3), quantize_weight(w, (128, 128), E4M3)
+    ref = np.asarray(fp8_matmul_reference(xq, wq, out_dtype=jnp.float32))
+    y = mgpu.fp8_matmul_mgpu(xq, wq, out_dtype=jnp.bfloat16, interpret=True, config=cfg)
+    assert y.shape == (m, 256) and y.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(y, np.float32), ref, rtol=2**-7, atol=1e-6)
+    assert mgpu._stores_y(cfg, jnp.bfloat16) == (cfg.split_k == 1)
+    assert not mgpu._stores_y(cfg, jnp.float32)  # no transposed store of 32-bit tiles
+
+
 def test_mosaic_gpu_persistent_snake_bands(monkeypatch):
     """A persistent grid whose snake order has several bands (L2 budget shrunk to two M tiles of
     x rows): 5 M tiles x 3 N tiles in bands of 2, 2 and 1 M tiles, N reversed every other band,
@@ -294,9 +318,10 @@ def test_mosaic_gpu_support_check():
         )
         swap = MgpuConfig(block_m=16, block_n=64, swap_ab=True)
         fused_swap = mgpu.supports(16, 4096, 4096, swap, fused=True, x_itemsize=2, out_itemsize=2)
-        assert "no swap_ab" in fused_swap  # raw x with a swap config is quantized by XLA instead
-        odd = MgpuConfig(block_m=8, block_n=64, swap_ab=True)
-        assert "32 B" in _supports("pallas_mosaic_gpu", *_sds_q(8, 256, 256), odd)
+        assert "no swap_ab" in fused_swap  # raw x with a swap config is quantized first instead
+        # 8 token rows: y tiles have 64-element (128 B) SMEM rows, yᵀ F32 partials 8 x 4 = 32 B
+        for eight in (MgpuConfig(8, 64, swap_ab=True), MgpuConfig(8, 64, swap_ab=True, split_k=2)):
+            assert _supports("pallas_mosaic_gpu", *_sds_q(8, 256, 256), eight) is None
         assert "MgpuConfig" in _supports("pallas_mosaic_gpu", *_sds_q(16, 256, 256), TpuConfig())
     assert "Hopper" in _supports("pallas_mosaic_gpu", *_sds_q(16, 256, 256))  # CPU target
     assert _supports("pallas_mosaic_gpu", *_sds_q(16, 256, 256), interpret=True) is None

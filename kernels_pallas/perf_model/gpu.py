@@ -201,10 +201,10 @@ def _nearest_profile(name: str, profs: dict) -> dict:
 def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=None,
                   epilogue_launch: bool = True):  # fmt: skip
     """(kernel seconds, epilogue seconds, terms, variant) of the Hopper fp8_matmul kernel at
-    this config. The epilogue is the XLA fusion after a swap-AB kernel (yᵀ transposed back,
-    split-K partials summed), serial after it: the partials' bytes always, its launch unless
-    ``epilogue_launch=False`` (in a program XLA fuses it into the consumer, the residual add or
-    SiLU product, which the BF16 program runs too)."""
+    this config (BF16 out). The epilogue is the XLA fusion that sums split-K partials (written
+    as yᵀ and transposed by it; unsplit swap-AB tiles write y), serial after the kernel: the
+    partials' bytes always, its launch unless ``epilogue_launch=False`` (in a program XLA fuses
+    it into the consumer, the residual add or SiLU product, which the BF16 program runs too)."""
     profs = profs or load_profiles()
     name = _variant_name(cfg, fused)
     split_name = f"{name}_k{getattr(cfg, 'split_k', 1)}"
@@ -225,10 +225,11 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     cl = getattr(cfg, "cluster_m", 1)  # M is padded to whole clusters
     ctas = math.ceil(m / (cfg.block_m * cl)) * cl * (n // cfg.block_n) * split
     t, terms = grid_time(chip, loop, prof, ctas, k // 128 // split, cfg.persistent)
-    epilogue = LAUNCH_S if cfg.swap_ab and epilogue_launch else 0.0
+    epilogue = 0.0
     if split > 1:  # the XLA sum of the f32 partials [split, N, M_pad]
         m_pad = math.ceil(m / cfg.block_m) * cfg.block_m
         epilogue += (split + 1) * n * m_pad * 4 / CHIPS[chip].hbm_bytes_per_s
+        epilogue += LAUNCH_S if epilogue_launch else 0.0
         name += f" split_k={split}"
     terms = dict(terms, registers=prof["registers"], smem_alloc=prof["smem_bytes"])
     return t, epilogue, terms, name

@@ -119,6 +119,11 @@ def targets(preds: list[Prediction]) -> list[str]:
     pre = [p for p in pre if _runs_alone(p.label)]
     big_pre = [p for p in pre if p.label.endswith("M=4096")]
     small_pre = [p for p in pre if int(p.label.rsplit("M=", 1)[1]) <= 64]
+    # inside the rollout program: a split-K sum fuses into its consumer (``gpu_rollout``)
+    prog = [predict_matmul("h100", m, n, k, "bf16", label=f"{model} {layer} M={m}",
+                           in_program=True)
+            for model, layer, n, k, ms in rows for m in ms if m <= 64]  # fmt: skip
+    prog = [p for p in prog if _runs_alone(p.label)]
     return [
         "GEMMs the FP8 rollout runs: q|k|v and gate+up fused (one GEMM each, its BF16 baseline "
         "the BF16 GEMM of the same fused shape), o_proj, down_proj; the separate k|v_proj and "
@@ -136,6 +141,8 @@ def targets(preds: list[Prediction]) -> list[str]:
                 lambda p: p.ratio >= 1.6, lambda p: p.ratio),
         verdict("  same, x arriving FP8", small_pre, lambda p: p.ratio >= 1.6,
                 lambda p: p.ratio),
+        verdict("  same, in the rollout program (split-K sums fused into their consumers)",
+                prog, lambda p: p.ratio >= 1.6, lambda p: p.ratio),
         verdict("H100 decode attention >= 80% of HBM, FP8 cache, B x KV >= 64", att64,
                 lambda p: p.hbm_fraction() >= 0.8, lambda p: p.hbm_fraction()),
     ]  # fmt: skip

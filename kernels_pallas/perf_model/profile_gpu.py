@@ -73,7 +73,7 @@ def variants() -> dict:
         "mm_swap_16x64": (*mm(16, "fp8", G(16, 64, 4, True)), {}),
         "mm_swap_32x64": (*mm(32, "fp8", G(32, 64, 4, True)), {}),
         "mm_swap_64x64": (*mm(64, "fp8", G(64, 64, 4, True)), {}),
-        # split-K (the default_split_k choices: 2 for 64-CTA grids, 4-8 for k/v widths)
+        # split-K (64-row tiles: 2 for 64-CTA grids, 4-8 for k/v widths; decode_split_k)
         **{
             f"mm_swap_{m}x64_k{s}": (*mm(m, "fp8", G(m, 64, 4, True, s)), {})
             for m, s in ((16, 2), (16, 4), (16, 8), (64, 2), (64, 8))
