@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -111,6 +112,7 @@ def split_layers(one: collections.Counter, two: collections.Counter) -> Launches
     return Launches(layer, {k: one[k] - layer[k] for k in KINDS})
 
 
+@functools.cache  # read once: every rollout prediction (chip x batch) asks for it
 def load(path: str = LAUNCHES_JSON) -> dict:
     """precision ("fp8" | "bf16") -> batch (str) -> Launches, from the committed measurement."""
     with open(path) as f:
