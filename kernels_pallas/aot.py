@@ -81,7 +81,7 @@ _DEVICE_KIND = {
     "v6e": ("TPU v6 lite", 1, "tpu"),
 }
 # The custom call each Pallas backend leaves in the compiled HLO / exported StableHLO.
-_KERNEL_MARKERS = {"cuda": ("mosaic_gpu",), "tpu": ("tpu_custom_call",)}
+_KERNEL_MARKERS = {"cuda": ("mosaic_gpu", r"__gpu\$xla\.gpu\.triton"), "tpu": ("tpu_custom_call",)}
 _TRITON_TARGET = "__gpu$xla.gpu.triton"
 
 STATUSES = ("ok", "fail", "smem", "spill", "no-kernel", "no-report", "crash", "timeout")
@@ -136,7 +136,8 @@ class AotCase:
 
 @dataclasses.dataclass(frozen=True)
 class KernelReport:
-    """ptxas resource report of one Mosaic GPU kernel (plus Mosaic's dynamic SMEM when dumped)."""
+    """Resources of one GPU kernel: ptxas for Mosaic GPU (plus its dynamic SMEM when dumped),
+    cuobjdump for Pallas Triton."""
 
     name: str
     registers: int
@@ -156,7 +157,7 @@ class CompileResult:
 
     target: str
     compiled: object  # jax.stages.Compiled, or jax.export.Exported for the quick tier
-    kernels: list[KernelReport]  # Mosaic GPU ptxas reports (empty for TPU, XLA-only and export)
+    kernels: list[KernelReport]  # Mosaic GPU ptxas + Pallas Triton cuobjdump reports (H100 only)
     num_pallas_kernels: int = 0  # Pallas custom calls in the compiled HLO / exported module
 
     @property
@@ -326,8 +327,48 @@ def _mosaic_gpu_dump():
                     os.environ[k] = v
 
 
+_RES_RE = re.compile(
+    r"Function (?P<name>\S+):\s*REG:(?P<regs>\d+) STACK:(?P<stack>\d+) "
+    r"SHARED:(?P<smem>\d+) LOCAL:(?P<local>\d+)"
+)
+
+
+def triton_reports(cache_file: str) -> list[KernelReport]:
+    """Registers, local memory and static SMEM of the Pallas Triton kernels (named ``*_triton``)
+    XLA compiled into its kernel cache (``xla_gpu_kernel_cache_file``: the cubins), read by
+    ``cuobjdump -res-usage``. A spill is local memory: its bytes are reported as spill stores.
+    Empty when the cache or cuobjdump (``scripts/setup_aot.sh``) is missing."""
+    import subprocess
+
+    from kernels_pallas.perf_model.sass import tool
+
+    cuobjdump = tool("cuobjdump")
+    if cuobjdump is None or not os.path.exists(cache_file):
+        return []
+    blob = _read_bytes(cache_file)
+    starts = [m.start() for m in re.finditer(rb"\x7fELF", blob)] + [len(blob)]
+    out = []
+    with tempfile.TemporaryDirectory(prefix="xla_kernels_") as d:
+        for i, (lo, hi) in enumerate(zip(starts, starts[1:])):
+            path = os.path.join(d, f"{i}.cubin")  # trailing cache bytes: cuobjdump ignores them
+            with open(path, "wb") as f:
+                f.write(blob[lo:hi])
+            res = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True)
+            for m in _RES_RE.finditer(res.stdout):
+                if m["name"].endswith("_triton"):
+                    local = int(m["local"]) + int(m["stack"])
+                    out.append(KernelReport(m["name"], int(m["regs"]), local, 0, int(m["smem"])))
+    return out
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def count_kernels(text: str, target: str) -> int:
-    """Pallas kernels (Mosaic GPU / Mosaic TPU custom calls) in HLO or StableHLO text."""
+    """Pallas kernels (Mosaic GPU / Mosaic TPU / Pallas Triton custom calls) in HLO or
+    StableHLO text."""
     markers = _KERNEL_MARKERS[PLATFORM[target]]
     pat = re.compile(r"custom_call_target\s*=\s*\"(" + "|".join(markers) + r")[^\"]*\"")
     pat_mlir = re.compile(r"stablehlo\.custom_call\s+@(" + "|".join(markers) + r")\w*")
@@ -347,10 +388,20 @@ def compile_for(target: str, fn: Callable, *args, static_argnames=(), **kwargs) 
     abstract = abstract_args(target, *args)
     jitted = jax.jit(fn, static_argnames=static_argnames)
     dump = _mosaic_gpu_dump() if target == "h100" else contextlib.nullcontext([])
-    with dump as reports, jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-        compiled = jitted.lower(*abstract, **kwargs).compile()
+    with (
+        dump as reports,
+        jax.sharding.use_abstract_mesh(mesh.abstract_mesh),
+        tempfile.TemporaryDirectory(prefix="xla_kernel_cache_") as d,
+    ):
+        lowered = jitted.lower(*abstract, **kwargs)
+        cache = os.path.join(d, "kernels.bin")
+        if target == "h100":  # the cubins, for the Pallas Triton kernels' resources
+            compiled = lowered.compile(compiler_options={"xla_gpu_kernel_cache_file": cache})
+        else:
+            compiled = lowered.compile()
+        triton = triton_reports(cache) if target == "h100" else []
     n = count_kernels(compiled.as_text(), target)
-    return CompileResult(target, compiled, reports, n)
+    return CompileResult(target, compiled, [*reports, *triton], n)
 
 
 def export_for(target: str, fn: Callable, *args) -> CompileResult:

@@ -36,7 +36,7 @@ ROWS = 16
 GROUP = 128
 
 
-def _div(a: jax.Array, b: jax.Array, interpret: bool) -> jax.Array:
+def div_rn(a: jax.Array, b: jax.Array, interpret: bool) -> jax.Array:
     """IEEE round-to-nearest ``a / b`` in f32 (the CPU's division in interpret mode)."""
     if interpret:
         return a / b
@@ -50,13 +50,19 @@ def _div(a: jax.Array, b: jax.Array, interpret: bool) -> jax.Array:
     return out
 
 
-def _kernel(x_ref, q_ref, s_ref, *, dtype, interpret: bool):
-    x = x_ref[...].astype(jnp.float32)  # [ROWS, GROUP]
+def quantize_rows(x: jax.Array, dtype, interpret: bool) -> tuple[jax.Array, jax.Array]:
+    """f32 ``[R, GROUP]`` -> (FP8 values ``[R, GROUP]``, f32 scales ``[R]``): one group per row,
+    ``quantize_activations``' formula with IEEE divisions (every kernel of this package)."""
     den = jnp.maximum(jnp.max(jnp.abs(x), axis=1), SCALE_TINY)
     fmax = jnp.full(den.shape, fp8_max(dtype), jnp.float32)
-    inv = _div(fmax, den, interpret)
-    q_ref[...] = jnp.clip(x * inv[:, None], -fmax[:, None], fmax[:, None]).astype(dtype)
-    s_ref[...] = _div(den, fmax, interpret)[None, :]
+    inv = div_rn(fmax, den, interpret)
+    q = jnp.clip(x * inv[:, None], -fmax[:, None], fmax[:, None]).astype(dtype)
+    return q, div_rn(den, fmax, interpret)
+
+
+def _kernel(x_ref, q_ref, s_ref, *, dtype, interpret: bool):
+    q_ref[...], s = quantize_rows(x_ref[...].astype(jnp.float32), dtype, interpret)
+    s_ref[...] = s[None, :]
 
 
 def supports(x_shape: tuple[int, ...], rows: int, group_size: int = GROUP) -> str | None:
