@@ -183,3 +183,40 @@ def test_fused_weights_shard_in_whole_kv_groups_and_block_pairs(caplog):
         qkv, gate_up = _fused_specs(4)
     assert qkv.values.spec == P(None, None) and gate_up.values.spec == P(None, None)
     assert "qkv_groups" in caplog.text
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_producers_quantizing_change_no_bit(fuse, monkeypatch):
+    """W8A8 layers get their input quantized by its producer (RMSNorm, SiLU product, the decode
+    attention's output: one kernel launch each on Hopper, ``models.layers``). On CPU that is the
+    same math as the GEMM quantizing it: prefill and a cached decode step give the same logits
+    bit for bit as with every producer forced plain."""
+    from fp8rl_jax.generation.kv.dense import init_cache
+    from fp8rl_jax.models import layers, transformer
+    from kernels_pallas.backend import KernelImpls
+
+    q = _quantized()
+    w = fuse_projections(q, CFG) if fuse else q
+    toks = jax.random.randint(jax.random.key(1), (2, 8), 0, CFG.vocab_size)
+    kernels = KernelImpls(decode_attention="xla")
+    calls = []
+    wrapped = layers.rmsnorm_quantize
+    monkeypatch.setattr(
+        layers, "rmsnorm_quantize", lambda *a, **k: calls.append(1) or wrapped(*a, **k)
+    )
+
+    def run():
+        cache = init_cache(CFG, 2, 16, dtype=jnp.float8_e4m3fn, mode="static",
+                           k_scale=jnp.full((2,), 0.05), v_scale=jnp.full((2,), 0.05))  # fmt: skip
+        pre = forward(w, toks[:, :7], CFG, cache=cache, kernels=kernels)
+        step = forward(w, toks[:, 7:], CFG, cache=pre.cache, kernels=kernels)
+        return pre.logits_BTV, step.logits_BTV
+
+    got = run()
+    assert len(calls) == 2 * 2 * CFG.num_layers  # two norms per layer, prefill and decode
+    for mod in (layers, transformer):
+        monkeypatch.setattr(mod, "fp8_input_dtype", lambda *ws: None)
+    want = run()
+    assert float(jnp.max(jnp.abs(want[1]))) > 0.5
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8rl_jax.models.config import ModelConfig
+from kernels_pallas.act_quantize.reference import split_gate_up  # noqa: F401  (re-exported)
 from kernels_pallas.qarray import QArray
 
 QKV, GATE_UP = "wqkv", "w_gate_up"
@@ -106,13 +107,6 @@ def split_qkv(y: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array, jax
     y = y.reshape(*y.shape[:-1], K, G + 2, C)
     q = y[..., :G, :].reshape(*y.shape[:-3], K * G, C)  # query head g·G + j reads KV head g
     return q, y[..., G, :], y[..., G + 1, :]
-
-
-def split_gate_up(y: jax.Array, block_n: int) -> tuple[jax.Array, jax.Array]:
-    """``x @ w_gate_up`` ``[..., 2F]`` -> gate and up ``[..., F]``."""
-    *lead, two_f = y.shape
-    y = y.reshape(*lead, two_f // (2 * block_n), 2, block_n)
-    return y[..., 0, :].reshape(*lead, two_f // 2), y[..., 1, :].reshape(*lead, two_f // 2)
 
 
 def _map_layers(tree, attn_fn, mlp_fn):

@@ -16,12 +16,14 @@ from fp8rl_jax.models.attention import (
 )
 from fp8rl_jax.models.cache import Cache, CacheStep
 from fp8rl_jax.models.config import ModelConfig
-from fp8rl_jax.models.layers import linear, rms_norm, swiglu_mlp
+from fp8rl_jax.models.fused import GATE_UP, QKV, QKV_PARTS
+from fp8rl_jax.models.layers import fp8_input_dtype, linear, rms_norm, rms_norm_for, swiglu_mlp
 from fp8rl_jax.models.moe import load_balancing_loss, moe_mlp
 from fp8rl_jax.models.remat import remat_block
 from fp8rl_jax.models.rope import rope_cos_sin
 from fp8rl_jax.models.rows import constrain_rows
 from kernels_pallas.backend import DEFAULT_KERNELS, KernelImpls
+from kernels_pallas.qarray import QArray
 
 
 @jax.tree_util.register_dataclass
@@ -67,7 +69,8 @@ class _Uncached:
     positions_BT: jax.Array
     kv_quant: object = None  # quant.KVFakeQuant: K/V as the rollout's FP8 cache holds them
 
-    def attend(self, layer, q_BTHC, k_BTKC, v_BTKC, sm_scale):
+    def attend(self, layer, q_BTHC, k_BTKC, v_BTKC, sm_scale, quant_out=None):
+        del quant_out  # the output stays BF16: the o_proj quantizes it
         if self.kv_quant is not None:  # rl.train_precision="fp8_rollout"
             k_BTKC, v_BTKC = self.kv_quant(layer, k_BTKC, v_BTKC)
         return attention(q_BTHC, k_BTKC, v_BTKC, self.mask, sm_scale=sm_scale), None
@@ -106,20 +109,33 @@ def _attention(p: dict, h_BTD: jax.Array, layer: int, inp: _Inputs):
     B, T, _ = h_BTD.shape
     q, k, v = project_qkv(p, h_BTD, inp.cos_BTC, inp.sin_BTC, cfg, kernels.matmul)
     amax = qkv_amax(q, k, v, inp.valid_BT) if inp.want_amax else None
-    o, kv = inp.step.attend(layer, q, k, v, cfg.head_dim**-0.5)
-    o = o.reshape(B, T, cfg.num_heads * cfg.head_dim)
-    return linear(o, p["wo"], p.get("o_bias"), impl=kernels.matmul), amax, kv
+    # an FP8 o_proj: the cache's attention may hand its output over quantized (one launch)
+    quant = fp8_input_dtype(p["wo"])
+    o, kv = inp.step.attend(layer, q, k, v, cfg.head_dim**-0.5, quant_out=quant)
+    if not isinstance(o, QArray):
+        o = o.reshape(B, T, cfg.num_heads * cfg.head_dim)
+    y = linear(o, p["wo"], p.get("o_bias"), impl=kernels.matmul)
+    return y.reshape(B, T, y.shape[-1]), amax, kv
+
+
+def _consumers(p: dict, parts: tuple[str, ...], fused: str) -> tuple:
+    """The weights of the GEMMs a norm's output feeds (one fused weight, or its parts)."""
+    return (p[fused],) if fused in p else tuple(p.get(n) for n in parts)
 
 
 def _layer(p: dict, x_BTD: jax.Array, layer: int, inp: _Inputs, ids_NK):
     """One decoder block: pre-norm attention and MLP (dense or MoE), each with its residual."""
     cfg = inp.cfg
-    h = rms_norm(x_BTD, p["attn_norm"], cfg.rms_norm_eps)
+    impl, eps = inp.kernels.matmul, cfg.rms_norm_eps
+    qkv = _consumers(p["attn"], QKV_PARTS, QKV)
+    h = rms_norm_for(x_BTD, p["attn_norm"], eps, qkv, impl=impl)
     o, amax, kv = _attention(p["attn"], h, layer, inp)
     x_BTD = x_BTD + o
-    h = rms_norm(x_BTD, p["mlp_norm"], cfg.rms_norm_eps)
+    moe = cfg.is_moe_layer(layer)
+    mlp = () if moe else _consumers(p["mlp"], ("w_gate", "w_up"), GATE_UP)
+    h = rms_norm_for(x_BTD, p["mlp_norm"], eps, mlp, impl=impl)
     router = None
-    if cfg.is_moe_layer(layer):
+    if moe:
         y, router = moe_mlp(p["mlp"], h, inp.valid_BT, cfg, inp.kernels, expert_ids_NK=ids_NK)
     else:
         y = swiglu_mlp(p["mlp"], h, impl=inp.kernels.matmul)

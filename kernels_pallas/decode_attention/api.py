@@ -10,6 +10,8 @@ from kernels_pallas.decode_attention import pallas_mosaic_gpu as mgpu
 from kernels_pallas.decode_attention import pallas_tpu as tpu
 from kernels_pallas.decode_attention.common import DecodeBlocks, is_slot_scale
 from kernels_pallas.decode_attention.reference import decode_attention_reference
+from kernels_pallas.qarray import QArray, fp8_dtype
+from kernels_pallas.quantize import quantize_activations
 
 
 def _check(q_BHC, k_BSKC, v_BSKC, lengths_B, starts_B, k_scale, v_scale) -> None:
@@ -35,19 +37,29 @@ def _check(q_BHC, k_BSKC, v_BSKC, lengths_B, starts_B, k_scale, v_scale) -> None
         raise ValueError("decode_attention: k_scale and v_scale must both be dynamic or neither")
 
 
-def _run_xla(q, k, v, lengths_B, *, config, interpret, **kw):
+def quantize_output(o_BHC: jax.Array, quant_out) -> jax.Array | QArray:
+    """The output as the o_proj GEMM reads it: ``o`` itself (``quant_out`` None) or a QArray
+    ``[B, H·C]`` quantized per token in 1x128 groups to ``quant_out``."""
+    if quant_out is None:
+        return o_BHC
+    return quantize_activations(o_BHC.reshape(o_BHC.shape[0], -1), 128, quant_out)
+
+
+def _run_xla(q, k, v, lengths_B, *, config, interpret, quant_out, **kw):
     del config, interpret  # the reference has no tiling
-    return decode_attention_reference(q, k, v, lengths_B, **kw)
+    return quantize_output(decode_attention_reference(q, k, v, lengths_B, **kw), quant_out)
 
 
-def _run_mgpu(q, k, v, lengths_B, *, config, interpret, **kw):
+def _run_mgpu(q, k, v, lengths_B, *, config, interpret, quant_out, **kw):
     blocks = mgpu.resolve_blocks(config, q, k)
-    return mgpu.decode_attention_mgpu(q, k, v, lengths_B, **kw, blocks=blocks, interpret=interpret)
+    return mgpu.decode_attention_mgpu(q, k, v, lengths_B, **kw, blocks=blocks,
+                                      quant_out=quant_out, interpret=interpret)  # fmt: skip
 
 
-def _run_tpu(q, k, v, lengths_B, *, config, interpret, **kw):
+def _run_tpu(q, k, v, lengths_B, *, config, interpret, quant_out, **kw):
     blocks = tpu.resolve_blocks(config, q, k)
-    return tpu.decode_attention_tpu(q, k, v, lengths_B, **kw, blocks=blocks, interpret=interpret)
+    o = tpu.decode_attention_tpu(q, k, v, lengths_B, **kw, blocks=blocks, interpret=interpret)
+    return quantize_output(o, quant_out)
 
 
 TABLE = ImplTable(
@@ -72,19 +84,25 @@ def decode_attention(
     sm_scale: float,
     impl: Impl = "auto",
     config: DecodeBlocks | None = None,
+    quant_out=None,
     interpret: bool = False,
-) -> jax.Array:
+) -> jax.Array | QArray:
     """Single-query attention over the live slots ``[starts_B, lengths_B)`` of a KV cache.
 
     See ``decode_attention_reference`` for the math. K/V may be BF16/F16/F32 (scales None) or
     FP8 with static scales ([] or [K]) or dynamic ones ([B, K, S]). The kernels read only the
     cache tiles that hold live slots. ``impl="auto"`` runs the target's kernel where its support
     check passes, else the XLA reference (one log line); ``config`` (``DecodeBlocks``, None: the
-    per-shape default) sets the kernels' tiling.
+    per-shape default) sets the kernels' tiling. ``quant_out`` (an FP8 dtype) returns the
+    output quantized for an FP8 o_proj: a QArray ``[B, H·C]``, per token in 1x128 groups, of the
+    output in q's dtype; the Hopper kernel does it in the launch that combines its chunks
+    (``act_quantize.fused.combine_quantize_triton``).
     """
     _check(q_BHC, k_BSKC, v_BSKC, lengths_B, starts_B, k_scale, v_scale)
     kw = dict(starts_B=starts_B, k_scale=k_scale, v_scale=v_scale, sm_scale=float(sm_scale))
     chosen = TABLE.select(
         impl, q_BHC, k_BSKC, v_BSKC, lengths_B, **kw, config=config, interpret=interpret
     )
-    return chosen.run(q_BHC, k_BSKC, v_BSKC, lengths_B, **kw, config=config, interpret=interpret)
+    quant_out = None if quant_out is None else fp8_dtype(quant_out)
+    return chosen.run(q_BHC, k_BSKC, v_BSKC, lengths_B, **kw, config=config, quant_out=quant_out,
+                      interpret=interpret)  # fmt: skip

@@ -34,7 +34,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from kernels_pallas.act_quantize import fused
 from kernels_pallas.decode_attention import common
+from kernels_pallas.quantize import quantize_activations
 
 _TILE_M = 64  # wgmma M: the query group is a 64-row window
 
@@ -193,8 +195,7 @@ def _q_rows(n_kv: int, group: int) -> int:
 def _lse_rows(n_kv: int, group: int) -> np.ndarray:
     """Index of head h's row in the flattened [K, 64] lse tiles."""
     h = np.arange(n_kv * group)
-    kh = h // group
-    return kh * _TILE_M + (kh * group) % 8 + h % group
+    return h // group * _TILE_M + fused.lse_row(h, group)
 
 
 def static_k_scale(k_scale, n_kv: int) -> jax.Array:
@@ -210,15 +211,17 @@ def mma_dtype(kv_dtype) -> jnp.dtype:
     return jnp.dtype(jnp.bfloat16 if jnp.dtype(kv_dtype) == jnp.bfloat16 else jnp.float16)
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "blocks", "interpret"))
+@functools.partial(jax.jit, static_argnames=("sm_scale", "blocks", "quant_out", "interpret"))
 def decode_attention_mgpu(
     q_BHC, k_BSKC, v_BSKC, lengths_B, *, starts_B=None, k_scale=None, v_scale=None, sm_scale,
-    blocks: common.DecodeBlocks, interpret=False,
+    blocks: common.DecodeBlocks, quant_out=None, interpret=False,
 ):  # fmt: skip
     """Mosaic GPU decode attention; same contract as ``decode_attention_reference``.
 
     ``blocks`` must be resolved (``block_s`` and ``num_splits`` set); operands must pass
-    ``supports``.
+    ``supports``. ``quant_out`` (an FP8 dtype): the output as a QArray ``[B, H·C]`` in 1x128
+    groups (``api.decode_attention``), the chunks' combine, V scale, cast and quantization in
+    one Triton launch where it takes the shape (head_dim 128, B a multiple of 16).
     """
     b, h, c = q_BHC.shape
     _, s, n_kv, _ = k_BSKC.shape
@@ -251,14 +254,35 @@ def decode_attention_mgpu(
         compiler_params=plgpu.CompilerParams(approx_math=True),  # fast exp2 / log2
         interpret=plgpu.InterpretGPUParams() if interpret else None,
     )(starts_B, lengths_B.astype(jnp.int32), lo, cnt, k_scale_K, q, k_BSKC, v_BSKC, *scales)
+    static_v = None if common.is_slot_scale(v_scale) else v_scale  # dynamic: in the kernel
+    return output(outs, static_v, n_kv=n_kv, out_dtype=q_BHC.dtype, quant_out=quant_out,
+                  interpret=interpret)  # fmt: skip
+
+
+def output(outs, v_scale, *, n_kv: int, out_dtype, quant_out=None, interpret=False):
+    """The kernel's chunk outputs (``[B, J, H, C]`` f32 and, when J > 1, the raw lse tiles) ->
+    ``o`` [B, H, C] in ``out_dtype``: the chunks combined, times the static ``v_scale`` ([] or
+    [K], or None). With ``quant_out`` (an FP8 dtype) a QArray ``[B, H·C]`` of ``o`` in 1x128
+    groups, computed in one Triton launch where it takes the shape (dense and paged kernels)."""
+    b, splits, h, c = outs[0].shape
+    group = h // n_kv
+    if quant_out is not None and fused.combine_supports(outs[0].shape, out_dtype) is None:
+        v_K = jnp.ones(n_kv, jnp.float32) if v_scale is None else common.per_kv_head(v_scale, n_kv)
+        return fused.combine_quantize_triton(
+            outs[0], outs[1] if splits > 1 else None, v_K, group=group, out_dtype=out_dtype,
+            dtype=quant_out, interpret=interpret,
+        )  # fmt: skip
     if splits > 1:
         lse_BJH = outs[1].reshape(b, splits, n_kv * _TILE_M)[:, :, _lse_rows(n_kv, group)]
         o_BHC = common.combine_splits(outs[0], lse_BJH)
     else:
         o_BHC = outs[0][:, 0]
-    if v_scale is not None and not common.is_slot_scale(v_scale):
+    if v_scale is not None:
         o_BHC = o_BHC * jnp.repeat(common.per_kv_head(v_scale, n_kv), group)[None, :, None]
-    return o_BHC.astype(q_BHC.dtype)
+    o_BHC = o_BHC.astype(out_dtype)
+    if quant_out is None:
+        return o_BHC
+    return quantize_activations(o_BHC.reshape(b, h * c), 128, quant_out)
 
 
 _KV_DTYPES = tuple(map(jnp.dtype, (jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn, jnp.float8_e5m2)))

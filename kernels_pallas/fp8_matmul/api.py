@@ -121,7 +121,7 @@ def _run_xla(x, w_q, *, config, out_dtype, interpret):
 
 # Raw x of up to this many rows (decode batches) is quantized by the one-launch Triton kernel;
 # above, by XLA (prefill: bandwidth, not launches, decides, and XLA fuses with the producer).
-KERNEL_QUANT_MAX_ROWS = 256
+KERNEL_QUANT_MAX_ROWS = act_quantize.KERNEL_MAX_ROWS
 
 
 def _mgpu_quantized(x, w_q: QArray, cfg, interpret: bool) -> QArray:
@@ -182,6 +182,19 @@ def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, 
     return specs
 
 
+def timed_program(impl: str, config, w_q: QArray, out_dtype):
+    """The program the autotuner times for one candidate: the GEMM and a consumer of its output
+    (``y + r``, as the model's residual add or SiLU product), so that a split-K tile's sum of
+    partials fuses into the consumer as it does in the rollout program, instead of costing a
+    launch of its own (timed alone, the GEMM would charge split-K tiles that launch and bias the
+    choice to unsplit tiles). ``fn(x, w, r)``: ``w`` is the BF16 weight ``[N, K]`` for the BF16
+    floor, unused (None) for the FP8 candidates, which use ``w_q``."""
+    if impl == autotune.BF16_FLOOR:
+        return jax.jit(lambda a, b, r: jnp.dot(a, b.T, preferred_element_type=out_dtype) + r)
+    return jax.jit(lambda a, b, r: fp8_matmul(a, w_q, out_dtype=out_dtype, impl=impl,
+                                              config=config) + r)  # fmt: skip
+
+
 def _autotuned(x2, w_q: QArray, out_dtype):
     """(impl, config) the on-device autotuner picked for this shape (tuning it now if new)."""
     dev = target_device()
@@ -200,15 +213,12 @@ def _autotuned(x2, w_q: QArray, out_dtype):
         w = jax.random.normal(kw, (n, k), jnp.bfloat16)
         xq, wq = quantize_activations(x, 128, w_q.values.dtype), quantize_weight(w.T)
         x_in = xq if isinstance(x2, QArray) else x
+        r = jnp.zeros((m, n), out_dtype)
         out = []
         for name, impl, cfg in specs:
-            if impl == autotune.BF16_FLOOR:
-                fn = jax.jit(lambda a, b: jnp.dot(a, b.T, preferred_element_type=out_dtype))
-                run = lambda fn=fn: fn(x, w).block_until_ready()  # noqa: E731
-            else:
-                run = lambda i=impl, c=cfg: fp8_matmul(
-                    x_in, wq, out_dtype=out_dtype, impl=i, config=c
-                ).block_until_ready()  # noqa: E731
+            fn = timed_program(impl, cfg, wq, out_dtype)
+            a, b = (x, w) if impl == autotune.BF16_FLOOR else (x_in, None)
+            run = lambda fn=fn, a=a, b=b: fn(a, b, r).block_until_ready()  # noqa: E731
             out.append(autotune.Candidate(name, impl, cfg, run))
         return out
 

@@ -6,9 +6,11 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas.backend import Impl, Implementation, ImplTable
+from kernels_pallas.decode_attention.api import quantize_output
 from kernels_pallas.paged_attention.common import PagedBlocks
 from kernels_pallas.paged_attention.reference import is_page_scale
 from kernels_pallas.paged_attention.xla import paged_attention_xla
+from kernels_pallas.qarray import QArray, fp8_dtype
 
 
 def _check(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, k_scale, v_scale) -> None:
@@ -41,10 +43,17 @@ def _check(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, k_scale, v_scale) 
         raise ValueError("paged_attention: k_scale and v_scale must both be dynamic or neither")
 
 
-def _run_xla(q, k, v, lengths_B, table, *, config, interpret, **kw):
+def _run_xla(q, k, v, lengths_B, table, *, config, interpret, quant_out, **kw):
     del interpret
     window = None if config is None else config.window_pages
-    return paged_attention_xla(q, k, v, lengths_B, table, **kw, window_pages=window)
+    o = paged_attention_xla(q, k, v, lengths_B, table, **kw, window_pages=window)
+    return quantize_output(o, quant_out)
+
+
+def _run_tpu(*args, quant_out, **kw):
+    from kernels_pallas.paged_attention import pallas_tpu
+
+    return quantize_output(pallas_tpu.run(*args, **kw), quant_out)
 
 
 def _implementations() -> list[Implementation]:
@@ -53,7 +62,7 @@ def _implementations() -> list[Implementation]:
     return [
         Implementation("xla", _run_xla),
         Implementation("pallas_mosaic_gpu", pallas_mosaic_gpu.run, pallas_mosaic_gpu.supports),
-        Implementation("pallas_tpu", pallas_tpu.run, pallas_tpu.supports),
+        Implementation("pallas_tpu", _run_tpu, pallas_tpu.supports),
     ]
 
 
@@ -72,18 +81,21 @@ def paged_attention(
     sm_scale: float,
     impl: Impl = "auto",
     config: PagedBlocks | None = None,
+    quant_out=None,
     interpret: bool = False,
-) -> jax.Array:
+) -> jax.Array | QArray:
     """Single-query attention over each row's paged slots ``[0, lengths_B[b])``.
 
     See ``paged_attention_reference`` for the math. Pages may be BF16/F16/F32 (scales None) or
     FP8 with static scales ([] or [K]) or dynamic ones ([X, K, Y], one per cached vector). The
     kernels read only the pages a row holds; ``xla`` reads a window of the table covering the
     longest row. ``impl="auto"`` runs the target's kernel where its support check passes, else
-    ``xla`` (one log line); ``config`` (``PagedBlocks``) sets the tiling.
+    ``xla`` (one log line); ``config`` (``PagedBlocks``) sets the tiling. ``quant_out``: as
+    ``decode_attention``'s (a QArray ``[B, H·C]`` for an FP8 o_proj).
     """
     _check(q_BHC, k_pages_XYKC, v_pages_XYKC, lengths_B, page_table_BW, k_scale, v_scale)
     kw = dict(k_scale=k_scale, v_scale=v_scale, sm_scale=float(sm_scale))
     args = (q_BHC, k_pages_XYKC, v_pages_XYKC, lengths_B, page_table_BW)
     chosen = TABLE.select(impl, *args, **kw, config=config, interpret=interpret)
-    return chosen.run(*args, **kw, config=config, interpret=interpret)
+    quant_out = None if quant_out is None else fp8_dtype(quant_out)
+    return chosen.run(*args, **kw, config=config, quant_out=quant_out, interpret=interpret)

@@ -77,13 +77,16 @@ def _kernel(lengths, lo, cnt, table, k_scale, q_gmem, k_gmem, v_gmem, *outs, st)
     dense._write_out(st, outs, acc, m_i, l_i, (row, kh, j, off))  # noqa: SLF001
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "num_splits", "stages", "interpret"))
+@functools.partial(
+    jax.jit, static_argnames=("sm_scale", "num_splits", "stages", "quant_out", "interpret")
+)
 def paged_attention_mgpu(
     q_BHC, k_pages_XYKC, v_pages_XYKC, lengths_B, page_table_BW, *, k_scale=None, v_scale=None,
-    sm_scale, num_splits: int = 1, stages: int = 2, interpret=False,
+    sm_scale, num_splits: int = 1, stages: int = 2, quant_out=None, interpret=False,
 ):  # fmt: skip
     """Mosaic GPU paged decode attention; same contract as ``paged_attention_reference``
-    (static or no scales)."""
+    (static or no scales). ``quant_out``: the output quantized for the o_proj
+    (``decode_attention.pallas_mosaic_gpu.output``)."""
     b, h, c = q_BHC.shape
     x, y, n_kv, _ = k_pages_XYKC.shape
     w = page_table_BW.shape[1]
@@ -113,14 +116,8 @@ def paged_attention_mgpu(
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=plgpu.InterpretGPUParams() if interpret else None,
     )(lengths_B, lo, cnt, page_table_BW.astype(jnp.int32), k_scale_K, q, k_flat, v_flat)
-    if splits > 1:
-        rows = dense._lse_rows(n_kv, group)  # noqa: SLF001
-        o_BHC = common.combine_splits(outs[0], outs[1].reshape(b, splits, -1)[:, :, rows])
-    else:
-        o_BHC = outs[0][:, 0]
-    if v_scale is not None:
-        o_BHC = o_BHC * jnp.repeat(common.per_kv_head(v_scale, n_kv), group)[None, :, None]
-    return o_BHC.astype(q_BHC.dtype)
+    return dense.output(outs, v_scale, n_kv=n_kv, out_dtype=q_BHC.dtype, quant_out=quant_out,
+                        interpret=interpret)  # fmt: skip
 
 
 def default_splits(b: int, num_pages: int, n_kv: int) -> int:
@@ -158,10 +155,11 @@ def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_sc
     return None
 
 
-def run(q, k, v, lengths_B, table, *, config: PagedBlocks | None, interpret, **kw):
+def run(q, k, v, lengths_B, table, *, config: PagedBlocks | None, interpret, quant_out=None,
+        **kw):  # fmt: skip
     config = config or PagedBlocks()
     splits = config.num_splits or default_splits(q.shape[0], table.shape[1], k.shape[2])
     return paged_attention_mgpu(
         q, k, v, lengths_B, table, **kw, num_splits=splits,
-        stages=config.num_stages or 2, interpret=interpret,
+        stages=config.num_stages or 2, quant_out=quant_out, interpret=interpret,
     )  # fmt: skip

@@ -101,7 +101,7 @@ class DenseStep:
     def positions_BT(self) -> jax.Array:
         return self.slots_BT
 
-    def attend(self, layer: int, q_BTHC, k_BTKC, v_BTKC, sm_scale: float):
+    def attend(self, layer: int, q_BTHC, k_BTKC, v_BTKC, sm_scale: float, quant_out=None):
         c = self.cache
         if c.q_scale is not None:
             q_BTHC = fake_quantize_q(q_BTHC, c.q_scale[layer])
@@ -111,9 +111,9 @@ class DenseStep:
             o = decode_attention(
                 q_BTHC[:, 0], kv.k, kv.v, lengths_B, starts_B=starts_B, k_scale=kv.k_scale,
                 v_scale=kv.v_scale, sm_scale=sm_scale, impl=self.kernels.decode_attention,
-                interpret=self.kernels.interpret,
+                quant_out=quant_out, interpret=self.kernels.interpret,
             )  # fmt: skip
-            return o[:, None], kv
+            return (o if quant_out is not None else o[:, None]), kv
         fp8 = c.mode != "none"
         k = dequantize_kv(kv.k, kv.k_scale) if fp8 else kv.k
         v = dequantize_kv(kv.v, kv.v_scale) if fp8 else kv.v

@@ -92,7 +92,7 @@ class PagedStep:
     def positions_BT(self) -> jax.Array:
         return self.cache.lengths_U[:, None]
 
-    def attend(self, layer: int, q_BTHC, k_BTKC, v_BTKC, sm_scale: float):
+    def attend(self, layer: int, q_BTHC, k_BTKC, v_BTKC, sm_scale: float, quant_out=None):
         c = self.cache
         if c.q_scale is not None:
             q_BTHC = fake_quantize_q(q_BTHC, c.q_scale[layer])
@@ -100,9 +100,9 @@ class PagedStep:
         o = paged_attention(
             q_BTHC[:, 0], kv.k, kv.v, self.read_U, c.page_table_UW, k_scale=kv.k_scale,
             v_scale=kv.v_scale, sm_scale=sm_scale, impl=self.kernels.decode_attention or "xla",
-            interpret=self.kernels.interpret,
+            quant_out=quant_out, interpret=self.kernels.interpret,
         )  # fmt: skip
-        return o[:, None], kv
+        return (o if quant_out is not None else o[:, None]), kv
 
     def advance(self, writes: list[LayerKV]) -> PagedKVCache:
         """Cache after a one-token step: new per-layer pools, ``lengths += valid``."""
