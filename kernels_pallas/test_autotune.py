@@ -70,3 +70,26 @@ def test_off_by_default_and_gpu_specs_pass_the_support_check(monkeypatch):
     assert "xla" in names and BF16_FLOOR in names
     assert any(s[1] == "pallas_mosaic_gpu" and s[2].swap_ab for s in specs)
     assert len(set(names)) == len(names)
+
+
+def test_timed_programs_feed_the_gemm_into_a_consumer():
+    """Each candidate is timed as GEMM + a consumer (``y + r``), as in the model, so split-K sums
+    fuse into it as in the rollout program: the FP8 candidates compute ``fp8_matmul + r``, the
+    BF16 floor ``x wᵀ + r``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from kernels_pallas.fp8_matmul import api, fp8_matmul
+    from kernels_pallas.quantize import quantize_activations, quantize_weight
+
+    kx, kw, kr = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(kx, (16, 256), jnp.bfloat16)
+    w = jax.random.normal(kw, (128, 256), jnp.bfloat16)
+    r = jax.random.normal(kr, (16, 128), jnp.bfloat16)
+    xq, wq = quantize_activations(x), quantize_weight(w.T)
+    got = api.timed_program("xla", None, wq, jnp.bfloat16)(xq, None, r)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(fp8_matmul(xq, wq, impl="xla") + r))
+    floor = api.timed_program(BF16_FLOOR, None, wq, jnp.bfloat16)(x, w, r)
+    want = jnp.dot(x, w.T, preferred_element_type=jnp.bfloat16) + r
+    np.testing.assert_array_equal(np.asarray(floor), np.asarray(want))

@@ -5,24 +5,26 @@ tokens/s. One decode step of ``B`` rows runs, per layer, the kernels the compile
 launch (``hlo_launches``: counted in the H100 decode loops, ``rollout_launches.json``):
 
   FP8 rollout (``fp8rl_jax.models.fused``): q|k|v as one GEMM, decode attention on the FP8
-      cache, o_proj, gate+up as one GEMM, down_proj (``gpu.predict_matmul``: BF16 x, each
-      GEMM's input quantized by its own ``act_quantize`` launch; ``gpu.predict_attention``);
+      cache, o_proj, gate+up as one GEMM, down_proj (``gpu.predict_matmul`` with x FP8;
+      ``gpu.predict_attention``), each GEMM's input quantized by its producer's kernel
+      (``act_quantize.fused``: RMSNorm x2, the attention chunks' combine, SiLU product: the
+      program's four Triton launches per layer, ``gpu.quantize_s`` each);
   BF16 rollout: q|k|v as one GEMM (XLA fuses the three dots: the count says so), o, gate, up
       and down as BF16 GEMMs (``gpu.bf16_gemm_s``), BF16-cache decode attention
       (``gpu.bf16_attention_s``);
 
-plus each program's own count of other XLA fusions per layer (norms, RoPE, residual adds, the
-cache write, the swap-AB GEMM outputs' transposes and split-K sums, which XLA fuses into their
-consumers, and the attention chunks' combine), at ``gpu.LAUNCH_S`` each: launch-bound at decode
-sizes. Per step, for both: the BF16 LM head GEMM over the vocabulary and the step's other
-fusions (sampling, stop checks). The context is the mean over a response: ``prompt + response /
-2`` slots. Prefill is left out (a 4K-token response is decode-bound: 4,096 launches of every
-kernel against one prefill). tokens/s = B / step time. The table gives the KV cache at full
-length too: from B = 128 the BF16 cache (108 GiB) no longer fits one H100, the FP8 one (54 GiB)
-does, so there FP8's gain is also the batch BF16 cannot hold (not counted). Predicted, never
-measured: the per-kernel assumptions of ``gpu.py`` all carry over; the launch counts are the
-static engine's (the paged engine runs the same model code per layer; its attention kernel
-and cache write differ).
+plus each program's own count of other XLA fusions per layer (QK-norm and RoPE, the cache write,
+residual adds with the swap-AB GEMM outputs' transposes and split-K sums, which XLA fuses into their
+consumers; in the BF16 program also the two RMSNorms, the SiLU product and the attention chunks'
+combine, which FP8 runs as its producer kernels), at ``gpu.LAUNCH_S`` each: launch-bound at decode
+sizes. Per step, for both: the BF16 LM head GEMM over the vocabulary and the step's other fusions
+(sampling, stop checks). The context is the mean over a response: ``prompt + response / 2`` slots.
+Prefill is left out (a 4K-token response is decode-bound: 4,096 launches of every kernel against one
+prefill). tokens/s = B / step time. The table gives the KV cache at full length too: from B = 128
+the BF16 cache (108 GiB) no longer fits one H100, the FP8 one (54 GiB) does, so there FP8's gain is
+also the batch BF16 cannot hold (not counted). Predicted, never measured: the per-kernel assumptions
+of ``gpu.py`` all carry over; the launch counts are the static engine's (the paged engine runs the
+same model code per layer; its attention kernel and cache write differ).
 """
 
 from __future__ import annotations
@@ -89,8 +91,11 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int) -> StepPre
     assert (fp8_n.per_layer["mosaic"], fp8_n.per_layer["triton"]) == (5, 4), fp8_n
     assert (bf16_n.per_layer["xla_gemm"], bf16_n.per_layer["mosaic"]) == (5, 1), bf16_n
 
-    def mm(n, k):
-        return gpu.predict_matmul(chip, batch, n, k, "bf16", in_program=True).time_s
+    def mm(n, k):  # x arrives FP8 from its producer's kernel (counted below)
+        return gpu.predict_matmul(chip, batch, n, k, "fp8", in_program=True).time_s
+
+    def quant(k):  # a producer + quantization kernel writing [batch, k] FP8
+        return gpu.quantize_s(chip, batch, k)
 
     attn = gpu.predict_attention(chip, "paged_attention", batch, context, cfg.heads,
                                  cfg.kv_heads, c, in_program=True)  # fmt: skip
@@ -100,6 +105,7 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int) -> StepPre
         "o_proj": mm(d, q_n),
         "gate+up fused": mm(2 * cfg.ffn, d),
         "down_proj": mm(d, cfg.ffn),
+        "4 producer+quantize kernels": 2 * quant(d) + quant(q_n) + quant(cfg.ffn),
         f"{fp8_n.per_layer['xla']} other fusions": fp8_n.per_layer["xla"] * gpu.LAUNCH_S,
     }
     bf = lambda n, k: gpu.bf16_gemm_s(chip, batch, n, k)  # noqa: E731
@@ -109,6 +115,7 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int) -> StepPre
         "o_proj": bf(d, q_n),
         "gate, up": 2 * bf(cfg.ffn, d),
         "down_proj": bf(d, cfg.ffn),
+        "(RMSNorm x2, combine, SiLU product: XLA fusions among the others)": 0.0,
         f"{bf16_n.per_layer['xla']} other fusions": bf16_n.per_layer["xla"] * gpu.LAUNCH_S,
     }
     head = bf(cfg.vocab, d)  # the LM head, both

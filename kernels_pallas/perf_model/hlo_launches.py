@@ -1,15 +1,15 @@
 """Kernel launches per decode step, counted in the compiled H100 rollout programs.
 
 At decode sizes a step's time is mostly launches, so the rollout model (``gpu_rollout``) takes
-their number from the programs the engine really runs rather than from a list written by hand:
-the static engine's ``generate`` (prefill + ``while_loop`` decode), Qwen3-8B widths, compiled
-deviceless for H100 at 1 and 2 layers, FP8 (``quantize_params`` + ``fuse_projections``, W8A8,
-FP8 static KV cache, the Mosaic GPU kernels) and BF16 (BF16 weights and cache, same attention
-kernel). In the decode loop's body every fusion, custom call (a Pallas kernel) and copy is one
-launch; per layer = 2 layers - 1 layer, per step (LM head, sampling, bookkeeping) = 1 layer -
-per layer. Kinds: ``mosaic`` (Mosaic GPU: GEMMs, attention), ``triton`` (Pallas Triton:
-``act_quantize``), ``xla_gemm`` (XLA's GEMM fusions and cuBLAS calls), ``xla`` (every other
-fusion or copy).
+their number from the programs the engine really runs rather than from a list written by hand: the
+static engine's ``generate`` (prefill + ``while_loop`` decode), Qwen3-8B widths, compiled
+deviceless for H100 at 1 and 2 layers, FP8 (``quantize_params`` + ``fuse_projections``, W8A8, FP8
+static KV cache, the Mosaic GPU kernels) and BF16 (BF16 weights and cache, same attention kernel).
+In the decode loop's body every fusion, custom call (a Pallas kernel) and copy is one launch; per
+layer = 2 layers minus 1 layer, per step (LM head, sampling, bookkeeping) = 1 layer minus per
+layer. Kinds: ``mosaic`` (Mosaic GPU: GEMMs, attention), ``triton`` (Pallas Triton:
+``act_quantize``, in the FP8 program its producer-fused kernels), ``xla_gemm`` (XLA's GEMM fusions
+and cuBLAS calls), ``xla`` (every other fusion or copy).
 
 ``python -m kernels_pallas.perf_model.hlo_launches`` (the AOT venv: the CUDA plugin) writes
 ``experiments/results/rollout_launches.json``.

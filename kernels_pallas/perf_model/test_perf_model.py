@@ -91,14 +91,19 @@ def test_rollout_step_sums_its_kernels():
     assert p.bf16_parts[f"{other_bf16} other fusions"] == pytest.approx(36 * other_bf16 * 2e-6)
     qkv = gpu.bf16_gemm_s("h100", 64, 6144, 4096)
     assert p.bf16_parts["q|k|v (XLA fuses the dots)"] == pytest.approx(36 * qkv)
-    alone = gpu.predict_matmul("h100", 64, 6144, 4096, "bf16")
-    fused = gpu.predict_matmul("h100", 64, 6144, 4096, "bf16", in_program=True)
+    # x arrives FP8 from its producer's kernel, one launch each (RMSNorm x2, combine, SiLU)
+    alone = gpu.predict_matmul("h100", 64, 6144, 4096, "fp8")
+    fused = gpu.predict_matmul("h100", 64, 6144, 4096, "fp8", in_program=True)
     assert alone.time_s == fused.time_s  # unsplit: the kernel writes y, nothing follows it
     assert p.fp8_parts["q|k|v fused"] == pytest.approx(36 * fused.time_s)
-    o_alone = gpu.predict_matmul("h100", 64, 4096, 4096, "bf16")  # split 2: partials summed
-    o_prog = gpu.predict_matmul("h100", 64, 4096, 4096, "bf16", in_program=True)
+    o_alone = gpu.predict_matmul("h100", 64, 4096, 4096, "fp8")  # split 2: partials summed
+    o_prog = gpu.predict_matmul("h100", 64, 4096, 4096, "fp8", in_program=True)
     assert o_alone.time_s - o_prog.time_s == pytest.approx(gpu.LAUNCH_S)  # the sum's launch
     assert p.fp8_parts["o_proj"] == pytest.approx(36 * o_prog.time_s)
+    assert n["fp8"]["64"].per_layer["triton"] == 4
+    producers = sum(gpu.quantize_s("h100", 64, k) for k in (4096, 4096, 4096, 12288))
+    assert p.fp8_parts["4 producer+quantize kernels"] == pytest.approx(36 * producers)
+    assert p.bf16_parts["(RMSNorm x2, combine, SiLU product: XLA fusions among the others)"] == 0
     assert p.kv_fp8_gib == pytest.approx(2 * 36 * 64 * 6144 * 8 * 128 / 2**30)
     assert p.kv_bf16_gib == 2 * p.kv_fp8_gib
     # the KV read dominates a 4K-context step: FP8 halves it, so the step ratio tends to ~2
