@@ -345,7 +345,8 @@ def triton_reports(cache_file: str) -> list[KernelReport]:
     cuobjdump = tool("cuobjdump")
     if cuobjdump is None or not os.path.exists(cache_file):
         return []
-    blob = _read_bytes(cache_file)
+    with open(cache_file, "rb") as f:
+        blob = f.read()
     starts = [m.start() for m in re.finditer(rb"\x7fELF", blob)] + [len(blob)]
     out = []
     with tempfile.TemporaryDirectory(prefix="xla_kernels_") as d:
@@ -359,11 +360,6 @@ def triton_reports(cache_file: str) -> list[KernelReport]:
                     local = int(m["local"]) + int(m["stack"])
                     out.append(KernelReport(m["name"], int(m["regs"]), local, 0, int(m["smem"])))
     return out
-
-
-def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def count_kernels(text: str, target: str) -> int:

@@ -8,10 +8,9 @@ import jax.numpy as jnp
 from kernels_pallas.backend import Impl, Implementation, ImplTable
 from kernels_pallas.decode_attention import pallas_mosaic_gpu as mgpu
 from kernels_pallas.decode_attention import pallas_tpu as tpu
-from kernels_pallas.decode_attention.common import DecodeBlocks, is_slot_scale
+from kernels_pallas.decode_attention.common import DecodeBlocks, is_slot_scale, quantize_output
 from kernels_pallas.decode_attention.reference import decode_attention_reference
 from kernels_pallas.qarray import QArray, fp8_dtype
-from kernels_pallas.quantize import quantize_activations
 
 
 def _check(q_BHC, k_BSKC, v_BSKC, lengths_B, starts_B, k_scale, v_scale) -> None:
@@ -35,14 +34,6 @@ def _check(q_BHC, k_BSKC, v_BSKC, lengths_B, starts_B, k_scale, v_scale) -> None
             )
     if is_slot_scale(k_scale) != is_slot_scale(v_scale):
         raise ValueError("decode_attention: k_scale and v_scale must both be dynamic or neither")
-
-
-def quantize_output(o_BHC: jax.Array, quant_out) -> jax.Array | QArray:
-    """The output as the o_proj GEMM reads it: ``o`` itself (``quant_out`` None) or a QArray
-    ``[B, H·C]`` quantized per token in 1x128 groups to ``quant_out``."""
-    if quant_out is None:
-        return o_BHC
-    return quantize_activations(o_BHC.reshape(o_BHC.shape[0], -1), 128, quant_out)
 
 
 def _run_xla(q, k, v, lengths_B, *, config, interpret, quant_out, **kw):

@@ -16,6 +16,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas.qarray import QArray
+from kernels_pallas.quantize import quantize_activations
+
 LOG2E = 1.4426950408889634
 
 
@@ -87,6 +90,14 @@ def combine_splits(o_BJHC: jax.Array, lse_BJH: jax.Array) -> jax.Array:
     den_BH = jnp.sum(w_BJH, axis=1)
     o_BHC = jnp.einsum("bjh,bjhc->bhc", w_BJH, o_BJHC, precision="highest")
     return o_BHC / jnp.where(den_BH > 0, den_BH, 1.0)[..., None]
+
+
+def quantize_output(o_BHC: jax.Array, quant_out) -> jax.Array | QArray:
+    """The output as the o_proj GEMM reads it: ``o`` itself (``quant_out`` None) or a QArray
+    ``[B, H·C]`` quantized per token in 1x128 groups to ``quant_out`` (an FP8 dtype)."""
+    if quant_out is None:
+        return o_BHC
+    return quantize_activations(o_BHC.reshape(o_BHC.shape[0], -1), 128, quant_out)
 
 
 def is_slot_scale(scale) -> bool:

@@ -36,7 +36,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels_pallas.act_quantize import fused
 from kernels_pallas.decode_attention import common
-from kernels_pallas.quantize import quantize_activations
 
 _TILE_M = 64  # wgmma M: the query group is a 64-row window
 
@@ -264,7 +263,7 @@ def output(outs, v_scale, *, n_kv: int, out_dtype, quant_out=None, interpret=Fal
     ``o`` [B, H, C] in ``out_dtype``: the chunks combined, times the static ``v_scale`` ([] or
     [K], or None). With ``quant_out`` (an FP8 dtype) a QArray ``[B, H·C]`` of ``o`` in 1x128
     groups, computed in one Triton launch where it takes the shape (dense and paged kernels)."""
-    b, splits, h, c = outs[0].shape
+    b, splits, h, _ = outs[0].shape
     group = h // n_kv
     if quant_out is not None and fused.combine_supports(outs[0].shape, out_dtype) is None:
         v_K = jnp.ones(n_kv, jnp.float32) if v_scale is None else common.per_kv_head(v_scale, n_kv)
@@ -279,10 +278,7 @@ def output(outs, v_scale, *, n_kv: int, out_dtype, quant_out=None, interpret=Fal
         o_BHC = outs[0][:, 0]
     if v_scale is not None:
         o_BHC = o_BHC * jnp.repeat(common.per_kv_head(v_scale, n_kv), group)[None, :, None]
-    o_BHC = o_BHC.astype(out_dtype)
-    if quant_out is None:
-        return o_BHC
-    return quantize_activations(o_BHC.reshape(b, h * c), 128, quant_out)
+    return common.quantize_output(o_BHC.astype(out_dtype), quant_out)
 
 
 _KV_DTYPES = tuple(map(jnp.dtype, (jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn, jnp.float8_e5m2)))

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas.backend import Impl, Implementation, ImplTable
-from kernels_pallas.decode_attention.api import quantize_output
+from kernels_pallas.decode_attention.common import quantize_output
 from kernels_pallas.paged_attention.common import PagedBlocks
 from kernels_pallas.paged_attention.reference import is_page_scale
 from kernels_pallas.paged_attention.xla import paged_attention_xla
