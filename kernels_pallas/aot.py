@@ -81,8 +81,8 @@ _DEVICE_KIND = {
     "v6e": ("TPU v6 lite", 1, "tpu"),
 }
 # The custom call each Pallas backend leaves in the compiled HLO / exported StableHLO.
-_KERNEL_MARKERS = {"cuda": ("mosaic_gpu", r"__gpu\$xla\.gpu\.triton"), "tpu": ("tpu_custom_call",)}
 _TRITON_TARGET = "__gpu$xla.gpu.triton"
+_KERNEL_MARKERS = {"cuda": ("mosaic_gpu", re.escape(_TRITON_TARGET)), "tpu": ("tpu_custom_call",)}
 
 STATUSES = ("ok", "fail", "smem", "spill", "no-kernel", "no-report", "crash", "timeout")
 

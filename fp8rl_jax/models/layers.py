@@ -50,16 +50,14 @@ def swiglu_mlp(p: dict, x, *, impl: str = "auto") -> jax.Array:
     """``W_down (silu(x W_gate) ⊙ x W_up)`` (Shazeer 2020, arXiv 2002.05202); a fused
     ``w_gate_up`` (``models.fused``) runs both input GEMMs as one. A QArray ``w_down`` gets its
     input quantized with the product (one launch on Hopper at decode sizes)."""
-    dtype = fp8_input_dtype(p["w_down"])
-    if GATE_UP in p:
-        y = linear(x, p[GATE_UP], impl=impl)
-        if dtype is not None and p[GATE_UP].block_shape[0] == 128:
-            h = swiglu_quantize(y, dtype=dtype, impl=quant_impl(impl))
-            return linear(h, p["w_down"], impl=impl)
-        gate, up = split_gate_up(y, p[GATE_UP].block_shape[0])
+    dtype, q_impl = fp8_input_dtype(p["w_down"]), quant_impl(impl)
+    if GATE_UP in p and dtype is not None and p[GATE_UP].block_shape[0] == 128:
+        h = swiglu_quantize(linear(x, p[GATE_UP], impl=impl), dtype=dtype, impl=q_impl)
     else:
-        gate, up = linear(x, p["w_gate"], impl=impl), linear(x, p["w_up"], impl=impl)
-    if dtype is not None:
-        h = swiglu_quantize(gate=gate, up=up, dtype=dtype, impl=quant_impl(impl))
-        return linear(h, p["w_down"], impl=impl)
-    return linear(swiglu(gate, up), p["w_down"], impl=impl)
+        if GATE_UP in p:
+            gate, up = split_gate_up(linear(x, p[GATE_UP], impl=impl), p[GATE_UP].block_shape[0])
+        else:
+            gate, up = linear(x, p["w_gate"], impl=impl), linear(x, p["w_up"], impl=impl)
+        h = swiglu(gate, up) if dtype is None else swiglu_quantize(gate=gate, up=up, dtype=dtype,
+                                                                   impl=q_impl)  # fmt: skip
+    return linear(h, p["w_down"], impl=impl)
