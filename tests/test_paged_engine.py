@@ -103,7 +103,9 @@ def _expected_refs(s, leader_B, x):
 
 def test_page_accounting_invariants_every_iteration():
     """Stepped from the host: counts equal the owners, a slot's own pages (past its shared
-    full prompt pages) have one owner, no page is both free and held; 0 in use at the end."""
+    full prompt pages) have one owner, no page is both free and held; 0 in use at the end.
+    Where ``bookkeeping_due`` lets a step skip release, admission and page growth, running them
+    changes no leaf of the state."""
     prompts, cfg = _prompts(), PagedConfig(num_slots=4, page_size=4, num_pages=11)
     plan = plan_pool(cfg, MODEL, num_requests=9, prompt_len=16, max_new_tokens=A,
                      cache_dtype=jnp.float32, mode="none")  # fmt: skip
@@ -114,8 +116,16 @@ def test_page_accounting_invariants_every_iteration():
         tiny_params(), prompts, jax.random.key(7), None, jnp.full((9,), A), None, spec
     )
     step = jax.jit(functools.partial(engine.step, spec=spec, inp=inp))
+    due = jax.jit(functools.partial(engine.bookkeeping_due, spec=spec))
+    books = jax.jit(lambda st: engine.grow(engine.admit(engine.release(st, spec), spec, inp),
+                                           spec, inp.leader_B))  # fmt: skip
     lens = np.asarray(prompts.lens_B)
+    skipped = 0
     for _ in range(200):
+        if not bool(due(s)):  # step skips release/admit/grow: they must be the identity here
+            skipped += 1
+            same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), books(s), s)
+            assert all(jax.tree.leaves(same)), same
         s = step(s)
         h = jax.tree.map(np.asarray, s)
         refs, held = _expected_refs(h, np.asarray(inp.leader_B), plan.num_pages)
@@ -130,6 +140,7 @@ def test_page_accounting_invariants_every_iteration():
     s = jax.tree.map(np.asarray, engine.finish(s, spec, inp))
     assert s.finished_B.all() and (s.refs_X == 0).all() and not s.resident_B.any()
     assert int(s.counters.preemptions) > 0
+    assert 0 < skipped < int(s.counters.iterations)  # both kinds of iteration were checked
 
 
 def test_fp8_kv_pages_match_the_dense_fp8_cache():

@@ -114,20 +114,26 @@ PAGED_IMPLS = {
 PAGED_SLOTS = 32
 
 
-def paged_rollout_program(cfg, shape: RolloutShape, recipe, kernels: KernelImpls, page_size: int):
-    """``rollout_program`` on the paged engine (FP8 static KV pages): B requests, 32 slots."""
+def paged_rollout_program(cfg, shape: RolloutShape, recipe, kernels: KernelImpls, page_size: int,
+                          slots: int = PAGED_SLOTS, precision: str = "fp8"):  # fmt: skip
+    """``rollout_program`` on the paged engine: B requests over ``slots`` slots. ``precision``
+    "fp8": W8A8 (``quantize_params`` + ``fuse_projections``) and FP8 static KV pages; "bf16":
+    the BF16 weights and BF16 pages, the same kernels (the baseline of ``perf_model``)."""
     from fp8rl_jax.generation.config import PagedConfig
     from fp8rl_jax.generation.paged import generate_paged
 
-    paged = PagedConfig(num_slots=PAGED_SLOTS, page_size=page_size, prefill_batch=4)
+    if precision not in ("fp8", "bf16"):
+        raise ValueError(f"paged_rollout_program: precision must be fp8 or bf16, got {precision}")
+    paged = PagedConfig(num_slots=slots, page_size=page_size, prefill_batch=4)
+    fp8 = precision == "fp8"
 
     def rollout(params, tokens_BP, lens_B, rng, k_LK, v_LK):
-        weights = fuse_projections(quantize_params(params, recipe), cfg)
+        weights = fuse_projections(quantize_params(params, recipe), cfg) if fp8 else params
         return generate_paged(
             weights, (tokens_BP, lens_B), cfg, SamplingConfig(temperature=1.0), rng,
-            paged=paged, kv_cache_dtype="float8_e4m3fn", kv_scale_mode="static",
-            kv_scales=KVScales.of(k_LK, v_LK), max_new_tokens=shape.max_new_tokens,
-            stop_token_ids=STOP_IDS, kernels=kernels,
+            paged=paged, kv_cache_dtype="float8_e4m3fn" if fp8 else "bfloat16",
+            kv_scale_mode="static", kv_scales=KVScales.of(k_LK, v_LK) if fp8 else None,
+            max_new_tokens=shape.max_new_tokens, stop_token_ids=STOP_IDS, kernels=kernels,
         )  # fmt: skip
 
     return rollout

@@ -36,11 +36,16 @@ def main(argv=None) -> int:
     changes = gpu_targets.design_changes()
     steps = gpu_rollout.predictions()
     goals = [*gpu_targets.targets(preds), gpu_rollout.target(steps), *tpu.targets(preds)]
-    h100_64 = next(p for p in steps if p.chip == "h100" and p.batch == 64)
+    h100_64 = [p for p in steps if p.chip == "h100" and p.batch == 64]  # one per engine
     sections = {
         "Design changes, before -> after (predicted)": change_table(changes),
         "Rollout decode step, W8A8 + FP8 KV vs BF16 (predicted)": "\n\n".join(
-            (gpu_rollout.table(steps), gpu_rollout.breakdown(h100_64), gpu_rollout.__doc__.strip())
+            (
+                gpu_rollout.table(steps),
+                *map(gpu_rollout.breakdown, h100_64),
+                gpu_rollout.paged_bookkeeping_change(),
+                gpu_rollout.__doc__.strip(),
+            )  # fmt: skip
         ),
         "Issue-21 targets (predicted: H100, TPU v5e / v6e)": "\n".join(goals),
         "GPU model and its assumptions": gpu.__doc__.strip(),

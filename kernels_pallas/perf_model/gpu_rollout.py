@@ -23,8 +23,17 @@ Prefill is left out (a 4K-token response is decode-bound: 4,096 launches of ever
 prefill). tokens/s = B / step time. The table gives the KV cache at full length too: from B = 128
 the BF16 cache (108 GiB) no longer fits one H100, the FP8 one (54 GiB) does, so there FP8's gain is
 also the batch BF16 cannot hold (not counted). Predicted, never measured: the per-kernel assumptions
-of ``gpu.py`` all carry over; the launch counts are the static engine's (the paged engine runs the
-same model code per layer; its attention kernel and cache write differ).
+of ``gpu.py`` all carry over.
+
+Both engines are predicted from their own counts: the static engine (``generate``) and the paged
+engine (``generate_paged``, what the real-model recipes run: one slot per row here), whose loop
+has, per decode step and for FP8 and BF16 alike, its own launches outside the model (the
+predicate of its release / admission / page-growth bookkeeping, which runs under a ``lax.cond``
+only when due, the slots' sampling state, loop-carried copies: ``hlo_launches
+.paged_step_launches``; admission and prefill are left out as above). The attention kernel is the
+paged one in both (the dense kernel's model is the same at these shapes:
+``gpu.predict_attention``). ``paged_bookkeeping_change`` gives the paged step before -> after
+that cond.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ class DenseModel:
 QWEN3_8B = DenseModel("Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936)
 PROMPT, RESPONSE = 2048, 4096  # tokens (the issue's 4K-token responses)
 BATCHES = (16, 64, 128, 256)  # decode rows per GPU
+ENGINES = hlo_launches.ENGINES  # ("static", "paged")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +74,7 @@ class StepPrediction:
 
     kv_fp8_gib: float = 0.0  # the whole cache at full length (prompt + response), per GPU
     kv_bf16_gib: float = 0.0
+    engine: str = "static"
 
     @property
     def ratio(self) -> float:
@@ -75,18 +86,21 @@ class StepPrediction:
                     bf16_tokens_per_s=self.batch / self.bf16_s)  # fmt: skip
 
 
-def _counts(precision: str, batch: int) -> hlo_launches.Launches:
+def _counts(precision: str, batch: int, engine: str) -> hlo_launches.Launches:
     """The measured launches of the batch size measured nearest below ``batch`` (or above)."""
-    by_b = hlo_launches.load()[precision]
+    by_b = hlo_launches.load(engine=engine)[precision]
     sizes = sorted(int(b) for b in by_b)
     return by_b[str(max([b for b in sizes if b <= batch] or sizes[:1]))]
 
 
-def decode_step(chip: str, cfg: DenseModel, batch: int, context: int) -> StepPrediction:
-    """One decode step of ``batch`` rows at ``context`` slots, FP8 and BF16 (module docstring)."""
+def decode_step(chip: str, cfg: DenseModel, batch: int, context: int,
+                engine: str = "static") -> StepPrediction:  # fmt: skip
+    """One decode step of ``batch`` rows at ``context`` slots on ``engine``, FP8 and BF16
+    (module docstring)."""
     d, c = cfg.hidden, cfg.head_dim
     q_n, kv_n = cfg.heads * c, cfg.kv_heads * c
-    fp8_n, bf16_n = _counts("fp8", batch), _counts("bf16", batch)
+    fp8_n, bf16_n = _counts("fp8", batch, engine), _counts("bf16", batch, engine)
+    engine = "paged" if engine == hlo_launches.PAGED_BEFORE else engine
     # the kernels modelled one by one must be the ones the programs launch
     assert (fp8_n.per_layer["mosaic"], fp8_n.per_layer["triton"]) == (5, 4), fp8_n
     assert (bf16_n.per_layer["xla_gemm"], bf16_n.per_layer["mosaic"]) == (5, 1), bf16_n
@@ -127,20 +141,41 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int) -> StepPre
     }
     kv = 2 * cfg.layers * batch * (PROMPT + RESPONSE) * kv_n / 2**30  # bytes per element: 1
     return StepPrediction(cfg.name, chip, batch, context, sum(fp8_parts.values()),
-                          sum(bf16_parts.values()), fp8_parts, bf16_parts, kv, 2 * kv)  # fmt: skip
+                          sum(bf16_parts.values()), fp8_parts, bf16_parts, kv, 2 * kv,
+                          engine)  # fmt: skip
+
+
+def paged_bookkeeping_change(chip: str = "h100") -> str:
+    """Before -> after of the paged engine's step when release, admission and page growth went
+    under a ``lax.cond`` (``generation.paged.engine.bookkeeping_due``): the launch counts of
+    both compiled programs, the same kernel predictions."""
+    ctx = PROMPT + RESPONSE // 2
+    rows = ["| rows B | launches per step, FP8 before -> after | FP8 step (us) | BF16 step (us) "
+            "| FP8 / BF16 ratio |", "|" + "---|" * 5]  # fmt: skip
+    for b in BATCHES:
+        old = decode_step(chip, QWEN3_8B, b, ctx, hlo_launches.PAGED_BEFORE)
+        new = decode_step(chip, QWEN3_8B, b, ctx, "paged")
+        n_old, n_new = (_counts("fp8", b, e).total(QWEN3_8B.layers)
+                        for e in (hlo_launches.PAGED_BEFORE, "paged"))  # fmt: skip
+        rows.append(f"| {b} | {n_old} -> {n_new} | {old.fp8_s * 1e6:.0f} -> {new.fp8_s * 1e6:.0f} "
+                    f"| {old.bf16_s * 1e6:.0f} -> {new.bf16_s * 1e6:.0f} "
+                    f"| {old.ratio:.2f} -> {new.ratio:.2f} |")  # fmt: skip
+    return f"Paged engine, {QWEN3_8B.name}, {chip}, context {ctx}:\n\n" + "\n".join(rows)
 
 
 def predictions(chips=gpu.GPU_CHIPS) -> list[StepPrediction]:
     ctx = PROMPT + RESPONSE // 2
-    return [decode_step(chip, QWEN3_8B, b, ctx) for chip in chips for b in BATCHES]
+    return [decode_step(chip, QWEN3_8B, b, ctx, e) for e in ENGINES for chip in chips
+            for b in BATCHES]  # fmt: skip
 
 
 def table(preds: list[StepPrediction]) -> str:
-    rows = ["| model | chip | rows B | mean context | FP8 step (us) | BF16 step (us) "
+    rows = ["| model | engine | chip | rows B | mean context | FP8 step (us) | BF16 step (us) "
             "| FP8 tokens/s | BF16 tokens/s | ratio | KV cache GiB, FP8 / BF16 |",
-            "|" + "---|" * 10]  # fmt: skip
+            "|" + "---|" * 11]  # fmt: skip
     for p in preds:
-        rows.append(f"| {p.model} | {p.chip} | {p.batch} | {p.context} | {p.fp8_s * 1e6:.0f} "
+        rows.append(f"| {p.model} | {p.engine} | {p.chip} | {p.batch} | {p.context} "
+                    f"| {p.fp8_s * 1e6:.0f} "
                     f"| {p.bf16_s * 1e6:.0f} | {p.batch / p.fp8_s:,.0f} | "
                     f"{p.batch / p.bf16_s:,.0f} | {p.ratio:.2f}x | {p.kv_fp8_gib:.0f} / "
                     f"{p.kv_bf16_gib:.0f} |")  # fmt: skip
@@ -149,7 +184,8 @@ def table(preds: list[StepPrediction]) -> str:
 
 def breakdown(p: StepPrediction) -> str:
     """Per-kernel time of one step (all layers), FP8 beside BF16."""
-    rows = [f"{p.model}, {p.chip}, B = {p.batch}, context {p.context}: per step (us)",
+    rows = [f"{p.model}, {p.engine} engine, {p.chip}, B = {p.batch}, context {p.context}: "
+            "per step (us)",
             "", "| FP8 kernel | us | BF16 kernel | us |", "|---|---|---|---|"]  # fmt: skip
     for (a, ta), (b, tb) in zip(p.fp8_parts.items(), p.bf16_parts.items(), strict=True):
         rows.append(f"| {a} | {ta * 1e6:.0f} | {b} | {tb * 1e6:.0f} |")
@@ -158,12 +194,14 @@ def breakdown(p: StepPrediction) -> str:
 
 def target(preds: list[StepPrediction]) -> str:
     """Judged at the batch sizes whose BF16 cache fits one H100 beside the 16 GiB of BF16
-    weights (a bigger batch only FP8 can hold is a further gain this leaves out)."""
+    weights (a bigger batch only FP8 can hold is a further gain this leaves out), on every
+    engine."""
     h100 = [p for p in preds if p.chip == "h100" and p.kv_bf16_gib + 16 <= 80 * 0.9]
     met = [p for p in h100 if p.ratio >= 1.4]
     worst = min(h100, key=lambda p: p.ratio)
+    engines = "/".join(dict.fromkeys(p.engine for p in h100))
     return (f"- W8A8 + FP8 KV rollout, Qwen3-8B shape, 4K-token responses, >= 1.4x BF16 tokens/s "
-            f"(decode step, H100, batches whose BF16 cache fits): "
+            f"(decode step, H100, {engines} engine, batches whose BF16 cache fits): "
             f"{'MET' if len(met) == len(h100) else 'NOT MET'} "
-            f"({len(met)}/{len(h100)} batch sizes meet it); worst B={worst.batch}: "
+            f"({len(met)}/{len(h100)} cases meet it); worst {worst.engine} B={worst.batch}: "
             f"{worst.ratio:.2f}")  # fmt: skip

@@ -1,15 +1,24 @@
 """Kernel launches per decode step, counted in the compiled H100 rollout programs.
 
 At decode sizes a step's time is mostly launches, so the rollout model (``gpu_rollout``) takes
-their number from the programs the engine really runs rather than from a list written by hand: the
-static engine's ``generate`` (prefill + ``while_loop`` decode), Qwen3-8B widths, compiled
-deviceless for H100 at 1 and 2 layers, FP8 (``quantize_params`` + ``fuse_projections``, W8A8, FP8
-static KV cache, the Mosaic GPU kernels) and BF16 (BF16 weights and cache, same attention kernel).
-In the decode loop's body every fusion, custom call (a Pallas kernel) and copy is one launch; per
-layer = 2 layers minus 1 layer, per step (LM head, sampling, bookkeeping) = 1 layer minus per
-layer. Kinds: ``mosaic`` (Mosaic GPU: GEMMs, attention), ``triton`` (Pallas Triton:
-``act_quantize``, in the FP8 program its producer-fused kernels), ``xla_gemm`` (XLA's GEMM fusions
-and cuBLAS calls), ``xla`` (every other fusion or copy).
+their number from the programs the engines really run rather than from a list written by hand,
+Qwen3-8B widths, compiled deviceless for H100 at 1 and 2 layers, FP8 (``quantize_params`` +
+``fuse_projections``, W8A8, FP8 static KV cache, the Mosaic GPU kernels) and BF16 (BF16 weights
+and cache, same attention kernel), on both engines:
+
+* static (``generate``: prefill + a ``while_loop`` decode): one iteration of the decode loop;
+* paged (``generate_paged``, one slot per row): one decode iteration of the engine loop, i.e. its
+  body's own launches (slot release, page tables, the sampling state) and its decode branch,
+  without the admission branch (prefill: once per request) or the page-growing loop's body
+  (zero iterations unless the pool runs short).
+
+Loop conditions evaluated every step count once. In a counted computation every fusion, custom
+call (a Pallas kernel) and copy is one launch; per layer = 2 layers minus 1 layer, per step (LM
+head, sampling, bookkeeping) = 1 layer minus per layer. Kinds: ``mosaic`` (Mosaic GPU: GEMMs,
+attention), ``triton`` (Pallas Triton: ``act_quantize``, in the FP8 program its producer-fused
+kernels), ``xla_gemm`` (XLA's GEMM fusions and cuBLAS calls), ``xla`` (every other fusion or
+copy). Not counted: the host reads of loop and branch predicates (one per loop or branch per
+step), which the model leaves out.
 
 ``python -m kernels_pallas.perf_model.hlo_launches`` (the AOT venv: the CUDA plugin) writes
 ``experiments/results/rollout_launches.json``.
@@ -57,6 +66,20 @@ def _kind(line: str, op: str) -> str:
     return "xla"
 
 
+def branches(line: str) -> list[str]:
+    """The branch computations of one ``conditional`` (an index's list, or a predicate's
+    true / false pair)."""
+    if m := re.search(r"branch_computations=\{([^}]*)\}", line):
+        return re.findall(r"%?([\w.\-]+)", m.group(1))
+    return re.findall(r"(?:true|false)_computation=%?([\w.\-]+)", line)
+
+
+def condition_launches(comps: dict[str, list[str]], line: str) -> collections.Counter:
+    """Launches of one evaluation of a ``while``'s condition (it runs before every iteration
+    and once more at the end)."""
+    return launches(comps, re.search(r"condition=%?([\w.\-]+)", line).group(1))
+
+
 def launches(comps: dict[str, list[str]], name: str) -> collections.Counter:
     """Launches by kind in computation ``name``, into nested loops, branches and calls."""
     count = collections.Counter()
@@ -64,11 +87,11 @@ def launches(comps: dict[str, list[str]], name: str) -> collections.Counter:
         if not (m := _OP.search(line)):
             continue
         op = m.group(1)
-        if op == "while":
+        if op == "while":  # its body once, its condition once (a loop of one iteration)
             count += launches(comps, re.search(r"body=%?([\w.\-]+)", line).group(1))
+            count += condition_launches(comps, line)
         elif op == "conditional":
-            branches = re.search(r"branch_computations=\{([^}]*)\}", line).group(1)
-            for b in re.findall(r"%?([\w.\-]+)", branches):
+            for b in branches(line):
                 count += launches(comps, b)
         elif op == "call":
             count += launches(comps, re.search(r"to_apply=%?([\w.\-]+)", line).group(1))
@@ -79,19 +102,73 @@ def launches(comps: dict[str, list[str]], name: str) -> collections.Counter:
 
 def decode_body_launches(hlo: str) -> collections.Counter:
     """Launches by kind in one iteration of ``generate``'s decode ``while_loop`` (the one loop
-    of ``generate`` without a known trip count: prefill's chunk loop has one)."""
+    of ``generate`` without a known trip count: prefill's chunk loop has one): its body and
+    its condition."""
     comps = computations(hlo)
-    bodies = [
-        re.search(r"body=%?([\w.\-]+)", line).group(1)
+    loops = [
+        line
         for lines in comps.values()
         for line in lines
         if " while(" in line
         and re.search(r'_generate\)?/while"', line)
         and "known_trip_count" not in line
     ]
-    if len(bodies) != 1:
-        raise ValueError(f"hlo_launches: expected one decode while loop, found {len(bodies)}")
-    return launches(comps, bodies[0])
+    if len(loops) != 1:
+        raise ValueError(f"hlo_launches: expected one decode while loop, found {len(loops)}")
+    body = re.search(r"body=%?([\w.\-]+)", loops[0]).group(1)
+    return launches(comps, body) + condition_launches(comps, loops[0])
+
+
+def _calls_kernel(comps: dict[str, list[str]], name: str, marker: str) -> bool:
+    """Whether computation ``name`` (or one it runs) holds a custom call naming ``marker``."""
+    for line in comps[name]:
+        if "custom-call(" in line and marker in line:
+            return True
+        refs = re.findall(
+            r"(?:body|to_apply|true_computation|false_computation)=%?([\w.\-]+)", line
+        )
+        for ref in refs + (branches(line) if " conditional(" in line else []):
+            if ref in comps and _calls_kernel(comps, ref, marker):
+                return True
+    return False
+
+
+def paged_step_launches(hlo: str, marker: str = "paged_attention") -> collections.Counter:
+    """Launches by kind in one decode iteration of the paged engine's loop (``run_engine``):
+    the loop body's own launches (release, page bookkeeping, sampling's state updates) and its
+    decode branch (the ``lax.cond`` whose branch runs the paged attention kernel), without the
+    admission branch (prefill of new prompts: once per request, not per token) and the
+    page-growing loop's body (``grow``: zero iterations unless the pool runs short); the loop's
+    and the growing loop's conditions, evaluated every step, are counted."""
+    comps = computations(hlo)
+    loops = [
+        line
+        for lines in comps.values()
+        for line in lines
+        if " while(" in line and re.search(r'run_engine\)/while"', line)
+    ]
+    if len(loops) != 1:
+        raise ValueError(f"hlo_launches: expected one paged engine loop, found {len(loops)}")
+    count, decode = condition_launches(comps, loops[0]), 0
+    for line in comps[re.search(r"body=%?([\w.\-]+)", loops[0]).group(1)]:
+        if not (m := _OP.search(line)):
+            continue
+        if m.group(1) == "while":
+            count += condition_launches(comps, line)
+        elif m.group(1) == "conditional":
+            for b in branches(line):
+                if _calls_kernel(comps, b, marker):
+                    count += launches(comps, b)
+                    decode += 1
+        elif m.group(1) == "call":
+            count += launches(comps, re.search(r"to_apply=%?([\w.\-]+)", line).group(1))
+        else:
+            count[_kind(line, m.group(1))] += 1
+    if decode != 1:
+        raise ValueError(
+            f"hlo_launches: expected one decode branch in the paged loop, found {decode}"
+        )
+    return count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,19 +189,33 @@ def split_layers(one: collections.Counter, two: collections.Counter) -> Launches
     return Launches(layer, {k: one[k] - layer[k] for k in KINDS})
 
 
+ENGINES = ("static", "paged")
+
+
+PAGED_BEFORE = "paged_before"  # the paged engine's count before its bookkeeping went under a cond
+
+
 @functools.cache  # read once: every rollout prediction (chip x batch) asks for it
-def load(path: str = LAUNCHES_JSON) -> dict:
-    """precision ("fp8" | "bf16") -> batch (str) -> Launches, from the committed measurement."""
+def load(path: str = LAUNCHES_JSON, engine: str = "static") -> dict:
+    """precision ("fp8" | "bf16") -> batch (str) -> Launches of ``engine``'s decode step, from
+    the committed measurement (``PAGED_BEFORE``: the paged engine's earlier count, kept for
+    the before -> after table)."""
+    if engine not in (*ENGINES, PAGED_BEFORE):
+        raise ValueError(f"hlo_launches.load: engine must be one of {ENGINES}, got {engine!r}")
     with open(path) as f:
         data = json.load(f)
+    progs = (data["engines"]["paged"]["before_bookkeeping_cond"]["programs"]
+             if engine == PAGED_BEFORE else data["engines"][engine]["programs"])  # fmt: skip
     return {
         prec: {b: Launches(v["per_layer"], v["per_step"]) for b, v in by_b.items()}
-        for prec, by_b in data["programs"].items()
+        for prec, by_b in progs.items()
     }
 
 
-def _program(precision: str, layers: int, batch: int, prompt: int, response: int):
-    """(fn, args) of the static-engine rollout at Qwen3-8B widths (``generation.aot_cases``)."""
+def _program(precision: str, layers: int, batch: int, prompt: int, response: int,
+             engine: str = "static"):  # fmt: skip
+    """(fn, args) of the rollout at Qwen3-8B widths (``generation.aot_cases``): the static
+    engine's ``generate``, or the paged engine with one slot per row."""
     from fp8rl_jax.generation import aot_cases as ac
     from fp8rl_jax.generation.sampling import SamplingConfig
     from fp8rl_jax.generation.static import generate
@@ -133,6 +224,11 @@ def _program(precision: str, layers: int, batch: int, prompt: int, response: int
 
     cfg = dataclasses.replace(QWEN3_8B, num_layers=layers)
     shape = ac.RolloutShape(batch=batch, prompt_len=prompt, max_new_tokens=response)
+    if engine == "paged":
+        kernels, page = ac.PAGED_IMPLS["h100"]
+        fn = ac.paged_rollout_program(cfg, shape, QuantRecipe(), kernels, page, slots=batch,
+                                      precision=precision)  # fmt: skip
+        return fn, ac.rollout_args(cfg, shape)
     kernels = ac.IMPLS["h100"]
     if precision == "fp8":
         fn = ac.rollout_program(cfg, shape, QuantRecipe(), "float8_e4m3fn", kernels)
@@ -149,7 +245,15 @@ def _program(precision: str, layers: int, batch: int, prompt: int, response: int
     return fn, ac.rollout_args(cfg, shape)
 
 
-def measure(batches=(16, 64, 128, 256), prompt: int = 2048, response: int = 4096) -> dict:
+ENGINE_NOTES = {
+    "static": "generation.static.generate: one decode while_loop, launches of its body",
+    "paged": "generation.paged.generate_paged, one slot per row, pages of 64: the engine loop's "
+    "body and its decode branch (paged_step_launches: no admission/prefill, no page growing)",
+}
+
+
+def measure(batches=(16, 64, 128, 256), prompt: int = 2048, response: int = 4096,
+            engines=ENGINES) -> dict:  # fmt: skip
     """Compiles the programs (module docstring) and counts their decode launches."""
     from kernels_pallas import aot
 
@@ -157,18 +261,23 @@ def measure(batches=(16, 64, 128, 256), prompt: int = 2048, response: int = 4096
     import jax
 
     out = {}
-    for prec in ("fp8", "bf16"):
-        for b in batches:
-            counts = []
-            for layers in (1, 2):
-                fn, args = _program(prec, layers, b, prompt, response)
-                hlo = aot.compile_for("h100", fn, *args).compiled.as_text()
-                counts.append(decode_body_launches(hlo))
-                print(f"{prec} B={b} {layers} layer(s): {dict(counts[-1])}", flush=True)
-            out.setdefault(prec, {})[str(b)] = dataclasses.asdict(split_layers(*counts))
+    for engine in engines:
+        count = decode_body_launches if engine == "static" else paged_step_launches
+        progs = {}
+        for prec in ("fp8", "bf16"):
+            for b in batches:
+                counts = []
+                for layers in (1, 2):
+                    fn, args = _program(prec, layers, b, prompt, response, engine)
+                    hlo = aot.compile_for("h100", fn, *args).compiled.as_text()
+                    counts.append(count(hlo))
+                    print(f"{engine} {prec} B={b} {layers} layer(s): {dict(counts[-1])}",
+                          flush=True)  # fmt: skip
+                progs.setdefault(prec, {})[str(b)] = dataclasses.asdict(split_layers(*counts))
+        out[engine] = dict(program=ENGINE_NOTES[engine], programs=progs)
     return dict(
-        jax=jax.__version__, target="h100", engine="static (generation.static.generate)",
-        model="Qwen3-8B widths", prompt=prompt, response=response, programs=out,
+        jax=jax.__version__, target="h100", model="Qwen3-8B widths", prompt=prompt,
+        response=response, engines=out,
     )  # fmt: skip
 
 

@@ -30,6 +30,14 @@ HLO = """HloModule jit_rollout
   %c = f32[8] custom-call(%a), custom_call_target="mosaic_gpu_v2"
 }
 
+%c1 (t: (s32[])) -> pred[] {
+  ROOT %lt = pred[] compare(%x, %y), direction=LT
+}
+
+%c2 (t: (s32[])) -> pred[] {
+  %any = pred[] fusion(%x), kind=kInput, calls=%fused_norm
+}
+
 %decode_body (t: (s32[])) -> (s32[]) {
   %n = bf16[16,4096]{1,0} fusion(%a), kind=kCustom, calls=%fused_norm
   %q = (f8e4m3fn[16,4096]{1,0}, f32[32,16]{1,0}) custom-call(%n), custom_call_target="__gpu$xla.gpu.triton"
@@ -50,7 +58,8 @@ ENTRY %main (a: f32[8]) -> f32[8] {
 
 def test_counts_the_decode_loop_by_kind():
     got = h.decode_body_launches(HLO)
-    assert dict(got) == {"xla": 4, "triton": 1, "mosaic": 2, "xla_gemm": 1}
+    # the body's norm, copy, one fusion per branch (both: an upper bound), the condition's fusion
+    assert dict(got) == {"xla": 5, "triton": 1, "mosaic": 2, "xla_gemm": 1}
 
 
 def test_per_layer_and_per_step_from_one_and_two_layers():
@@ -69,11 +78,88 @@ def test_one_decode_loop_or_an_error():
         h.decode_body_launches(HLO.replace("_generate", "_other"))
 
 
+# The paged engine's loop (``run_engine``): its body's own fusions (page bookkeeping), the
+# admission branch (prefill: a Mosaic GEMM, no paged attention), the page-growing loop, and the
+# decode branch (the paged attention kernel, a GEMM, a fusion; its other branch empty).
+PAGED_HLO = """HloModule jit_rollout
+
+%fused_norm (p: bf16[16,4096]) -> bf16[16,4096] {
+  ROOT %m = bf16[16,4096]{1,0} multiply(%p, %p)
+}
+
+%admit (t: (s32[])) -> (s32[]) {
+  %pf = f32[8] custom-call(%a), custom_call_target="mosaic_gpu_v2", metadata={op_name="jit(rollout)/jit(run_engine)/while/body/cond/branch_1_fun/jit(_run)/jit(fp8_matmul_mgpu)"}
+  %s = s32[] fusion(%x), kind=kLoop, calls=%fused_norm
+}
+
+%grow_body (t: (s32[])) -> (s32[]) {
+  %g = s32[] fusion(%x), kind=kLoop, calls=%fused_norm
+}
+
+%decode (t: (s32[])) -> (s32[]) {
+  %at = f32[8] custom-call(%a), custom_call_target="mosaic_gpu_v2", metadata={op_name="jit(rollout)/jit(run_engine)/while/body/cond/branch_1_fun/jit(paged_attention_mgpu)/anonymous"}
+  %mm = f32[8] custom-call(%a), custom_call_target="mosaic_gpu_v2", metadata={op_name="jit(rollout)/jit(run_engine)/while/body/cond/branch_1_fun/jit(_run)/jit(fp8_matmul_mgpu)"}
+  %r = s32[] fusion(%x), kind=kLoop, calls=%fused_norm
+}
+
+%empty (t: (s32[])) -> (s32[]) {
+  ROOT %t = (s32[]) tuple(%x)
+}
+
+%c1 (t: (s32[])) -> pred[] {
+  %more = pred[] fusion(%x), kind=kInput, calls=%fused_norm
+}
+
+%c3 (t: (s32[])) -> pred[] {
+  %short = pred[] fusion(%x), kind=kInput, calls=%fused_norm
+}
+
+%engine_body (t: (s32[])) -> (s32[]) {
+  %rel = s32[] fusion(%x), kind=kLoop, calls=%fused_norm
+  %ad = (s32[]) conditional(%p, %t, %t), true_computation=%admit, false_computation=%empty
+  %gw = (s32[]) while(%t), condition=%c3, body=%grow_body, metadata={op_name="jit(rollout)/jit(run_engine)/while/body/while"}
+  %dc = (s32[]) conditional(%q, %t, %t), true_computation=%decode, false_computation=%empty
+  %cp = s32[] copy(%x)
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %w = (s32[]) while(%t), condition=%c1, body=%engine_body, metadata={op_name="jit(rollout)/jit(run_engine)/while"}
+}
+"""
+
+
+def test_paged_step_counts_the_loop_and_its_decode_branch_only():
+    got = h.paged_step_launches(PAGED_HLO)
+    # release fusion + copy (the body), attention + GEMM + fusion (decode), the loop's and the
+    # growing loop's conditions; not the admission branch's prefill nor the growing loop's body
+    assert dict(got) == {"xla": 5, "mosaic": 2}
+    with pytest.raises(ValueError, match="one decode branch"):
+        h.paged_step_launches(PAGED_HLO.replace("paged_attention_mgpu", "other_mgpu"))
+    with pytest.raises(ValueError, match="one paged engine loop, found 0"):
+        h.paged_step_launches(PAGED_HLO.replace("run_engine", "other"))
+
+
+def test_conditional_branches_in_both_forms():
+    line_pair = "%c = (s32[]) conditional(%p, %t, %t), true_computation=%yes, false_computation=%no"
+    line_list = "%c = (s32[]) conditional(%i, %t, %t), branch_computations={%b0, %b1, %b2}"
+    assert h.branches(line_pair) == ["yes", "no"]
+    assert h.branches(line_list) == ["b0", "b1", "b2"]
+
+
 def test_committed_measurement_covers_the_rollout_batches():
     """The committed counts (``python -m kernels_pallas.perf_model.hlo_launches``) have both
-    programs at every batch the rollout table shows."""
+    programs of both engines at every batch the rollout table shows, with the kernels the
+    rollout model charges one by one (5 Mosaic + 4 Triton per FP8 layer; 5 XLA GEMMs + the
+    attention kernel per BF16 layer)."""
     from kernels_pallas.perf_model import gpu_rollout
 
-    data = h.load()
-    for prec in ("fp8", "bf16"):
-        assert {str(b) for b in gpu_rollout.BATCHES} <= set(data[prec])
+    for engine in h.ENGINES:
+        data = h.load(engine=engine)
+        for prec in ("fp8", "bf16"):
+            assert {str(b) for b in gpu_rollout.BATCHES} <= set(data[prec])
+        for n in data["fp8"].values():
+            assert (n.per_layer["mosaic"], n.per_layer["triton"]) == (5, 4)
+        for n in data["bf16"].values():
+            assert (n.per_layer["xla_gemm"], n.per_layer["mosaic"]) == (5, 1)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        h.load(engine="dense")

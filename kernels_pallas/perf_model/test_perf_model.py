@@ -112,6 +112,26 @@ def test_rollout_step_sums_its_kernels():
     assert long.ratio > p.ratio
 
 
+def test_paged_engine_step_adds_its_own_measured_launches():
+    """The paged engine's step runs the same kernels per layer; what differs is each program's
+    measured count of other launches (its loop's page bookkeeping, per step, FP8 and BF16
+    alike), charged at ``LAUNCH_S`` each."""
+    from kernels_pallas.perf_model import gpu_rollout as r
+    from kernels_pallas.perf_model import hlo_launches
+
+    cfg = r.QWEN3_8B
+    st, pg = r.decode_step("h100", cfg, 64, 4096), r.decode_step("h100", cfg, 64, 4096, "paged")
+    assert (st.engine, pg.engine) == ("static", "paged")
+    for prec, s_parts, p_parts in (("fp8", st.fp8_parts, pg.fp8_parts),
+                                   ("bf16", st.bf16_parts, pg.bf16_parts)):  # fmt: skip
+        ns, np_ = (hlo_launches.load(engine=e)[prec]["64"] for e in ("static", "paged"))
+        extra = (np_.total(36) - ns.total(36)) * gpu.LAUNCH_S
+        assert sum(p_parts.values()) - sum(s_parts.values()) == pytest.approx(extra)
+    preds = r.predictions(("h100",))
+    assert {p.engine for p in preds} == {"static", "paged"}
+    assert "paged engine" in r.target(preds)
+
+
 def test_targets_judge_the_gemms_the_rollout_runs():
     """The FP8 rollout runs q|k|v and gate|up fused: their separate rows leave the rollout's
     verdicts (kept in the 'every listed shape' lines); the fused change's 'before' is the parts'

@@ -211,8 +211,17 @@ def drop_idle_groups(s: EngineState, leader_B: jax.Array) -> EngineState:
 
 def admit(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
     """Admits a prefix of the queue into free slots (prefilling new prompts), then drops the
-    prompt pages of groups with nothing left to admit or nothing running."""
+    prompt pages of groups with nothing left to admit or nothing running.
+
+    The admission's updates (page tables, the copy-on-write of partial prompt pages in every
+    layer, the slots' state) run under a ``lax.cond``: with no candidate admitted they are the
+    identity (every index is out of range and dropped), and most iterations of a long rollout
+    admit nothing, so a decode step does not launch them (``perf_model.hlo_launches``: per layer,
+    the partial page's gather and scatter into the K and V pools)."""
     c = _candidates(s, spec, inp)
-    s = _prefill_new_groups(s, spec, inp, c)
-    s = _fill_slots(s, spec, inp, c)
+    s = jax.lax.cond(
+        jnp.any(c.admit_C),
+        lambda: _fill_slots(_prefill_new_groups(s, spec, inp, c), spec, inp, c),
+        lambda: s,
+    )
     return drop_idle_groups(s, inp.leader_B)

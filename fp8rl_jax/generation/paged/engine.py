@@ -118,10 +118,26 @@ def _record_expert_ids(s: EngineState, ids_U1LK, b: int) -> EngineState:
     return dataclasses.replace(s, ids_BALK=ids)
 
 
+def bookkeeping_due(s: EngineState, spec: EngineSpec) -> jax.Array:
+    """Whether release, admission and page growth can change anything this iteration: a
+    finished slot to release, a queued request and a free slot, or a running slot whose next
+    write opens a page. Otherwise all three are the identity (every scatter index is dropped),
+    and so is ``drop_idle_groups``: nothing it reads (queue, running slots, resident groups)
+    changed since it last ran, and it is idempotent."""
+    gone = jnp.any((s.req_U >= 0) & s.done_U)
+    admissible = jnp.any(s.queued_B) & jnp.any(s.req_U < 0)
+    return gone | admissible | jnp.any(_need_U(s, spec.plan.page_size))
+
+
 def step(s: EngineState, spec: EngineSpec, inp: Inputs) -> EngineState:
-    """One iteration of the loop: release, admit, grow, decode."""
-    s = admit(release(s, spec), spec, inp)
-    s = grow(s, spec, inp.leader_B)
+    """One iteration of the loop: release, admit, grow, decode. The first three run under one
+    ``lax.cond`` (``bookkeeping_due``): most iterations of a long response only decode, and
+    their page and slot updates would be launches of their own on an accelerator."""
+    s = jax.lax.cond(
+        bookkeeping_due(s, spec),
+        lambda: grow(admit(release(s, spec), spec, inp), spec, inp.leader_B),
+        lambda: s,
+    )
     s = jax.lax.cond(jnp.any(s.active_U), lambda: decode(s, spec, inp), lambda: s)
     its = s.counters.iterations + 1
     return dataclasses.replace(s, counters=dataclasses.replace(s.counters, iterations=its))
