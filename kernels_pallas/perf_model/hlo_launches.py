@@ -100,23 +100,34 @@ def launches(comps: dict[str, list[str]], name: str) -> collections.Counter:
     return count
 
 
-def decode_body_launches(hlo: str) -> collections.Counter:
-    """Launches by kind in one iteration of ``generate``'s decode ``while_loop`` (the one loop
-    of ``generate`` without a known trip count: prefill's chunk loop has one): its body and
-    its condition."""
-    comps = computations(hlo)
+def _one_loop(comps: dict[str, list[str]], op_name: str, what: str, *,
+              unknown_trips: bool = False) -> str:  # fmt: skip
+    """The one ``while`` line whose op_name ends in ``op_name`` (``unknown_trips``: without a
+    known trip count); an error naming ``what`` otherwise."""
     loops = [
         line
         for lines in comps.values()
         for line in lines
         if " while(" in line
-        and re.search(r'_generate\)?/while"', line)
-        and "known_trip_count" not in line
+        and re.search(op_name + '"', line)
+        and not (unknown_trips and "known_trip_count" in line)
     ]
     if len(loops) != 1:
-        raise ValueError(f"hlo_launches: expected one decode while loop, found {len(loops)}")
-    body = re.search(r"body=%?([\w.\-]+)", loops[0]).group(1)
-    return launches(comps, body) + condition_launches(comps, loops[0])
+        raise ValueError(f"hlo_launches: expected one {what}, found {len(loops)}")
+    return loops[0]
+
+
+def _body(line: str) -> str:
+    return re.search(r"body=%?([\w.\-]+)", line).group(1)
+
+
+def decode_body_launches(hlo: str) -> collections.Counter:
+    """Launches by kind in one iteration of ``generate``'s decode ``while_loop`` (the one loop
+    of ``generate`` without a known trip count: prefill's chunk loop has one): its body and
+    its condition."""
+    comps = computations(hlo)
+    loop = _one_loop(comps, r"_generate\)?/while", "decode while loop", unknown_trips=True)
+    return launches(comps, _body(loop)) + condition_launches(comps, loop)
 
 
 def _calls_kernel(comps: dict[str, list[str]], name: str, marker: str) -> bool:
@@ -135,22 +146,15 @@ def _calls_kernel(comps: dict[str, list[str]], name: str, marker: str) -> bool:
 
 def paged_step_launches(hlo: str, marker: str = "paged_attention") -> collections.Counter:
     """Launches by kind in one decode iteration of the paged engine's loop (``run_engine``):
-    the loop body's own launches (release, page bookkeeping, sampling's state updates) and its
-    decode branch (the ``lax.cond`` whose branch runs the paged attention kernel), without the
-    admission branch (prefill of new prompts: once per request, not per token) and the
-    page-growing loop's body (``grow``: zero iterations unless the pool runs short); the loop's
-    and the growing loop's conditions, evaluated every step, are counted."""
+    the loop body's own launches (the bookkeeping predicate, sampling's state updates,
+    loop-carried copies) and its decode branch (the ``lax.cond`` whose branch runs the paged
+    attention kernel), without the other branches (release / admission / page growth, taken
+    only when ``bookkeeping_due``; prefill once per request) or a nested loop's body; the
+    conditions of the loops in the body, evaluated every step, are counted."""
     comps = computations(hlo)
-    loops = [
-        line
-        for lines in comps.values()
-        for line in lines
-        if " while(" in line and re.search(r'run_engine\)/while"', line)
-    ]
-    if len(loops) != 1:
-        raise ValueError(f"hlo_launches: expected one paged engine loop, found {len(loops)}")
-    count, decode = condition_launches(comps, loops[0]), 0
-    for line in comps[re.search(r"body=%?([\w.\-]+)", loops[0]).group(1)]:
+    loop = _one_loop(comps, r"run_engine\)/while", "paged engine loop")
+    count, decode = condition_launches(comps, loop), 0
+    for line in comps[_body(loop)]:
         if not (m := _OP.search(line)):
             continue
         if m.group(1) == "while":
