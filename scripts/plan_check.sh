@@ -44,31 +44,36 @@ judge() {  # exit status of one plan.py run -> fail or not
   fi
 }
 
-# Each config's programs in two processes (train | rollout, eval, gen_rollout): one compile is
-# mostly one core, and this machine has two.
-pids=()
-runs=()
-for entry in "${LIST[@]}"; do
-  cfg=${entry%%|*}
-  topo=${entry#*|}
-  for part in "train" "rollout,gen_rollout,eval"; do
-    name="${cfg}_${part%%,*}"
-    # Depths to extrapolate from: the train program's per-layer bytes grow with depth (Qwen3-8B,
-    # 8xH100: 2,4 -> 36 gives 30.0 GiB, 8,16 -> 36 42.7, the 36-layer compile 43.2;
-    # experiments/results/plan_depth_check.json), so train is compiled at 8 and 16 layers; the
-    # rollout's and eval's slopes fall with depth, so 2,4 over-estimates them (the safe side).
-    layers=$([ "$part" = train ] && echo 8,16 || echo 2,4)
-    nice -n 5 "$PY" experiments/plan.py --config="$C/$cfg.py" --topology="$topo" --layers="$layers" \
-      --programs="$part" --json="$OUT/plan_$name.json" >"$OUT/plan_$name.log" 2>&1 &
-    pids+=($!)
-    runs+=("$name")
-    # two at a time (2 cores)
-    if [ ${#pids[@]} -ge 2 ]; then
-      rc=0; wait "${pids[0]}" || rc=$?; judge $rc; pids=("${pids[@]:1}")
-    fi
-  done
+# Each config's programs in two processes (train | rollout, eval, gen_rollout), two processes at
+# a time (one compile is mostly one core, and this machine has two), the train processes first:
+# each takes 2-3x a rollout process, so the short ones fill the second core at the end.
+jobs_=()
+for part in "train" "rollout,gen_rollout,eval"; do
+  for entry in "${LIST[@]}"; do jobs_+=("$entry|$part"); done
 done
-for p in "${pids[@]}"; do rc=0; wait "$p" || rc=$?; judge $rc; done
+running=0
+runs=()
+for job in "${jobs_[@]}"; do
+  IFS='|' read -r cfg topo part <<<"$job"
+  name="${cfg}_${part%%,*}"
+  # Depths to extrapolate from: the train program's per-layer bytes grow with depth (Qwen3-8B,
+  # 8xH100: 2,4 -> 36 gives 30.0 GiB, 8,16 -> 36 42.7, the 36-layer compile 43.2;
+  # experiments/results/plan_depth_check.json), so train is compiled at 8 and 16 layers; the
+  # rollout's and eval's slopes fall with depth, so 2,4 over-estimates them (the safe side).
+  layers=$([ "$part" = train ] && echo 8,16 || echo 2,4)
+  if [ "$running" -ge 2 ]; then
+    rc=0; wait -n || rc=$?; judge $rc; running=$((running - 1))
+  fi
+  echo "plan_check: $(date +%T) $name (layers $layers)"
+  nice -n 5 "$PY" experiments/plan.py --config="$C/$cfg.py" --topology="$topo" --layers="$layers" \
+    --programs="$part" --json="$OUT/plan_$name.json" >"$OUT/plan_$name.log" 2>&1 &
+  running=$((running + 1))
+  runs+=("$name")
+done
+while [ "$running" -gt 0 ]; do
+  rc=0; wait -n || rc=$?; judge $rc; running=$((running - 1))
+done
+echo "plan_check: $(date +%T) done"
 for name in "${runs[@]}"; do
   grep -v "^[WEI][0-9]\{4\}\|^\*\|Very slow\|^$\|^[[:space:]]*$" "$OUT/plan_$name.log" | grep -v "^If you want" || true
 done
