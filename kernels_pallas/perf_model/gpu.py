@@ -65,6 +65,11 @@ HBM_EFF = 0.9  # best streaming fraction of HBM peak (STREAM-like copies reach ~
 FILL_S = 1.0e-6  # per wave: pipeline fill (first TMA round trip) + epilogue store
 TILE_SWITCH_S = DRAM_LATENCY_S  # persistent grid, between a CTA's tiles (module docstring)
 LAUNCH_S = 2.0e-6  # per kernel (or XLA fusion): launch and grid start; baselines pay it too
+# per predicate the host reads (a data-dependent while's, a conditional's branch index: XLA's GPU
+# runtime copies it to the host and waits): the small copy's round trip (~5 us) plus the next
+# launch from an idle GPU (~5 us). Zero if XLA runs the loop as a command buffer with device-side
+# conditional nodes: the first device run tells (scripts/gpu_check.sh).
+HOST_SYNC_S = 10.0e-6
 REGS_PER_SM, MAX_CTAS_PER_SM, SMEM_PER_SM = 65536, 32, 233472
 SMEM_BYTES_PER_CLK = 128  # per SM, ordinary shared loads/stores (32 banks x 4 B)
 BF16_GEMM_EFF = 0.70  # XLA/cuBLAS BF16 GEMM at large M: ~600-750 TFLOP/s of 989 on H100 SXM

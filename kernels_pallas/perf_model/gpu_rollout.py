@@ -34,6 +34,10 @@ only when due, the slots' sampling state, loop-carried copies: ``hlo_launches
 paged one in both (the dense kernel's model is the same at these shapes:
 ``gpu.predict_attention``). ``paged_bookkeeping_change`` gives the paged step before -> after
 that cond.
+
+Both programs also pay, per step, the predicates the host reads (``hlo_launches
+.decode_body_syncs``, ``.paged_step_syncs``: the decode loop's; in the paged engine also its
+bookkeeping and decode conds' branch indices), ``gpu.HOST_SYNC_S`` each, FP8 and BF16 alike.
 """
 
 from __future__ import annotations
@@ -134,10 +138,12 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int,
     }
     head = bf(cfg.vocab, d)  # the LM head, both
     fp8_parts = {k: v * cfg.layers for k, v in fp8.items()} | {
-        f"LM head + {fp8_n.per_step['xla']} fusions": head + fp8_n.per_step["xla"] * gpu.LAUNCH_S
+        f"LM head + {fp8_n.per_step['xla']} fusions": head + fp8_n.per_step["xla"] * gpu.LAUNCH_S,
+        f"{fp8_n.host_syncs} host syncs": fp8_n.host_syncs * gpu.HOST_SYNC_S,
     }
     bf16_parts = {k: v * cfg.layers for k, v in bf16.items()} | {
-        f"LM head + {bf16_n.per_step['xla']} fusions": head + bf16_n.per_step["xla"] * gpu.LAUNCH_S
+        f"LM head + {bf16_n.per_step['xla']} fusions": head + bf16_n.per_step["xla"] * gpu.LAUNCH_S,
+        f"{bf16_n.host_syncs} host syncs": bf16_n.host_syncs * gpu.HOST_SYNC_S,
     }
     kv = 2 * cfg.layers * batch * (PROMPT + RESPONSE) * kv_n / 2**30  # bytes per element: 1
     return StepPrediction(cfg.name, chip, batch, context, sum(fp8_parts.values()),

@@ -139,6 +139,33 @@ def test_paged_step_counts_the_loop_and_its_decode_branch_only():
         h.paged_step_launches(PAGED_HLO.replace("run_engine", "other"))
 
 
+def test_host_syncs_are_the_predicates_a_step_reads():
+    """One per data-dependent loop predicate and per conditional's branch index; a known trip
+    count's body as many times as it runs; in the paged step the decode branch's own, not the
+    admission branch's, and the growing loop's predicate once."""
+    assert h.decode_body_syncs(HLO) == 2  # the decode loop's predicate + the body's conditional
+    assert h.paged_step_syncs(PAGED_HLO) == 4  # loop + admission cond + grow loop + decode cond
+    nested = PAGED_HLO.replace(
+        "  %r = s32[] fusion(%x), kind=kLoop, calls=%fused_norm\n}",
+        "  %r = s32[] fusion(%x), kind=kLoop, calls=%fused_norm\n"
+        "  %k = (s32[]) conditional(%p, %t, %t), true_computation=%empty, false_computation=%empty\n}",
+    )
+    assert h.paged_step_syncs(nested) == 5  # a cond inside the decode branch: one more
+    admit_cond = PAGED_HLO.replace(
+        "  %s = s32[] fusion(%x), kind=kLoop, calls=%fused_norm\n}",
+        "  %s = s32[] fusion(%x), kind=kLoop, calls=%fused_norm\n"
+        "  %k = (s32[]) conditional(%p, %t, %t), true_computation=%empty, false_computation=%empty\n}",
+    )
+    assert h.paged_step_syncs(admit_cond) == 4  # inside the skipped admission branch: none
+    comps = h.computations(HLO)
+    comps["outer"] = [
+        '  %w = (s32[]) while(%t), condition=%c1, body=%decode_body, backend_config={"known_trip_count":{"n":"3"}}'
+    ]
+    assert h.syncs(comps, "outer") == 3  # the body's conditional, three times; no predicate
+    with pytest.raises(ValueError, match="host syncs per step differ"):
+        h.split_layers(h.decode_body_launches(HLO), h.decode_body_launches(HLO), (1, 2))
+
+
 def test_conditional_branches_in_both_forms():
     line_pair = "%c = (s32[]) conditional(%p, %t, %t), true_computation=%yes, false_computation=%no"
     line_list = "%c = (s32[]) conditional(%i, %t, %t), branch_computations={%b0, %b1, %b2}"

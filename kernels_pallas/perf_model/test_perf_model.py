@@ -104,6 +104,9 @@ def test_rollout_step_sums_its_kernels():
     producers = sum(gpu.quantize_s("h100", 64, k) for k in (4096, 4096, 4096, 12288))
     assert p.fp8_parts["4 producer+quantize kernels"] == pytest.approx(36 * producers)
     assert p.bf16_parts["(RMSNorm x2, combine, SiLU product: XLA fusions among the others)"] == 0
+    # the host reads the decode loop's predicate once per step (the static loop has no cond)
+    assert n["fp8"]["64"].host_syncs == n["bf16"]["64"].host_syncs == 1
+    assert p.fp8_parts["1 host syncs"] == p.bf16_parts["1 host syncs"] == 10e-6
     assert p.kv_fp8_gib == pytest.approx(2 * 36 * 64 * 6144 * 8 * 128 / 2**30)
     assert p.kv_bf16_gib == 2 * p.kv_fp8_gib
     # the KV read dominates a 4K-context step: FP8 halves it, so the step ratio tends to ~2
@@ -126,7 +129,11 @@ def test_paged_engine_step_adds_its_own_measured_launches():
                                    ("bf16", st.bf16_parts, pg.bf16_parts)):  # fmt: skip
         ns, np_ = (hlo_launches.load(engine=e)[prec]["64"] for e in ("static", "paged"))
         extra = (np_.total(36) - ns.total(36)) * gpu.LAUNCH_S
+        extra += (np_.host_syncs - ns.host_syncs) * gpu.HOST_SYNC_S
         assert sum(p_parts.values()) - sum(s_parts.values()) == pytest.approx(extra)
+    # its loop's predicate, the bookkeeping cond's and the decode cond's branch indices, and
+    # the grow loop's predicate: read inside the bookkeeping branch, so not in a decode step
+    assert hlo_launches.load(engine="paged")["fp8"]["64"].host_syncs == 3
     preds = r.predictions(("h100",))
     assert {p.engine for p in preds} == {"static", "paged"}
     assert "paged engine" in r.target(preds)
