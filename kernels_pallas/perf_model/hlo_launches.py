@@ -348,8 +348,10 @@ def measure(batches=(16, 64, 128, 256), prompt: int = 2048, response: int = 4096
 
 def main() -> None:
     data = measure()
-    with open(LAUNCHES_JSON) as f:  # the earlier paged count is a record: keep it
-        before = json.load(f)["engines"]["paged"].get("before_bookkeeping_cond")
+    before = None  # the earlier paged count is a record: keep it
+    if os.path.exists(LAUNCHES_JSON):
+        with open(LAUNCHES_JSON) as f:
+            before = json.load(f).get("engines", {}).get("paged", {}).get("before_bookkeeping_cond")
     if before is not None:
         data["engines"]["paged"]["before_bookkeeping_cond"] = before
     with open(LAUNCHES_JSON, "w") as f:
