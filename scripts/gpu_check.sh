@@ -14,6 +14,8 @@
 #   decode   experiments/bench_decode.py: decode attention GB/s vs the HBM peak, FP8 and BF16 caches
 #   rollout  experiments/bench_rollout.py: tokens/s BF16 vs W8A8 vs W8A8 + FP8 KV, Qwen3-1.7B shape
 #            (random weights), 1K-token prompts, 4K-token responses, batch 32, no stop tokens
+#   host_sync  experiments/bench_host_sync.py: per iteration, a fori vs a data-bounded while vs
+#            one with a cond: the cost of a loop predicate / branch index (the model's HOST_SYNC_S)
 #   moe, engine  HOOK: experiments/bench_moe.py and experiments/bench_engine.py, built in parallel
 #            (grouped MoE GEMM, paged engine): run if the file exists, as
 #            `python <script> [--quick] --out <stages>/bench_<name>.json` (a .md beside it is shown)
@@ -146,6 +148,9 @@ else
     --out "$STAGES/bench_decode.json"
   run_stage rollout 200 "$PY" experiments/bench_rollout.py "${QUICK[@]}" \
     --out "$STAGES/bench_rollout.json"
+  # what a decode loop's predicate and a cond's branch index cost (the model's HOST_SYNC_S)
+  run_stage host_sync 20 "$PY" experiments/bench_host_sync.py "${QUICK[@]}" \
+    --out "$STAGES/bench_host_sync.json"
   # ---- HOOK: benchmarks being built in parallel (grouped MoE GEMM, paged engine) ----
   hook_budget=45 # on a GPU; the CPU --quick modes of these benchmarks take ~2 minutes
   ((${#QUICK[@]})) && hook_budget=150
