@@ -9,7 +9,8 @@ predicts, for one SM holding ``c`` CTAs that each advance one loop iteration ("s
     MMA     = c x (warpgroup MMA FLOPs of the step) / (tensor FLOP per clock per SM);
     issue   = c x (instructions per warp of every warpgroup sharing a scheduler) / ISSUE_EFF;
               a warpgroup's 4 warps sit on the 4 schedulers, so each scheduler issues one warp
-              of every warpgroup of every resident CTA;
+              of every warpgroup of every resident CTA; the TMA warpgroup's share is its loop
+              body per K step (ptxas unrolls that loop: ``tma_step_instructions``);
     chain   = one warpgroup's serial path: its MMAs + WGMMA_LATENCY per ``wgmma_wait`` + its
               other instructions (the kernels wait for each step's MMA before using it);
     L2      = c x (bytes the step's TMA loads move) / (L2 bandwidth per SM);
@@ -44,6 +45,7 @@ import functools
 import json
 import math
 import os
+import re
 
 from kernels_pallas.perf_model.common import CHIPS, GPU_CHIPS, Case, Prediction
 
@@ -83,10 +85,41 @@ QUANT_BW_EFF = 0.85  # XLA per-token quantization fusion (elementwise + row redu
 
 @functools.cache
 def load_profiles(path: str = SASS_JSON) -> dict:
-    """variant name -> its first kernel's profile (registers, smem, main_loop, tma_loop)."""
+    """variant name -> its first kernel's profile (registers, smem, main_loop, tma_loop), with
+    ``tma_step``: the producer warpgroup's instructions per K step (``tma_step_instructions``;
+    a loop ptxas unrolled completely takes the per-step count of the same tile's other
+    variants, the same code in a loop: e.g. ``mm_swap_16x64_k4`` from ``mm_swap_16x64``)."""
     with open(path) as f:
         data = json.load(f)
-    return {k: v["kernels"][0] for k, v in data["variants"].items() if v.get("kernels")}
+    profs = {}
+    for name, v in data["variants"].items():
+        if v.get("kernels"):
+            profs[name] = dict(v["kernels"][0], tma_loads=v.get("tma_loads", 0))
+    for prof in profs.values():
+        prof["tma_step"] = tma_step_instructions(prof)
+    for name, prof in profs.items():
+        if prof["tma_step"] is None:  # the producer's K loop fully unrolled: no loop left
+            family = re.sub(r"_k\d+$", "", name)
+            same = [p["tma_step"] for n, p in profs.items()
+                    if re.sub(r"_k\d+$", "", n) == family and p["tma_step"]]  # fmt: skip
+            prof["tma_step"] = min(same) if same else 0.0
+    return profs
+
+
+def tma_step_instructions(prof: dict) -> float | None:
+    """Instructions one warp of the TMA (producer) warpgroup issues per K step: its loop body
+    over the steps ptxas unrolled into one iteration (the loop's ``UTMALDG`` count over the
+    loads one step issues, ``tma_loads``: the unsplit QArray kernels' loop holds two steps).
+    0 when the compute loop issues the loads itself (no producer warpgroup), None when the
+    profile has no producer loop (unrolled completely: ``load_profiles`` fills it in)."""
+    main, tma = prof.get("main_loop") or {}, prof.get("tma_loop")
+    if main.get("by_op", {}).get("UTMALDG"):
+        return 0.0
+    if not tma:
+        return None
+    loads = prof.get("tma_loads") or 0
+    steps = tma.get("by_op", {}).get("UTMALDG", 0) / loads if loads else 1
+    return tma["total"] / max(steps, 1)
 
 
 def _tensor_flops_per_clk(chip, fp8: bool) -> float:
@@ -111,9 +144,10 @@ class Loop:
 def step_cycles(chip: str, loop: Loop, prof: dict, c: int, active_sms: int) -> dict:
     """Cycles for ``c`` co-resident CTAs to each advance one step, with the terms."""
     rate = _tensor_flops_per_clk(chip, loop.fp8)
-    main, tma = prof["main_loop"], prof.get("tma_loop") or {"total": 0}
+    main = prof["main_loop"]
+    tma = prof["tma_step"] if "tma_step" in prof else tma_step_instructions(prof)
     mma_wg = loop.wg_flops / rate
-    per_sched = loop.nwg * main["total"] + tma["total"]
+    per_sched = loop.nwg * main["total"] + (tma or 0.0)
     clk = CHIPS[chip].clock_hz
     l2_per_sm = min(L2_BYTES_PER_S / active_sms, L2_BYTES_PER_CLK_PER_SM * clk)
     terms = dict(

@@ -55,27 +55,31 @@ def variants() -> dict:
         w = sds((16, 768, 2048) if kind == "dgrad" else (16, 2048, 768), bf)
         return functools.partial(bf16.gmm_mgpu, transpose_w=kind == "dgrad"), (x, w, gs)
 
+    # The TMA loads one K step issues (its BlockSpecs): the producer warpgroup's loop issues
+    # this many per step, so its UTMALDG count says how many steps ptxas unrolled into one
+    # iteration (``gpu.tma_step_instructions``).
+    mm_loads, two = {"tma_loads": 3}, {"tma_loads": 2}  # x, w, s_x | x, w or K, V
     G, P = mgpu.MgpuConfig, 132
     c2_p = dict(cluster_m=2, persistent=P)
     out = {
-        "mm_qarray_128x128": (*mm(4096, "fp8", G(128, 128, 4)), {}),
-        "mm_qarray_64x128": (*mm(4096, "fp8", G(64, 128, 4)), {}),
-        "mm_qarray_128x256": (*mm(4096, "fp8", G(128, 256, 3)), {}),
-        "mm_qarray_256x128": (*mm(4096, "fp8", G(256, 128, 3)), {}),
-        "mm_qarray_128x256_c2": (*mm(4096, "fp8", G(128, 256, 3, cluster_m=2)), {}),
-        "mm_qarray_128x128_c2": (*mm(4096, "fp8", G(128, 128, 4, cluster_m=2)), {}),
+        "mm_qarray_128x128": (*mm(4096, "fp8", G(128, 128, 4)), mm_loads),
+        "mm_qarray_64x128": (*mm(4096, "fp8", G(64, 128, 4)), mm_loads),
+        "mm_qarray_128x256": (*mm(4096, "fp8", G(128, 256, 3)), mm_loads),
+        "mm_qarray_256x128": (*mm(4096, "fp8", G(256, 128, 3)), mm_loads),
+        "mm_qarray_128x256_c2": (*mm(4096, "fp8", G(128, 256, 3, cluster_m=2)), mm_loads),
+        "mm_qarray_128x128_c2": (*mm(4096, "fp8", G(128, 128, 4, cluster_m=2)), mm_loads),
         # the persistent grid (132 CTAs, snake tile order) on the prefill tiles
-        "mm_qarray_128x128_p": (*mm(4096, "fp8", G(128, 128, 4, persistent=P)), {}),
-        "mm_qarray_128x256_p": (*mm(4096, "fp8", G(128, 256, 3, persistent=P)), {}),
-        "mm_qarray_128x128_c2_p": (*mm(4096, "fp8", G(128, 128, 4, **c2_p)), {}),
-        "mm_qarray_128x256_c2_p": (*mm(4096, "fp8", G(128, 256, 3, **c2_p)), {}),
-        "mm_fused_128x128": (*mm(4096, "bf16", G(128, 128, 3)), {}),
-        "mm_swap_16x64": (*mm(16, "fp8", G(16, 64, 4, True)), {}),
-        "mm_swap_32x64": (*mm(32, "fp8", G(32, 64, 4, True)), {}),
-        "mm_swap_64x64": (*mm(64, "fp8", G(64, 64, 4, True)), {}),
+        "mm_qarray_128x128_p": (*mm(4096, "fp8", G(128, 128, 4, persistent=P)), mm_loads),
+        "mm_qarray_128x256_p": (*mm(4096, "fp8", G(128, 256, 3, persistent=P)), mm_loads),
+        "mm_qarray_128x128_c2_p": (*mm(4096, "fp8", G(128, 128, 4, **c2_p)), mm_loads),
+        "mm_qarray_128x256_c2_p": (*mm(4096, "fp8", G(128, 256, 3, **c2_p)), mm_loads),
+        "mm_fused_128x128": (*mm(4096, "bf16", G(128, 128, 3)), two),
+        "mm_swap_16x64": (*mm(16, "fp8", G(16, 64, 4, True)), mm_loads),
+        "mm_swap_32x64": (*mm(32, "fp8", G(32, 64, 4, True)), mm_loads),
+        "mm_swap_64x64": (*mm(64, "fp8", G(64, 64, 4, True)), mm_loads),
         # split-K (64-row tiles: 2 for 64-CTA grids, 4-8 for k/v widths; decode_split_k)
         **{
-            f"mm_swap_{m}x64_k{s}": (*mm(m, "fp8", G(m, 64, 4, True, s)), {})
+            f"mm_swap_{m}x64_k{s}": (*mm(m, "fp8", G(m, 64, 4, True, s)), mm_loads)
             for m, s in ((16, 2), (16, 4), (16, 8), (64, 2), (64, 8))
         },
         # 128 weight rows per CTA: two compute warpgroups of 64 (the decode default where N %
@@ -83,16 +87,16 @@ def variants() -> dict:
         **{
             f"mm_swap_{m}x128" + (f"_k{s}" if s > 1 else ""): (
                 *mm(m, "fp8", G(m, 128, 4, True, s)),
-                {},
+                mm_loads,
             )
             for m, s in ((16, 1), (32, 1), (64, 1), (16, 2), (16, 4), (16, 8), (64, 2), (64, 4))
         },
-        "decode_fp8": (*dec("fp8_static"), {}),
-        "decode_bf16": (*dec("bf16"), {}),
-        "paged_fp8": (*paged("fp8_static"), {}),
-        "gmm_bf16_128x128": (*gmm("fwd"), {}),
-        "gmm_bf16_128x128_t": (*gmm("dgrad"), {}),
-        "tgmm_bf16_128x128": (*gmm("tgmm"), {}),
+        "decode_fp8": (*dec("fp8_static"), two),
+        "decode_bf16": (*dec("bf16"), two),
+        "paged_fp8": (*paged("fp8_static"), two),
+        "gmm_bf16_128x128": (*gmm("fwd"), two),
+        "gmm_bf16_128x128_t": (*gmm("dgrad"), two),
+        "tgmm_bf16_128x128": (*gmm("tgmm"), two),
     }
     return out
 
@@ -142,6 +146,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", action="append", help="variant names (repeatable)")
     args = ap.parse_args(argv)
     from kernels_pallas import aot
+    from kernels_pallas.perf_model import gpu
 
     aot.prepare_environment()
     import jax
@@ -164,7 +169,10 @@ def main(argv=None) -> int:
         ml = k.get("main_loop") or {}
         line = f"{name:22s} regs={k.get('registers')} spills={k.get('spill_bytes')} "
         line += f"smem={k.get('smem_bytes')} main loop: {ml.get('total')} instr, "
-        line += f"{ml.get('mma')} MMA {ml.get('mma_shape')} {rec.get('error', '')}"
+        line += f"{ml.get('mma')} MMA {ml.get('mma_shape')}"
+        if k and (step := gpu.tma_step_instructions(dict(k, tma_loads=meta.get("tma_loads")))):
+            line += f", TMA {step:.0f} instr/step"
+        line += f" {rec.get('error', '')}"
         print(line, flush=True)
         jax.clear_caches()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

@@ -1,6 +1,8 @@
 """The performance model: SASS parsing on a hand-written listing, the step formula's terms
 against hand-computed cycles, and the table's invariants (no device, no compiler)."""
 
+import json
+
 import pytest
 
 from kernels_pallas.perf_model import common, gpu, gpu_grouped, sass
@@ -40,6 +42,50 @@ def test_step_terms_hand_computed():
     assert t["mma"] == pytest.approx(512, rel=1e-3)
     assert t["issue"] == pytest.approx((2 * 128 + 134) / gpu.ISSUE_EFF)
     assert t["chain"] == pytest.approx(256 + gpu.WGMMA_LATENCY + 124 / gpu.ISSUE_EFF, rel=1e-3)
+
+
+def test_tma_step_counts_the_producer_per_k_step(tmp_path):
+    """ptxas unrolls the producer warpgroup's K loop: two steps per iteration in the unsplit
+    QArray kernels (6 TMA loads of 3 per step), completely for 4-8-step split-K chunks (no loop
+    left: the same tile's per-step count is used), and a kernel whose compute loop issues the
+    loads itself (no producer warpgroup: decode attention) charges none."""
+    loop = lambda total, tma, mma=0: {"total": total, "mma": mma, "by_op": {"UTMALDG": tma}}
+    two_steps = {"main_loop": loop(72, 0, 4), "tma_loop": loop(140, 6), "tma_loads": 3}
+    assert gpu.tma_step_instructions(two_steps) == 70
+    assert gpu.tma_step_instructions(dict(two_steps, tma_loop=loop(77, 3))) == 77
+    assert gpu.tma_step_instructions(dict(two_steps, tma_loop=None)) is None
+    no_producer = {"main_loop": loop(469, 2, 12), "tma_loop": loop(48, 2), "tma_loads": 2}
+    assert gpu.tma_step_instructions(no_producer) == 0
+    kernel = lambda main, tma: {"kernels": [{"main_loop": main, "tma_loop": tma,
+                                             "registers": 168, "smem_bytes": 0}]}  # fmt: skip
+    data = {"variants": {
+        "mm_swap_16x64": dict(kernel(loop(72, 0, 4), loop(140, 6)), tma_loads=3),
+        "mm_swap_16x64_k2": dict(kernel(loop(74, 0, 4), loop(77, 3)), tma_loads=3),
+        "mm_swap_16x64_k4": dict(kernel(loop(75, 0, 4), None), tma_loads=3),
+        "mm_swap_64x64_k8": dict(kernel(loop(111, 0, 4), None), tma_loads=3),
+        "decode_fp8": dict(kernel(loop(618, 2, 12), loop(47, 2)), tma_loads=2),
+    }}  # fmt: skip
+    path = tmp_path / "sass.json"
+    path.write_text(json.dumps(data))
+    profs = gpu.load_profiles(str(path))
+    steps = {name: p["tma_step"] for name, p in profs.items()}
+    assert steps == {"mm_swap_16x64": 70, "mm_swap_16x64_k2": 77, "mm_swap_16x64_k4": 70,
+                     "mm_swap_64x64_k8": 0.0, "decode_fp8": 0.0}  # fmt: skip
+    # the issue term charges the producer's per-step count, not the two-step loop body
+    lp = gpu.Loop(nwg=1, threads=256, wg_flops=2 * 64 * 16 * 128, fp8=True, waits=1,
+                  step_bytes=80 * 128, stages=4)  # fmt: skip
+    t = gpu.step_cycles("h100", lp, profs["mm_swap_16x64"], c=1, active_sms=64)
+    assert t["issue"] == pytest.approx((72 + 70) / gpu.ISSUE_EFF)
+
+
+def test_committed_profiles_charge_one_step_per_producer_iteration():
+    """In the committed SASS profiles, every producer loop is normalised to one K step: no
+    QArray matmul variant charges more than one step's TMA code (68-86 instructions)."""
+    for name, prof in gpu.load_profiles().items():
+        if name.startswith(("mm_qarray", "mm_swap", "mm_fused")):
+            assert 60 <= prof["tma_step"] <= 90, (name, prof["tma_step"])
+        if name.startswith(("decode_", "paged_", "gmm_", "tgmm_")):
+            assert prof["tma_step"] == 0, name  # one warpgroup issues its own loads
 
 
 def test_predictions_are_consistent():
