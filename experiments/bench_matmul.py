@@ -7,7 +7,13 @@ Rows per shape (M, N, K):
     ``auto`` uses: FP8 GEMMs batched over K blocks for M <= 32, BF16 dequantize + BF16 GEMM
     above; the exact reference on CPU) and the target's kernel (``pallas_mosaic_gpu`` on Hopper);
   * ``fp8:<kernel>+quant``: from BF16 x, as the model calls it (activation quantization timed:
-    once by XLA, then the QArray kernel, at every M).
+    once by XLA, then the QArray kernel, at every M);
+  * at M <= 64, ``bf16+add`` and ``fp8:<kernel>+add``: the GEMM as the rollout program runs it,
+    followed by its consumer (a residual add of a BF16 [M, N] ``r``), x already FP8 (quantized
+    by its producer's kernel in the program): XLA fuses the split-K partials' sum into that
+    add, so a split tile's sum costs no fusion of its own (the issue-21 "in the rollout
+    program" target, ``perf_model.gpu.predict_matmul(in_program=True)``); its speedup is over
+    ``bf16+add``.
 Reported per row: median / p20 / p80 time per GEMM (CUPTI kernel time on GPU, else the wall
 clock; see ``bench_common``), TFLOP/s = 2MNK / t, GB/s over the operand bytes (x, w, y at their
 stored widths, scales included), the speedup over ``bf16``, and the relative Frobenius error of
@@ -21,7 +27,9 @@ says nothing about FP8; the run checks the code paths. ``--interpret`` adds the 
 interpret mode (CPU, slow: correctness of the path only).
 
 Usage: ``python experiments/bench_matmul.py --quick`` (CPU, ~10 s); on a GPU without flags
-(~1.5 min on an H200: 64 compiled programs); ``--out PATH.json`` (a ``.md`` table beside it).
+(120 compiled programs: 6 layers x 4 M x 4 arms, and the 2 "+add" arms at M 16 and 64; the
+first GPU run tells how long; rows are written after each shape, so a cut run keeps the
+first M values); ``--out PATH.json`` (a ``.md`` table beside it).
 """
 
 from __future__ import annotations
@@ -64,7 +72,8 @@ def _operands(key, *, m, n, k):
     kx, kw = jax.random.split(key)
     x = jax.random.normal(kx, (m, k), jnp.bfloat16)
     w = (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
-    return dict(x=x, w=w, xq=quantize_activations(x), wq=quantize_weight(w))  # wq: [N, K]
+    r = jax.random.normal(jax.random.fold_in(key, 2), (m, n), jnp.bfloat16)  # a residual
+    return dict(x=x, w=w, xq=quantize_activations(x), wq=quantize_weight(w), r=r)  # wq: [N, K]
 
 
 def _bf16(s):
@@ -76,11 +85,19 @@ def _fp8(s, *, impl, raw, interpret):
     return fp8_matmul(x, s["wq"], out_dtype=jnp.bfloat16, impl=impl, interpret=interpret)
 
 
+def _plus_residual(op):
+    """``op(s) + r``: the GEMM and its consumer in one program."""
+    return lambda s: op(s) + s["r"]
+
+
+ADD_MAX_M = 64  # the "+add" (GEMM and its consumer) arms run at decode M only
+
+
 def _nbytes(tree) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _arms(impls: list[str], interpret: bool):
+def _arms(impls: list[str], interpret: bool, m: int):
     """(label, op over one operand set, the set's operands it reads)."""
     arms = [("bf16", _bf16, ("x", "w"))]
     for impl in impls:
@@ -88,7 +105,16 @@ def _arms(impls: list[str], interpret: bool):
         arms.append((f"fp8:{impl}", op, ("xq", "wq")))
     quant = functools.partial(_fp8, impl=impls[-1], raw=True, interpret=interpret)
     arms.append((f"fp8:{impls[-1]}+quant", quant, ("x", "wq")))
+    if m <= ADD_MAX_M:
+        kernel = functools.partial(_fp8, impl=impls[-1], raw=False, interpret=interpret)
+        arms.append(("bf16+add", _plus_residual(_bf16), ("x", "w", "r")))
+        arms.append((f"fp8:{impls[-1]}+add", _plus_residual(kernel), ("xq", "wq", "r")))
     return arms
+
+
+def baseline_of(label: str) -> str:
+    """The arm a row's speedup is over: ``bf16+add`` for the GEMM-and-consumer arms."""
+    return "bf16+add" if label.endswith("+add") else "bf16"
 
 
 def _rel_err(y, ref) -> float:
@@ -99,11 +125,11 @@ def _rel_err(y, ref) -> float:
 def bench_shape(model, layer, m, n, k, impls, runs, interpret) -> list[dict]:
     """Every arm at one shape, timed over the same rotating operand sets."""
     platform = jax.devices()[0].platform
-    set_bytes = 2 * (m * k + k * n)  # the BF16 operands of one set
+    set_bytes = 2 * (m * k + k * n + m * n)  # the BF16 operands of one set
     reps = bc.rotations(set_bytes, platform)
     sets = [_operands(jax.random.key(1000 * i + m + n + k), m=m, n=n, k=k) for i in range(reps)]
-    rows, ref = [], None
-    for label, op, reads in _arms(impls, interpret):
+    rows, refs = [], {}
+    for label, op, reads in _arms(impls, interpret, m):
         row = dict(model=model, layer=layer, m=m, n=n, k=k, impl=label)
         try:
             args = [{r: s[r] for r in reads} for s in sets]
@@ -111,7 +137,9 @@ def bench_shape(model, layer, m, n, k, impls, runs, interpret) -> list[dict]:
             compiled, compile_s = bc.compile_fn(fn, args)
             t = bc.time_compiled(compiled, (args,), runs=runs, reps=reps, compile_s=compile_s)
             y = compiled(args)[0]
-            ref = y if label == "bf16" else ref
+            if label == baseline_of(label):
+                refs[label] = y
+            ref = refs.get(baseline_of(label))
             sec = float(np.median(t.best))
             row |= t.summary() | dict(
                 tflops=2 * m * n * k / sec / 1e12,
@@ -121,10 +149,11 @@ def bench_shape(model, layer, m, n, k, impls, runs, interpret) -> list[dict]:
         except Exception as e:  # noqa: BLE001 - one failed arm must not end the run
             row["error"] = f"{type(e).__name__}: {str(e)[:500]}"
         rows.append(row)
-    base = rows[0].get("median_us")
+    base = {r["impl"]: r.get("median_us") for r in rows}
     for r in rows:
-        if base and r.get("median_us"):
-            r["speedup_vs_bf16"] = base / r["median_us"]
+        b = base.get(baseline_of(r["impl"]))
+        if b and r.get("median_us"):
+            r["speedup_vs_bf16"] = b / r["median_us"]
     return rows
 
 

@@ -74,16 +74,19 @@ def _row(what, case, measured, goal, on_gpu, unit="x"):
 
 def matmul_targets(bench: dict | None, on_gpu: bool) -> list[dict]:
     """fp8 GEMM (the target's kernel, FP8 x) over BF16 ``jnp.dot``: >= 1.5x at M = 4096,
-    >= 1.6x at M <= 64, per (N, K)."""
+    >= 1.6x at M <= 64, per (N, K); at M <= 64 also the GEMM followed by its consumer over BF16's
+    (``bench_matmul``'s ``+add`` arms: the rollout program's form)."""
     if not bench:
         return [_row("fp8 GEMM / BF16, M = 4096", "-", None, GEMM_M4096, on_gpu)]
     impl = f"fp8:{bench['meta']['impls'][-1]}"
     out = []
     for r in bench["rows"]:
-        if r["impl"] != impl or r["m"] not in (16, 64, 4096):
+        if r["impl"] not in (impl, f"{impl}+add") or r["m"] not in (16, 64, 4096):
             continue
         goal = GEMM_M4096 if r["m"] == 4096 else GEMM_DECODE
         what = f"{impl} GEMM / BF16, M {'= 4096' if r['m'] == 4096 else '<= 64'}"
+        if r["impl"].endswith("+add"):  # the GEMM and its consumer, as in the rollout program
+            what = f"{impl} GEMM + residual add / BF16 + add (in program), M <= 64"
         case = f"M={r['m']} N={r['n']} K={r['k']} ({r['model']} {r['layer']})"
         out.append(_row(what, case, r.get("speedup_vs_bf16"), goal, on_gpu))
     return out or [_row(f"{impl} GEMM / BF16", "no M in {16, 64, 4096}", None, GEMM_M4096, on_gpu)]

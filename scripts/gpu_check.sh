@@ -10,7 +10,8 @@
 #   pytest   pytest -m gpu over the test files that hold gpu-marked tests: every kernel against its
 #            reference natively on the device, at real shapes (tests/test_kernels_gpu.py)
 #   matmul   experiments/bench_matmul.py: fp8_matmul (Pallas kernel and XLA fallback) vs BF16
-#            jnp.dot, DeepSeek-V3 / Qwen3-8B layers, M in {4096, 16, 64, 8192}
+#            jnp.dot, DeepSeek-V3 / Qwen3-8B layers, M in {4096, 16, 64, 8192}; at M 16 and 64
+#            also each GEMM with its residual-add consumer (the rollout program's form)
 #   decode   experiments/bench_decode.py: decode attention GB/s vs the HBM peak, FP8 and BF16 caches
 #   rollout  experiments/bench_rollout.py: tokens/s BF16 vs W8A8 vs W8A8 + FP8 KV, Qwen3-1.7B shape
 #            (random weights), 1K-token prompts, 4K-token responses, batch 32, no stop tokens

@@ -3,7 +3,8 @@
 Reads ``experiments/bench_matmul.py`` / ``bench_decode.py`` output (``meta.device_kind``, rows
 with ``m, n, k, impl, median_us``) and prints, per fp8_matmul row, the measured time beside the
 model's prediction for the same arm (``fp8:<impl>``: QArray x; ``+quant``: BF16 x quantized
-once; ``bf16``: the BF16 baseline), and measured / predicted: the calibration of the model's
+once; ``bf16``: the BF16 baseline; ``+add``: the GEMM and its consumer, ``predicted_us``), and
+measured / predicted: the calibration of the model's
 knobs (``gpu.py`` constants) the first time it runs on a device.
 """
 
@@ -21,14 +22,19 @@ def chip_of(device_kind: str) -> str | None:
 
 
 def predicted_us(chip: str, row: dict) -> float | None:
+    """The model's time for one bench_matmul row; ``+add`` arms (the GEMM and its residual-add
+    consumer, x FP8) are the GEMM in the rollout program (``in_program``: the split-K sum fused
+    into the add) plus the add's own fusion, which the BF16 program runs too."""
     m, n, k, impl = row.get("m"), row.get("n"), row.get("k"), row.get("impl", "")
     if None in (m, n, k) or k % 128 or n % 64:
         return None
-    if impl == "bf16":
-        return gpu.bf16_gemm_s(chip, m, n, k) * 1e6
+    add = gpu.add_fusion_s(chip, m, n) if impl.endswith("+add") else 0.0
+    if impl in ("bf16", "bf16+add"):
+        return (gpu.bf16_gemm_s(chip, m, n, k) + add) * 1e6
     if impl.startswith("fp8:pallas_mosaic_gpu"):
         x = "bf16" if impl.endswith("+quant") else "fp8"
-        return gpu.predict_matmul(chip, m, n, k, x).time_s * 1e6
+        p = gpu.predict_matmul(chip, m, n, k, x, in_program=impl.endswith("+add"))
+        return (p.time_s + add) * 1e6
     return None
 
 

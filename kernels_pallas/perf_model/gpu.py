@@ -210,6 +210,13 @@ def bf16_gemm_s(chip: str, m: int, n: int, k: int) -> float:
     return max(t_mma, t_bw) + LAUNCH_S
 
 
+def add_fusion_s(chip: str, m: int, n: int) -> float:
+    """An XLA elementwise fusion over a BF16 [M, N] output and one [M, N] operand (the residual
+    add that consumes a projection): two reads and a write, at the quantize fusion's
+    efficiency, one launch."""
+    return 3 * m * n * 2 / (CHIPS[chip].hbm_bytes_per_s * QUANT_BW_EFF) + LAUNCH_S
+
+
 def quantize_s(chip: str, m: int, k: int) -> float:
     """Per-token 1x128 quantization as one launch (``act_quantize`` up to 256 rows, an XLA
     fusion above): read BF16, write FP8 + scales."""

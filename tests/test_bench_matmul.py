@@ -1,0 +1,63 @@
+"""experiments/bench_matmul.py's arms, the model's prediction of each (perf_model.compare) and
+the report's judgement of them (gpu_report.matmul_targets)."""
+
+import json
+
+import pytest
+
+from experiments import bench_matmul as bm
+from experiments import gpu_report
+from kernels_pallas.perf_model import compare, gpu
+
+
+def test_quick_run_times_the_gemm_with_its_consumer_against_bf16_with_its_consumer(tmp_path):
+    out = tmp_path / "bench_matmul.json"
+    bm.main(["--quick", "--ms", "16", "--runs", "2", f"--out={out}"])
+    rows = {r["impl"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"bf16", "fp8:xla", "fp8:xla+quant", "bf16+add", "fp8:xla+add"}
+    assert all("error" not in r for r in rows.values()), rows
+    add, base = rows["fp8:xla+add"], rows["bf16+add"]
+    # the speedup of a "+add" arm is over BF16 with the same consumer, not over the bare GEMM
+    assert add["speedup_vs_bf16"] == pytest.approx(base["median_us"] / add["median_us"])
+    assert rows["fp8:xla"]["speedup_vs_bf16"] == pytest.approx(
+        rows["bf16"]["median_us"] / rows["fp8:xla"]["median_us"]
+    )
+    # and its error is against BF16 + r: the FP8 error of the GEMM (~0.03-0.05 relative to
+    # ||y + r||), where against the bare BF16 GEMM it would be ~||r|| / ||y|| ~ 1
+    assert base["rel_err_vs_bf16"] == 0.0
+    assert 0 < add["rel_err_vs_bf16"] < 0.05
+    assert 0 < rows["fp8:xla"]["rel_err_vs_bf16"] < 0.1
+
+
+def test_consumer_arms_only_at_decode_rows():
+    labels = lambda m: [a[0] for a in bm._arms(["xla"], False, m)]
+    assert labels(bm.ADD_MAX_M)[-2:] == ["bf16+add", "fp8:xla+add"]
+    assert labels(bm.ADD_MAX_M + 1) == ["bf16", "fp8:xla", "fp8:xla+quant"]
+
+
+def test_compare_predicts_the_consumer_arms_as_the_rollout_program():
+    """``+add``: the GEMM in the program (x FP8; a split tile's partial sum fused into the add,
+    so no fusion launch of its own) plus the add's fusion (hand-computed: 3 x M x N x 2 bytes
+    at the quantize fusion's efficiency, one launch)."""
+    m, n, k = 16, 4096, 4096  # Qwen3-8B o_proj: the default decode tile splits K in two
+    add = 3 * m * n * 2 / (3.35e12 * gpu.QUANT_BW_EFF) + gpu.LAUNCH_S
+    assert gpu.add_fusion_s("h100", m, n) == pytest.approx(add)
+    row = lambda impl: dict(m=m, n=n, k=k, impl=impl)
+    fp8, fp8_add = (compare.predicted_us("h100", row(i)) for i in
+                    ("fp8:pallas_mosaic_gpu", "fp8:pallas_mosaic_gpu+add"))  # fmt: skip
+    assert fp8_add == pytest.approx(fp8 + (add - gpu.LAUNCH_S) * 1e6)  # the sum's launch saved
+    bf16, bf16_add = (compare.predicted_us("h100", row(i)) for i in ("bf16", "bf16+add"))
+    assert bf16_add == pytest.approx(bf16 + add * 1e6)
+    assert compare.predicted_us("h100", row("fp8:xla+add")) is None  # not the kernel: no model
+
+
+def test_report_judges_the_consumer_arm_as_the_in_program_target():
+    rows = [dict(m=16, n=4096, k=4096, model="Qwen3-8B", layer="o_proj", impl=i, speedup_vs_bf16=s)
+            for i, s in (("bf16", 1.0), ("fp8:pallas_mosaic_gpu", 1.5), ("bf16+add", 1.0),
+                         ("fp8:pallas_mosaic_gpu+add", 1.7))]  # fmt: skip
+    bench = {"meta": {"impls": ["xla", "pallas_mosaic_gpu"]}, "rows": rows}
+    got = {r["target"]: (r["measured"], r["status"]) for r in
+           gpu_report.matmul_targets(bench, on_gpu=True)}  # fmt: skip
+    gemm = "fp8:pallas_mosaic_gpu GEMM / BF16, M <= 64"
+    prog = "fp8:pallas_mosaic_gpu GEMM + residual add / BF16 + add (in program), M <= 64"
+    assert got == {gemm: (1.5, "FAIL"), prog: (1.7, "PASS")}
