@@ -61,3 +61,15 @@ def test_report_judges_the_consumer_arm_as_the_in_program_target():
     gemm = "fp8:pallas_mosaic_gpu GEMM / BF16, M <= 64"
     prog = "fp8:pallas_mosaic_gpu GEMM + residual add / BF16 + add (in program), M <= 64"
     assert got == {gemm: (1.5, "FAIL"), prog: (1.7, "PASS")}
+
+
+def test_compare_prints_device_and_wall_time_beside_the_prediction(tmp_path):
+    row = dict(m=16, n=4096, k=4096, impl="fp8:pallas_mosaic_gpu+add", median_us=6.0,
+               wall_median_us=9.0)  # fmt: skip
+    path = tmp_path / "bench_matmul.json"
+    path.write_text(json.dumps({"meta": {"device_kind": "NVIDIA H100 80GB HBM3"}, "rows": [row]}))
+    head, _, line = compare.rows_beside([str(path)])
+    assert "wall (us)" in head
+    pred = compare.predicted_us("h100", row)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3:] == ["6.0", "9.0", f"{pred:.1f}", f"{6.0 / pred:.2f}", f"{9.0 / pred:.2f}"]

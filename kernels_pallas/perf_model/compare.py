@@ -39,8 +39,14 @@ def predicted_us(chip: str, row: dict) -> float | None:
 
 
 def rows_beside(paths: list[str]) -> list[str]:
-    out = ["| bench | shape | impl | measured (us) | predicted (us) | measured/predicted |",
-           "|---|---|---|---|---|---|"]  # fmt: skip
+    """One line per modelled row. "measured" is the bench's median (on a GPU the CUPTI sum of
+    the op's kernel durations, which leaves out the gaps between launches); "wall" the wall
+    clock per op (a call runs the op over several operand sets, so host dispatch is spread
+    over them and the launch gaps are in). The model charges ``gpu.LAUNCH_S`` per kernel or
+    fusion, so at decode sizes the two bracket it: the first run says where launches go."""
+    out = ["| bench | shape | impl | measured (us) | wall (us) | predicted (us) | "
+           "measured/predicted | wall/predicted |",
+           "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for path in paths:
         with open(path) as f:
             data = json.load(f)
@@ -53,8 +59,10 @@ def rows_beside(paths: list[str]) -> list[str]:
             if pred is None or meas is None:
                 continue
             shape = f"M={row['m']} N={row['n']} K={row['k']}"
+            wall = row.get("wall_median_us")
+            walls = (f"{wall:.1f}", f"{wall / pred:.2f}") if wall else ("-", "-")
             out.append(f"| {path.rsplit('/', 1)[-1]} | {shape} | {row['impl']} | {meas:.1f} | "
-                       f"{pred:.1f} | {meas / pred:.2f} |")  # fmt: skip
+                       f"{walls[0]} | {pred:.1f} | {meas / pred:.2f} | {walls[1]} |")  # fmt: skip
     return out
 
 
