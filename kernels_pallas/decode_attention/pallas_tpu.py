@@ -8,10 +8,14 @@ their compute (``pl.when``): HBM traffic is the live tiles, not the allocation. 
 is ``start <= slot < length`` from an iota (no mask array).
 
 One program sees all KV heads of a row's tile (the trailing ``[K, C]`` block dims are whole, as
-Mosaic requires) and loops over them: each head's query group is one ``[G, C] x [C, bs]`` MXU
-matmul. FP8 tiles are upcast to bf16 (exact for E4M3/E5M2); BF16 caches run bf16 x bf16, F32
-caches f32 (``precision=highest``), all accumulating in f32 with an online softmax in base 2.
-m / l scratch is ``[K, G, 128]`` (lane-replicated, RPA style: every slice is a whole tile row).
+Mosaic requires) and loops over them in units of two (``head_pairs``): a unit's K (and V) tiles
+side by side along the lanes, ``[bs, 2C]``, against a block-diagonal query ``[2G, 2C]``, so one
+``[2G, 2C] x [2C, bs]`` MXU dot scores both heads (a 128-deep head alone fills half of a 256x256
+v6e MXU) and one ``[2G, bs] x [bs, 2C]`` dot gives both heads' ``P V`` (plus two cross-head
+blocks, dropped by the wrapper). FP8 tiles are upcast to bf16 (exact for E4M3/E5M2); BF16
+caches run bf16 x bf16, F32 caches f32 (``precision=highest``), all accumulating in f32 with an
+online softmax in base 2. m / l scratch is ``[K / 2, 2G, 128]`` (lane-replicated, RPA style:
+every slice is a whole tile row).
 Static scales: K folded into q, V multiplying the output; dynamic scales ``[B, K, S]`` arrive as
 ``(K, bs)`` blocks that scale the scores' and probabilities' columns.
 
@@ -44,32 +48,95 @@ class _Static:
     mma_dtype: jnp.dtype
     dynamic: bool
     score_scale: float  # sm_scale · log2(e)
+    pair: int = 1  # KV heads per MXU dot (``head_pairs``)
+    group: int = 1  # G: query heads per KV head
+
+    @property
+    def units(self) -> int:
+        return self.n_kv // self.pair
 
 
-def _head(st: _Static, kh, q_ref, k_ref, v_ref, scales, live_1S, m_sc, l_sc, acc_sc):
-    """The online-softmax update of KV head ``kh`` over this tile."""
+def head_pairs(n_kv: int) -> int:
+    """KV heads one MXU dot takes: 2 where the count is even. A 128-deep head fills half of a
+    256x256 v6e MXU: two heads side by side along the contraction, against a block-diagonal
+    query ``[2G, 2C]`` (each head's query rows zero over the other head's half), fill it, so the
+    scores and ``P V`` of two heads take the systolic passes of one (``perf_model.tpu_attention``:
+    v6e from MXU-bound to HBM-bound). ``P V`` then also computes the two cross-head blocks,
+    which the wrapper drops. On v5e (128x128 MXUs) the passes are the same either way."""
+    return 2 if n_kv % 2 == 0 else 1
+
+
+def _side_by_side(ref, u: int, st: _Static, dt):
+    """The ``[bs, pair · C]`` tile of unit ``u``'s KV heads, side by side along the lanes."""
+    parts = [ref[0, :, u * st.pair + i, :].astype(dt) for i in range(st.pair)]
+    return parts[0] if st.pair == 1 else jnp.concatenate(parts, axis=1)
+
+
+def _rows_of_heads(ref, u: int, st: _Static, n_rows: int):
+    """Per-slot scales ``[pair · G, bs]`` of unit ``u``: each query row takes its head's row."""
+    rows = [ref[0, u * st.pair + i : u * st.pair + i + 1, :] for i in range(st.pair)]
+    if st.pair == 1:
+        return rows[0]
+    head_R1 = lax.broadcasted_iota(jnp.int32, (n_rows, 1), 0) // st.group
+    out = rows[0]
+    for i in range(1, st.pair):
+        out = jnp.where(head_R1 == i, rows[i], out)
+    return out
+
+
+def unit_queries(q_BKGC, pair: int):
+    """``[B, K, G, C]`` queries as ``[B, K / pair, pair · G, pair · C]``, block-diagonal per unit:
+    row ``i · G + g`` is head ``u · pair + i``'s query ``g`` over columns ``i · C ...``, zero
+    elsewhere (so it scores only its own head's half of a side-by-side K tile)."""
+    b, n_kv, group, c = q_BKGC.shape
+    q = q_BKGC.reshape(b, n_kv // pair, pair, group, c)
+    q = jnp.einsum("bupgc,pq->bupgqc", q, jnp.eye(pair, dtype=q.dtype))
+    return q.reshape(b, n_kv // pair, pair * group, pair * c)
+
+
+def heads_of_units(o_BJURW, pair: int, group: int, c: int):
+    """The kernel's ``[B, J, units, pair · G, pair · C]`` output as ``[B, J, H, C]``: each head's
+    diagonal block (its rows over its own V columns); the cross-head blocks are dropped."""
+    b, j, units = o_BJURW.shape[:3]
+    o = o_BJURW.reshape(b, j, units, pair, group, pair, c)
+    return jnp.stack([o[:, :, :, i, :, i] for i in range(pair)], axis=3).reshape(b, j, -1, c)
+
+
+def unit_blocks(st: _Static, group: int, c: int):
+    """(rows, width, scratch) of a unit: m / l ``[units, rows, 128]`` (lane-replicated) and the
+    accumulator ``[units, rows, width]``."""
+    rows, width = st.pair * group, st.pair * c
+    scratch = [pltpu.VMEM((st.units, rows, _LANES), jnp.float32),
+               pltpu.VMEM((st.units, rows, _LANES), jnp.float32),
+               pltpu.VMEM((st.units, rows, width), jnp.float32)]  # fmt: skip
+    return rows, width, scratch
+
+
+def _head(st: _Static, u, q_ref, k_ref, v_ref, scales, live_1S, m_sc, l_sc, acc_sc):
+    """The online-softmax update of unit ``u`` (``st.pair`` KV heads) over this tile."""
     dt = st.mma_dtype
     prec = lax.Precision.HIGHEST if dt == jnp.float32 else None
-    k_SC = k_ref[0, :, kh, :].astype(dt)
-    s_GS = lax.dot_general(
-        q_ref[0, kh], k_SC, (((1,), (1,)), ((), ())), precision=prec,
+    k_SW = _side_by_side(k_ref, u, st, dt)
+    q_RW = q_ref[0, u]
+    s_RS = lax.dot_general(
+        q_RW, k_SW, (((1,), (1,)), ((), ())), precision=prec,
         preferred_element_type=jnp.float32,
     ) * st.score_scale  # fmt: skip
     if st.dynamic:
-        s_GS = s_GS * scales[0][0, kh : kh + 1, :]
-    s_GS = jnp.where(live_1S, s_GS, -jnp.inf)
-    m_prev = m_sc[kh]
+        s_RS = s_RS * _rows_of_heads(scales[0], u, st, q_RW.shape[0])
+    s_RS = jnp.where(live_1S, s_RS, -jnp.inf)
+    m_prev = m_sc[u]
     # Every live tile holds a live slot: m_new is finite, alpha = 0 on the first tile.
-    m_new = jnp.maximum(m_prev, jnp.max(s_GS, axis=1, keepdims=True))
+    m_new = jnp.maximum(m_prev, jnp.max(s_RS, axis=1, keepdims=True))
     alpha = jnp.exp2(m_prev - m_new)
-    p_GS = jnp.exp2(s_GS - m_new[:, :1])
-    l_sc[kh] = alpha * l_sc[kh] + jnp.sum(p_GS, axis=1, keepdims=True)
+    p_RS = jnp.exp2(s_RS - m_new[:, :1])
+    l_sc[u] = alpha * l_sc[u] + jnp.sum(p_RS, axis=1, keepdims=True)
     if st.dynamic:
-        p_GS = p_GS * scales[1][0, kh : kh + 1, :]
-    v_SC = v_ref[0, :, kh, :].astype(dt)
-    pv_GC = jnp.dot(p_GS.astype(dt), v_SC, precision=prec, preferred_element_type=jnp.float32)
-    acc_sc[kh] = acc_sc[kh] * alpha[:, :1] + pv_GC
-    m_sc[kh] = m_new
+        p_RS = p_RS * _rows_of_heads(scales[1], u, st, q_RW.shape[0])
+    v_SW = _side_by_side(v_ref, u, st, dt)
+    pv_RW = jnp.dot(p_RS.astype(dt), v_SW, precision=prec, preferred_element_type=jnp.float32)
+    acc_sc[u] = acc_sc[u] * alpha[:, :1] + pv_RW
+    m_sc[u] = m_new
 
 
 def _kernel(starts, lengths, lo, cnt, q_ref, k_ref, v_ref, *rest, st: _Static):
@@ -89,8 +156,8 @@ def _kernel(starts, lengths, lo, cnt, q_ref, k_ref, v_ref, *rest, st: _Static):
     def _tile():
         slot_1S = (lo[bj] + t) * st.bs + lax.broadcasted_iota(jnp.int32, (1, st.bs), 1)
         live_1S = (slot_1S >= starts[b]) & (slot_1S < lengths[b])
-        for kh in range(st.n_kv):
-            _head(st, kh, q_ref, k_ref, v_ref, scales, live_1S, m_sc, l_sc, acc_sc)
+        for u in range(st.units):
+            _head(st, u, q_ref, k_ref, v_ref, scales, live_1S, m_sc, l_sc, acc_sc)
 
     @pl.when(t == st.steps - 1)
     def _finish():
@@ -101,7 +168,9 @@ def _kernel(starts, lengths, lo, cnt, q_ref, k_ref, v_ref, *rest, st: _Static):
 
 
 def _specs(st: _Static, n_kv: int, group: int, c: int):
-    """BlockSpecs of (q, k, v[, k_scale, v_scale]) and the outputs, over the grid (B, J, T)."""
+    """BlockSpecs of (q, k, v[, k_scale, v_scale]) and the outputs, over the grid (B, J, T):
+    q and the outputs per unit of ``st.pair`` heads (rows ``pair · G``, width ``pair · C``)."""
+    units, (rows, width, _) = st.units, unit_blocks(st, group, c)
 
     def kv_tile(b, j, t, starts, lengths, lo, cnt):
         del starts, lengths
@@ -109,17 +178,17 @@ def _specs(st: _Static, n_kv: int, group: int, c: int):
         return lo[bj] + jnp.minimum(t, jnp.maximum(cnt[bj] - 1, 0))
 
     in_specs = [
-        pl.BlockSpec((1, n_kv, group, c), lambda b, j, t, *_: (b, 0, 0, 0)),
+        pl.BlockSpec((1, units, rows, width), lambda b, j, t, *_: (b, 0, 0, 0)),
         pl.BlockSpec((1, st.bs, n_kv, c), lambda b, j, t, *r: (b, kv_tile(b, j, t, *r), 0, 0)),
         pl.BlockSpec((1, st.bs, n_kv, c), lambda b, j, t, *r: (b, kv_tile(b, j, t, *r), 0, 0)),
     ]
     if st.dynamic:
         sc = pl.BlockSpec((1, n_kv, st.bs), lambda b, j, t, *r: (b, 0, kv_tile(b, j, t, *r)))
         in_specs += [sc, sc]
-    out_specs = [pl.BlockSpec((1, 1, n_kv, group, c), lambda b, j, t, *_: (b, j, 0, 0, 0))]
+    out_specs = [pl.BlockSpec((1, 1, units, rows, width), lambda b, j, t, *_: (b, j, 0, 0, 0))]
     if st.splits > 1:
         out_specs.append(
-            pl.BlockSpec((1, 1, n_kv, group, _LANES), lambda b, j, t, *_: (b, j, 0, 0, 0))
+            pl.BlockSpec((1, 1, units, rows, _LANES), lambda b, j, t, *_: (b, j, 0, 0, 0))
         )
     return in_specs, out_specs
 
@@ -146,8 +215,9 @@ def decode_attention_tpu(
     st = _Static(
         bs=bs, n_kv=n_kv, splits=splits, steps=common.cdiv(s // bs, splits),
         mma_dtype=mma_dtype(k_BSKC.dtype), dynamic=dynamic,
-        score_scale=float(sm_scale) * common.LOG2E,
+        score_scale=float(sm_scale) * common.LOG2E, pair=head_pairs(n_kv), group=group,
     )  # fmt: skip
+    units, pair = st.units, st.pair  # KV heads side by side in one MXU dot (head_pairs)
     starts_B = common.default_starts(starts_B, lengths_B)
     lo, cnt = common.split_ranges(
         starts_B, lengths_B, block_s=bs, num_splits=splits, num_tiles=s // bs
@@ -155,13 +225,14 @@ def decode_attention_tpu(
     q = q_BHC.astype(jnp.float32).reshape(b, n_kv, group, c)
     if k_scale is not None and not dynamic:
         q = q * common.per_kv_head(k_scale, n_kv)[None, :, None, None]
-    inputs = [q.astype(st.mma_dtype), k_BSKC, v_BSKC]
+    inputs = [unit_queries(q, pair).astype(st.mma_dtype), k_BSKC, v_BSKC]
     if dynamic:
         inputs += [jnp.asarray(x, jnp.float32) for x in (k_scale, v_scale)]
     in_specs, out_specs = _specs(st, n_kv, group, c)
-    out_shape = [jax.ShapeDtypeStruct((b, splits, n_kv, group, c), jnp.float32)]
+    rows, width, scratch = unit_blocks(st, group, c)
+    out_shape = [jax.ShapeDtypeStruct((b, splits, units, rows, width), jnp.float32)]
     if splits > 1:
-        out_shape.append(jax.ShapeDtypeStruct((b, splits, n_kv, group, _LANES), jnp.float32))
+        out_shape.append(jax.ShapeDtypeStruct((b, splits, units, rows, _LANES), jnp.float32))
     outs = pl.pallas_call(
         functools.partial(_kernel, st=st),
         out_shape=out_shape,
@@ -170,18 +241,14 @@ def decode_attention_tpu(
             grid=(b, splits, st.steps),
             in_specs=in_specs,
             out_specs=out_specs,
-            scratch_shapes=[
-                pltpu.VMEM((n_kv, group, _LANES), jnp.float32),
-                pltpu.VMEM((n_kv, group, _LANES), jnp.float32),
-                pltpu.VMEM((n_kv, group, c), jnp.float32),
-            ],
+            scratch_shapes=scratch,
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary")
         ),
         interpret=interpret,
     )(starts_B, lengths_B.astype(jnp.int32), lo.reshape(-1), cnt.reshape(-1), *inputs)
-    o_BJHC = outs[0].reshape(b, splits, h, c)
+    o_BJHC = heads_of_units(outs[0], pair, group, c)
     if splits > 1:
         o_BHC = common.combine_splits(o_BJHC, outs[1][..., 0].reshape(b, splits, h))
     else:

@@ -200,6 +200,9 @@ CASES = {
     "fp8-tensor-g1": ("tensor", [("T-1", "2T"), (0, 1)], 2, 1, 1),
     "fp8-dynamic-g4-split3": ("dynamic", [(0, "2T"), (9, "T+40")], 1, 4, 3),
     "16bit-g2": (None, [(1, "2T-3")], 2, 2, 1),  # f16 (GPU) / f32 (TPU) caches
+    # four KV heads: on TPU two units of two heads side by side, each query row scaled by its
+    # own head's per-slot scales (pallas_tpu.head_pairs)
+    "fp8-dynamic-kv4-g2": ("dynamic", [(0, "2T"), (9, "T+40")], 4, 2, 1),
 }
 # impl: (block_s, head_dim, the 16-bit cache kind, MMA unit roundoff by cache kind)
 KERNELS = {

@@ -59,8 +59,8 @@ def _kernel(starts, lengths, lo, cnt, table, q_ref, *refs, st, pages: int):
         def _page(k_ref=k_ref, v_ref=v_ref, scales=scales, i=i):
             first = (lo[bj] + t * pages + i) * st.bs
             live_1S = first + lax.broadcasted_iota(jnp.int32, (1, st.bs), 1) < lengths[b]
-            for kh in range(st.n_kv):
-                dense._head(st, kh, q_ref, k_ref, v_ref, scales, live_1S, m_sc, l_sc, acc_sc)  # noqa: SLF001
+            for u in range(st.units):
+                dense._head(st, u, q_ref, k_ref, v_ref, scales, live_1S, m_sc, l_sc, acc_sc)  # noqa: SLF001
 
     @pl.when(t == st.steps - 1)
     def _finish():
@@ -88,16 +88,15 @@ def _specs(st, n_kv: int, group: int, c: int, width: int, pages: int):
     def scale_spec(i):
         return pl.BlockSpec((1, n_kv, st.bs), lambda *a: (page(i, *a), 0, 0))
 
+    units, (rows, unit_width, _) = st.units, dense.unit_blocks(st, group, c)
     kvs = [kv_spec(i) for i in range(pages)]
-    in_specs = [pl.BlockSpec((1, n_kv, group, c), lambda b, j, t, *_: (b, 0, 0, 0)), *kvs, *kvs]
+    q_spec = pl.BlockSpec((1, units, rows, unit_width), lambda b, j, t, *_: (b, 0, 0, 0))
+    in_specs = [q_spec, *kvs, *kvs]
     if st.dynamic:
         scs = [scale_spec(i) for i in range(pages)]
         in_specs += [*scs, *scs]
-    out_specs = [pl.BlockSpec((1, 1, n_kv, group, c), lambda b, j, t, *_: (b, j, 0, 0, 0))]
-    if st.splits > 1:
-        out_specs.append(
-            pl.BlockSpec((1, 1, n_kv, group, _LANES), lambda b, j, t, *_: (b, j, 0, 0, 0))
-        )
+    out = lambda last: pl.BlockSpec((1, 1, units, rows, last), lambda b, j, t, *_: (b, j, 0, 0, 0))
+    out_specs = [out(unit_width)] + ([out(_LANES)] if st.splits > 1 else [])
     return in_specs, out_specs
 
 
@@ -122,7 +121,7 @@ def paged_attention_tpu(
     st = dense._Static(  # noqa: SLF001
         bs=y, n_kv=n_kv, splits=splits, steps=common.cdiv(per_chunk, pages),
         mma_dtype=dense.mma_dtype(k_pages_XYKC.dtype), dynamic=is_dyn,
-        score_scale=float(sm_scale) * common.LOG2E,
+        score_scale=float(sm_scale) * common.LOG2E, pair=dense.head_pairs(n_kv), group=group,
     )  # fmt: skip
     starts_B = jnp.zeros((b,), jnp.int32)
     lengths_B = lengths_B.astype(jnp.int32)
@@ -130,14 +129,16 @@ def paged_attention_tpu(
     q = q_BHC.astype(jnp.float32).reshape(b, n_kv, group, c)
     if k_scale is not None and not is_dyn:
         q = q * common.per_kv_head(k_scale, n_kv)[None, :, None, None]
-    inputs = [q.astype(st.mma_dtype), *[k_pages_XYKC] * pages, *[v_pages_XYKC] * pages]
+    q = dense.unit_queries(q, st.pair).astype(st.mma_dtype)
+    inputs = [q, *[k_pages_XYKC] * pages, *[v_pages_XYKC] * pages]
     if is_dyn:
         for x in (k_scale, v_scale):
             inputs += [jnp.asarray(x, jnp.float32)] * pages
     in_specs, out_specs = _specs(st, n_kv, group, c, w, pages)
-    out_shape = [jax.ShapeDtypeStruct((b, splits, n_kv, group, c), jnp.float32)]
+    rows, unit_width, scratch = dense.unit_blocks(st, group, c)
+    out_shape = [jax.ShapeDtypeStruct((b, splits, st.units, rows, unit_width), jnp.float32)]
     if splits > 1:
-        out_shape.append(jax.ShapeDtypeStruct((b, splits, n_kv, group, _LANES), jnp.float32))
+        out_shape.append(jax.ShapeDtypeStruct((b, splits, st.units, rows, _LANES), jnp.float32))
     outs = pl.pallas_call(
         functools.partial(_kernel, st=st, pages=pages),
         out_shape=out_shape,
@@ -146,11 +147,7 @@ def paged_attention_tpu(
             grid=(b, splits, st.steps),
             in_specs=in_specs,
             out_specs=out_specs,
-            scratch_shapes=[
-                pltpu.VMEM((n_kv, group, _LANES), jnp.float32),
-                pltpu.VMEM((n_kv, group, _LANES), jnp.float32),
-                pltpu.VMEM((n_kv, group, c), jnp.float32),
-            ],
+            scratch_shapes=scratch,
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary")
@@ -160,7 +157,7 @@ def paged_attention_tpu(
         starts_B, lengths_B, lo.reshape(-1), cnt.reshape(-1),
         page_table_BW.astype(jnp.int32).reshape(-1), *inputs,
     )  # fmt: skip
-    o_BJHC = outs[0].reshape(b, splits, h, c)
+    o_BJHC = dense.heads_of_units(outs[0], st.pair, group, c)
     if splits > 1:
         o_BHC = common.combine_splits(o_BJHC, outs[1][..., 0].reshape(b, splits, h))
     else:

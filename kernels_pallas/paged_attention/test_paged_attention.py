@@ -125,10 +125,10 @@ def test_bad_operands_raise_naming_the_operand():
 # ------------------------------------------------------------------ the Pallas kernels' operands
 
 
-def _tpu_case(seed, lengths, dtype, scales, y=128, c=128):
-    """Pool of 7 pages of 128 slots, table of 3 entries per row, one KV head of 2 queries."""
+def _tpu_case(seed, lengths, dtype, scales, y=128, c=128, n_kv=1):
+    """Pool of 7 pages of 128 slots, table of 3 entries per row, ``n_kv`` KV heads of 2 queries."""
     rng = np.random.default_rng(seed)
-    b, x, w, n_kv, h = len(lengths), 7, 3, 1, 2
+    b, x, w, h = len(lengths), 7, 3, 2 * n_kv
     table = np.stack([rng.permutation(x)[:w] for _ in range(b)]).astype(np.int32)
     mk = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     ks = vs = None
@@ -149,11 +149,12 @@ _H100 = "NVIDIA H100 80GB HBM3"
 
 
 def _kernel_case(impl, seed, dtype, scales):
-    """Each kernel's block layout: TPU pages of 128 slots, head dim 128, 2 queries per KV head,
-    rows of 0, 1, 129 (two pages), 384 (all) slots; Mosaic GPU pages of 64 slots, head dim 64,
-    4 queries per KV head, rows of 0, 1, 65, 192 (all) slots."""
+    """Each kernel's block layout: TPU pages of 128 slots, head dim 128, 2 KV heads (one unit of
+    two side by side: ``decode_attention.pallas_tpu.head_pairs``) of 2 queries, rows of 0, 1,
+    129 (two pages), 384 (all) slots; Mosaic GPU pages of 64 slots, head dim 64, 4 queries per
+    KV head, rows of 0, 1, 65, 192 (all) slots."""
     if impl == "pallas_tpu":
-        return _tpu_case(seed, [0, 1, 129, 384], dtype, scales)
+        return _tpu_case(seed, [0, 1, 129, 384], dtype, scales, n_kv=2)
     c = _tpu_case(seed, [0, 1, 65, 192], dtype, scales, y=64, c=64)
     c["q"] = jnp.concatenate([c["q"]] * 2, axis=1)[:, :4]  # 4 query heads over 1 KV head
     return c
