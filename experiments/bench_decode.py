@@ -6,7 +6,9 @@ cached vector [B, K, S]; ``bf16``): the target's kernel (``pallas_mosaic_gpu`` o
 as the baseline in the same run, the XLA reference (``impl="xla"``: dequantizes the whole
 allocation to f32), each for two length patterns: ``full`` (every slot live) and ``ragged``
 (lengths uniform in [S/8, S], starts in [0, 64): left padding). The same compiled program runs
-both patterns (lengths are arguments).
+both patterns (lengths are arguments). Where the Hopper kernel runs, ``pallas_mosaic_gpu:unswapped``
+(``DecodeBlocks(swap_ab=False)``: the query group padded to a 64-row wgmma M tile) is timed
+beside the default swap-AB kernel.
 
 Bytes = the live KV the op must read (``Σ_b (length_b - start_b) · K · C · 2 · itemsize``, plus
 the dynamic scales) + q and o (BF16): issue 11's definition. GB/s = bytes / time (CUPTI kernel
@@ -37,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from experiments import bench_common as bc  # noqa: E402
 from kernels_pallas.backend import default_impl  # noqa: E402
-from kernels_pallas.decode_attention import decode_attention  # noqa: E402
+from kernels_pallas.decode_attention import DecodeBlocks, decode_attention  # noqa: E402
 
 GPU_SHAPES = (  # (model, B, S, H, K)
     ("Qwen3-8B", 32, 8192, 32, 8),
@@ -92,7 +94,12 @@ def _live_bytes(starts, lengths, h, k, c, cache) -> int:
     return kv + 2 * len(lengths) * h * c * 2  # + q and o in BF16
 
 
+UNSWAPPED = ":unswapped"  # impl suffix: the Hopper kernel with DecodeBlocks(swap_ab=False)
+
+
 def _attend(sets, starts, lengths, *, impl, c, interpret):
+    config = DecodeBlocks(swap_ab=False) if impl.endswith(UNSWAPPED) else None
+    impl = impl.removesuffix(UNSWAPPED)
     return [
         decode_attention(
             st["q"],
@@ -104,6 +111,7 @@ def _attend(sets, starts, lengths, *, impl, c, interpret):
             v_scale=st.get("v_scale"),
             sm_scale=c**-0.5,
             impl=impl,
+            config=config,
             interpret=interpret,
         )  # fmt: skip
         for st in sets
@@ -206,6 +214,8 @@ def main(argv=None) -> dict:
     impls = list(dict.fromkeys([default_impl(), "xla"]))
     if args.interpret and "pallas_mosaic_gpu" not in impls:
         impls.insert(0, "pallas_mosaic_gpu")
+    if "pallas_mosaic_gpu" in impls:  # the swap-AB kernel's before, timed in the same run
+        impls.insert(1, "pallas_mosaic_gpu" + UNSWAPPED)
     runs = args.runs or (20 if on_gpu else 5)
     pk = bc.peaks(dev.device_kind)
     copy_bw = copy_bandwidth(runs)

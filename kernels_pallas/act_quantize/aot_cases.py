@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from kernels_pallas.act_quantize import fused
 from kernels_pallas.act_quantize.pallas_triton import quantize_activations_triton
 from kernels_pallas.aot import AotCase
+from kernels_pallas.decode_attention.mgpu_swap import swap_n
 
 BF16, F32 = jnp.bfloat16, jnp.float32
 ROWS = (16, 64, 256)  # decode batches up to KERNEL_MAX_ROWS
@@ -79,4 +80,11 @@ def cases() -> list[AotCase]:
             else:
                 add(f"{model} combine+quantize B={b} J={j} H/K={h}/{k}", _combine(h // k),
                     _sds((b, j, h, 128), F32), _sds((b, j, k, 64), F32), v)  # fmt: skip
+            # the swap-AB decode kernel's transposed chunks [B, J, K, C, N] (the default)
+            n, sw = swap_n(h // k), f"combine+quantize B={b} J={j} H/K={h}/{k} (swap-AB layout)"
+            o_sw = _sds((b, j, k, 128, n), F32)
+            if j == 1:
+                add(f"{model} {sw}", _combine_unsplit(h // k), o_sw, v)
+            else:
+                add(f"{model} {sw}", _combine(h // k), o_sw, _sds((b, j, k, n), F32), v)
     return out

@@ -189,10 +189,11 @@ LSE_TILE = 64  # the Mosaic decode kernel's lse rows per KV head (its 64-row que
 
 
 def combine_supports(o_shape: tuple[int, ...], out_dtype) -> str | None:
-    """None if ``combine_quantize_triton`` takes chunk outputs ``[B, J, H, C]``, else why not."""
-    if len(o_shape) != 4:
-        return f"need chunk outputs [B, J, H, C], got {o_shape}"
-    b, j, _, c = o_shape
+    """None if ``combine_quantize_triton`` takes chunk outputs ``[B, J, H, C]`` (or the swap-AB
+    kernel's transposed ``[B, J, K, C, N]``), else why not."""
+    if len(o_shape) not in (4, 5):
+        return f"need chunk outputs [B, J, H, C] or [B, J, K, C, N], got {o_shape}"
+    b, j, c = o_shape[0], o_shape[1], o_shape[3]
     if c != GROUP:
         return f"head_dim {c} != {GROUP} (one quantization group per head)"
     if not _is_pow2(j) or j > MAX_SPLITS:
@@ -208,22 +209,27 @@ def lse_row(h, group: int):
     return (h // group * group) % 8 + h % group
 
 
-def _combine_kernel(o_ref, *refs, group: int, splits: int, out_dtype, dtype, interpret: bool):
+def _combine_kernel(o_ref, *refs, group: int, splits: int, swapped: bool, out_dtype, dtype,
+                    interpret: bool):  # fmt: skip
+    # swapped: o block [ROWS, J, 1, C, 1] (head hh's column of the transposed chunk outputs),
+    # lse block [ROWS, J, 1, N] with head hh at column hh % group
+    chunk = (lambda j: o_ref[:, j, 0, :, 0]) if swapped else (lambda j: o_ref[:, j, 0, :])
     if splits > 1:  # chunk outputs and their log-sum-exps, one chunk at a time (registers)
         lse_ref, vs_ref, q_ref, s_ref = refs
-        row = lse_row(pl.program_id(1), group)
-        col = lax.broadcasted_iota(jnp.int32, (ROWS, LSE_TILE), 1)
+        hh, width = pl.program_id(1), lse_ref.shape[-1]
+        row = hh % group if swapped else lse_row(hh, group)
+        col = lax.broadcasted_iota(jnp.int32, (ROWS, width), 1)
         lse = [jnp.max(jnp.where(col == row, lse_ref[:, j, 0, :], -jnp.inf), axis=1)
                for j in range(splits)]  # fmt: skip
         m = functools.reduce(jnp.maximum, lse)
         m = jnp.where(m > -jnp.inf, m, 0.0)  # every chunk empty: zeros, as combine_splits
         w = [jnp.exp2(x - m) for x in lse]  # [ROWS] each
         den = functools.reduce(jnp.add, w)
-        num = functools.reduce(jnp.add, (w[j][:, None] * o_ref[:, j, 0, :] for j in range(splits)))
+        num = functools.reduce(jnp.add, (w[j][:, None] * chunk(j) for j in range(splits)))
         o = div_rn(num, jnp.where(den > 0, den, 1.0)[:, None] + jnp.zeros_like(num), interpret)
     else:
         vs_ref, q_ref, s_ref = refs
-        o = o_ref[:, 0, 0, :]
+        o = chunk(0)
     h = _rounded(o * vs_ref[...], out_dtype)  # the static V scale, then the query dtype
     q_ref[...], s = quantize_rows(h, dtype, interpret)
     s_ref[...] = s[None, :]
@@ -237,18 +243,26 @@ def combine_quantize_triton(o_BJHC, lse_BJK64, v_scale_K, *, group: int, out_dty
 
     ``o_BJHC``: f32 chunk outputs; ``lse_BJK64``: f32, the Mosaic kernel's raw log-sum-exp
     tiles (None when J = 1); ``v_scale_K``: f32 [K] (the static V scale per KV head, read by
-    the group's heads: no per-head copy to launch).
+    the group's heads: no per-head copy to launch). The swap-AB kernel's outputs come as they
+    are, ``[B, J, K, C, N]`` and lse ``[B, J, K, N]`` (``decode_attention.mgpu_swap``): each
+    program reads its head's strided column, so no transpose runs before this launch.
     """
-    b, j, h, c = o_BJHC.shape
     if (reason := combine_supports(o_BJHC.shape, out_dtype)) is not None:
         raise ValueError(f"combine_quantize_triton: {reason}")
+    swapped = o_BJHC.ndim == 5
+    b, j, c = o_BJHC.shape[0], o_BJHC.shape[1], o_BJHC.shape[3]
+    h = o_BJHC.shape[2] * (group if swapped else 1)
     if (lse_BJK64 is None) != (j == 1):
         raise ValueError(f"combine_quantize_triton: lse must be given iff J={j} > 1")
     dtype = fp8_dtype(dtype)
-    specs = [pl.BlockSpec((ROWS, j, 1, c), lambda i, hh: (i, 0, hh, 0))]
+    if swapped:
+        specs = [pl.BlockSpec((ROWS, j, 1, c, 1), lambda i, hh: (i, 0, hh // group, 0, hh % group))]
+    else:
+        specs = [pl.BlockSpec((ROWS, j, 1, c), lambda i, hh: (i, 0, hh, 0))]
     operands = [o_BJHC]
     if j > 1:
-        specs.append(pl.BlockSpec((ROWS, j, 1, LSE_TILE), lambda i, hh: (i, 0, hh // group, 0)))
+        width = lse_BJK64.shape[-1]  # LSE_TILE, or the swapped kernel's N
+        specs.append(pl.BlockSpec((ROWS, j, 1, width), lambda i, hh: (i, 0, hh // group, 0)))
         operands.append(lse_BJK64)
     if v_scale_K.shape != (h // group,):
         raise ValueError(
@@ -261,6 +275,7 @@ def combine_quantize_triton(o_BJHC, lse_BJK64, v_scale_K, *, group: int, out_dty
             _combine_kernel,
             group=group,
             splits=j,
+            swapped=swapped,
             out_dtype=jnp.dtype(out_dtype),
             dtype=dtype,
             interpret=interpret,

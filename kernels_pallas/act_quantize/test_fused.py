@@ -126,6 +126,28 @@ def test_combine_quantize_equals_reference(j, n_kv, group):
         assert not np.any(_bits(got.values[1]))  # the empty row quantizes to zeros
 
 
+@pytest.mark.parametrize("j", [1, 4])
+def test_combine_quantize_reads_the_swapped_layout(j, n_kv=3, group=5):
+    """The swap-AB kernel's transposed chunk outputs ``[B, J, K, C, N]`` (N = 8: three padding
+    columns of garbage) and lse ``[B, J, K, N]`` give bit for bit what their unswapped form
+    gives."""
+    b, n = 16, 8
+    o, lse_raw = _chunks(jax.random.key(j), b, j, n_kv, group)
+    v_K = jnp.array([0.5, 2.0, 1.5])
+    h = np.arange(n_kv * group)
+    o_sw = jnp.full((b, j, n_kv, n, 128), 1e9).at[:, :, h // group, h % group].set(o)
+    o_sw = jnp.swapaxes(o_sw, -1, -2)
+    lse_sw = jnp.full((b, j, n_kv, n), 1e9)
+    lse_sw = lse_sw.at[:, :, h // group, h % group].set(
+        lse_raw[:, :, h // group, fused.lse_row(h, group)]
+    )
+    kw = dict(group=group, out_dtype=jnp.bfloat16, interpret=True)
+    want = fused.combine_quantize_triton(o, lse_raw if j > 1 else None, v_K, **kw)
+    got = fused.combine_quantize_triton(o_sw, lse_sw if j > 1 else None, v_K, **kw)
+    np.testing.assert_array_equal(_bits(got.values), _bits(want.values))
+    np.testing.assert_array_equal(got.scales, want.scales)
+
+
 def test_decode_attention_hands_the_o_proj_a_qarray(split=2):
     """``decode_attention(quant_out=...)``: the Hopper kernel (interpret mode) returns its output
     combined and quantized in one launch, equal to quantizing its plain output (two chunks; one

@@ -51,6 +51,12 @@ VARIANTS = (
     ("pallas_mosaic_gpu", "h100", "f16", "f16", 64, None),
     ("pallas_mosaic_gpu", "h100", "f16", "bf16", 128, DecodeBlocks(128, 2, 3)),
     ("pallas_mosaic_gpu", "h100", "e5m2_static", "bf16", 64, DecodeBlocks(64, 2, 3)),
+    # the unswapped kernel (the query group padded to a 64-row M tile): both block sizes and
+    # stage counts, FP8 and 16-bit caches, split and not
+    ("pallas_mosaic_gpu", "h100", "fp8_static", "bf16", 128, DecodeBlocks(64, 1, 3, False)),
+    ("pallas_mosaic_gpu", "h100", "fp8_dynamic", "bf16", 128, DecodeBlocks(64, 4, 2, False)),
+    ("pallas_mosaic_gpu", "h100", "bf16", "bf16", 128, DecodeBlocks(128, 2, 3, False)),
+    ("pallas_mosaic_gpu", "h100", "f16", "f16", 64, DecodeBlocks(64, 1, 2, False)),
     ("pallas_tpu", "v5e", "fp8_dynamic", "bf16", 128, DecodeBlocks(128, 4)),
     ("pallas_tpu", "v5e", "bf16", "bf16", 128, DecodeBlocks(256, 2)),
     ("pallas_tpu", "v5e", "f32", "f32", 128, None),
@@ -98,7 +104,11 @@ def cases() -> list[AotCase]:
         cfg = "default blocks"
         if blocks is not None:
             cfg = f"bs={blocks.block_s} J={blocks.num_splits} stages={blocks.num_stages}"
+            cfg += ", unswapped" if blocks.swap_ab is False else ""
         label = f"B={_B} S={_S} H/K=32/8 C={c} {cache} cache, q {q_dtype}, {cfg}"
         args = _operands(_B, _S, 32, 8, cache, q_dtype, c)
         out.append(_case(impl, target, label, args, blocks))
+    # the widest query group the swap-AB kernel takes (wgmma N = 64: one KV head, 64 queries)
+    label = f"B={_B} S={_S} H/K=64/1 C={HEAD_DIM} fp8_static cache, widest swap-AB group"
+    out.append(_case("pallas_mosaic_gpu", "h100", label, _operands(_B, _S, 64, 1, "fp8_static")))
     return out

@@ -29,12 +29,21 @@ class DecodeBlocks:
     block_s: int | None = None  # cache slots per tile of the online softmax
     num_splits: int | None = None  # chunks of the sequence axis per row (flash-decoding)
     num_stages: int | None = None  # Mosaic GPU: K/V tiles in flight (TPU: unused)
+    # Mosaic GPU: swap-AB, the KV tile as the wgmma M side and the query group as its N (None:
+    # on); False: the query group padded to a 64-row M tile (TPU: unused)
+    swap_ab: bool | None = None
 
     def __post_init__(self):
         for name in ("block_s", "num_splits", "num_stages"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"DecodeBlocks.{name} must be a positive int or None, got {v!r}")
+        check_swap_ab("DecodeBlocks", self.swap_ab)
+
+
+def check_swap_ab(owner: str, v) -> None:
+    if v is not None and not isinstance(v, bool):
+        raise ValueError(f"{owner}.swap_ab must be a bool or None, got {v!r}")
 
 
 def cdiv(a, b):

@@ -1,5 +1,10 @@
 """Decode attention on Hopper (Mosaic GPU): one CTA per (KV head, row, sequence chunk).
 
+Two kernels share this entry point, the support check and the output path: by default the
+swap-AB kernel (``mgpu_swap``: the KV tile as the wgmma M side, the query group as its N, no
+64-row padding); with ``DecodeBlocks(swap_ab=False)`` the kernel below, whose query group
+is padded to a 64-row M tile. Both read the same tiles and compute the same softmax.
+
 The query group of KV head ``kh`` (``group`` rows, read as a 64-row window of q starting at row
 ``kh · group``: rows past the group belong to other heads or to zero padding, and their outputs
 are dropped) attends over the live tiles of its chunk only: the pipeline's grid is the chunk's
@@ -24,7 +29,6 @@ Paging (a later issue) plugs in at the pipeline's index map: tile ``lo + i`` of 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -35,28 +39,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels_pallas.act_quantize import fused
-from kernels_pallas.decode_attention import common
+from kernels_pallas.decode_attention import common, mgpu_swap, mgpu_tile
 
 _TILE_M = 64  # wgmma M: the query group is a 64-row window
 
 
-@dataclasses.dataclass(frozen=True)
-class _Static:
-    bs: int  # block_s
-    group: int
-    splits: int
-    stages: int
-    mma_dtype: jnp.dtype
-    fp8: bool  # K/V tiles need the FP8 -> f16 upcast
-    dynamic: bool  # per-slot scales [B, K, S]
-    score_scale: float  # sm_scale · log2(e): scores in base 2
-    hw: bool  # the hardware path (P in registers); False in interpret mode
-
-
-def _transforms(minor: int, dtype):
-    itemsize = jnp.dtype(dtype).itemsize
-    swizzle = plgpu.find_swizzle(minor * itemsize * 8)
-    return (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
+_Static = mgpu_tile.Static
+_transforms = mgpu_tile.transforms
 
 
 def _col(x_ref, bs):
@@ -217,10 +206,11 @@ def decode_attention_mgpu(
 ):  # fmt: skip
     """Mosaic GPU decode attention; same contract as ``decode_attention_reference``.
 
-    ``blocks`` must be resolved (``block_s`` and ``num_splits`` set); operands must pass
-    ``supports``. ``quant_out`` (an FP8 dtype): the output as a QArray ``[B, H·C]`` in 1x128
-    groups (``api.decode_attention``), the chunks' combine, V scale, cast and quantization in
-    one Triton launch where it takes the shape (head_dim 128, B a multiple of 16).
+    ``blocks`` must be resolved (``block_s``, ``num_splits``, ``swap_ab`` set: ``swap_ab`` runs
+    ``mgpu_swap``'s kernel); operands must pass ``supports``. ``quant_out`` (an FP8 dtype):
+    the output as a QArray ``[B, H·C]`` in 1x128 groups (``api.decode_attention``), the
+    chunks' combine, V scale, cast and quantization in one Triton launch where it takes the
+    shape (head_dim 128, B a multiple of 16).
     """
     b, h, c = q_BHC.shape
     _, s, n_kv, _ = k_BSKC.shape
@@ -230,8 +220,11 @@ def decode_attention_mgpu(
     lo, cnt = common.split_ranges(
         starts_B, lengths_B, block_s=bs, num_splits=splits, num_tiles=s // bs
     )
-    # The last head's 64-row window reads past H: zero rows, whose outputs are dropped.
-    q = jnp.pad(q_BHC.astype(dt), ((0, 0), (0, _q_rows(n_kv, group) - h), (0, 0)))
+    swap = blocks.swap_ab
+    if swap:
+        q = mgpu_swap.queries(q_BHC, n_kv, dt)
+    else:  # The last head's 64-row window reads past H: zero rows, whose outputs are dropped.
+        q = jnp.pad(q_BHC.astype(dt), ((0, 0), (0, _q_rows(n_kv, group) - h), (0, 0)))
     k_scale_K = static_k_scale(k_scale, n_kv)
     dynamic = common.is_slot_scale(k_scale)
     st = _Static(
@@ -242,11 +235,9 @@ def decode_attention_mgpu(
     scales = []
     if dynamic:
         scales = [jnp.asarray(x, jnp.float32) for x in (k_scale, v_scale)]
-    out_type = [jax.ShapeDtypeStruct((b, splits, h, c), jnp.float32)]
-    if splits > 1:
-        out_type.append(jax.ShapeDtypeStruct((b, splits, n_kv, _TILE_M), jnp.float32))
+    out_type = out_types(b, splits, n_kv, c, group, swap)
     outs = plgpu.kernel(
-        functools.partial(_kernel, st=st),
+        functools.partial(mgpu_swap.kernel if swap else _kernel, st=st),
         out_type=out_type,
         grid=(n_kv, b, splits),
         grid_names=("kv", "row", "split"),
@@ -254,23 +245,38 @@ def decode_attention_mgpu(
         interpret=plgpu.InterpretGPUParams() if interpret else None,
     )(starts_B, lengths_B.astype(jnp.int32), lo, cnt, k_scale_K, q, k_BSKC, v_BSKC, *scales)
     static_v = None if common.is_slot_scale(v_scale) else v_scale  # dynamic: in the kernel
-    return output(outs, static_v, n_kv=n_kv, out_dtype=q_BHC.dtype, quant_out=quant_out,
-                  interpret=interpret)  # fmt: skip
+    return output(outs, static_v, n_kv=n_kv, group=group, out_dtype=q_BHC.dtype,
+                  quant_out=quant_out, interpret=interpret)  # fmt: skip
 
 
-def output(outs, v_scale, *, n_kv: int, out_dtype, quant_out=None, interpret=False):
-    """The kernel's chunk outputs (``[B, J, H, C]`` f32 and, when J > 1, the raw lse tiles) ->
-    ``o`` [B, H, C] in ``out_dtype``: the chunks combined, times the static ``v_scale`` ([] or
-    [K], or None). With ``quant_out`` (an FP8 dtype) a QArray ``[B, H·C]`` of ``o`` in 1x128
-    groups, computed in one Triton launch where it takes the shape (dense and paged kernels)."""
-    b, splits, h, _ = outs[0].shape
-    group = h // n_kv
+def out_types(b: int, splits: int, n_kv: int, c: int, group: int, swap: bool) -> list:
+    """The kernel's chunk outputs: o [B, J, H, C] and, when split, the 64-row lse tiles
+    [B, J, K, 64] (f32); swapped, ``mgpu_swap.out_types``."""
+    if swap:
+        return mgpu_swap.out_types(b, splits, n_kv, c, group)
+    out = [jax.ShapeDtypeStruct((b, splits, n_kv * group, c), jnp.float32)]
+    if splits > 1:
+        out.append(jax.ShapeDtypeStruct((b, splits, n_kv, _TILE_M), jnp.float32))
+    return out
+
+
+def output(outs, v_scale, *, n_kv: int, group: int, out_dtype, quant_out=None,
+           interpret=False):  # fmt: skip
+    """The kernel's chunk outputs (``out_types``: ``[B, J, H, C]`` f32 and, when J > 1, the raw
+    lse tiles, or the swap-AB kernel's transposed ones) -> ``o`` [B, H, C] in ``out_dtype``: the
+    chunks combined, times the static ``v_scale`` ([] or [K], or None). With ``quant_out`` (an
+    FP8 dtype) a QArray ``[B, H·C]`` of ``o`` in 1x128 groups, computed in one Triton launch
+    where it takes the shape (dense and paged kernels, either layout)."""
+    splits = outs[0].shape[1]
     if quant_out is not None and fused.combine_supports(outs[0].shape, out_dtype) is None:
         v_K = jnp.ones(n_kv, jnp.float32) if v_scale is None else common.per_kv_head(v_scale, n_kv)
         return fused.combine_quantize_triton(
             outs[0], outs[1] if splits > 1 else None, v_K, group=group, out_dtype=out_dtype,
             dtype=quant_out, interpret=interpret,
         )  # fmt: skip
+    if outs[0].ndim == 5:
+        outs = mgpu_swap.outputs(outs, group)
+    b, _, h, _ = outs[0].shape
     if splits > 1:
         lse_BJH = outs[1].reshape(b, splits, n_kv * _TILE_M)[:, :, _lse_rows(n_kv, group)]
         o_BHC = common.combine_splits(outs[0], lse_BJH)
@@ -285,40 +291,53 @@ _KV_DTYPES = tuple(map(jnp.dtype, (jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn,
 _Q_DTYPES = tuple(map(jnp.dtype, (jnp.bfloat16, jnp.float16, jnp.float32)))
 # What aot_cases.py proves to compile without spills (head_dim 256: a 128-register f32 acc).
 _HEAD_DIMS = (64, 128)
-_BLOCK_S = (64, 128)  # 64: <= 185 registers, two CTAs per SM; 128 (16-bit caches): <= 185
-_BLOCK_S_FP8 = (64,)  # FP8 at 128 (upcast tiles in registers): 244-255, at the spill edge
+# Registers (aot_cases, H100): swap-AB <= 128 (FP8) and <= 72 (16-bit) up to a group of 8, 242 at
+# the widest group (N = 64); unswapped <= 185 at 64 and at 128 (16-bit caches).
+_BLOCK_S = (64, 128)
+_BLOCK_S_FP8 = (64,)  # unswapped FP8 at 128 (upcast tiles in registers): 244-255, the spill edge
 _STAGES = (2, 3)
 NUM_SMS = 132  # H100 SXM / H200
 _CTAS_PER_SM = 2  # SMEM <= ~113 KiB and <= 255 registers x 128 threads allow two
 
 
-def smem_bytes(blocks: common.DecodeBlocks, c: int, kv_dtype, dynamic: bool) -> int:
+def smem_bytes(blocks: common.DecodeBlocks, c: int, kv_dtype, dynamic: bool, group: int) -> int:
     """Dynamic SMEM of one CTA: the larger of the main-loop scope and the output scope."""
     kv = jnp.dtype(kv_dtype).itemsize
     bs = blocks.block_s
     stage = 2 * bs * c * kv + (2 * bs * 4 if dynamic else 0)
-    loop = blocks.num_stages * stage + _TILE_M * c * 2 + _TILE_M * bs * 2  # + q, P (interpret)
-    if kv == 1:
-        loop += 2 * bs * c * 2  # the f16 upcast buffers
-    out = _TILE_M * c * 4 + _TILE_M * 4
+    rows = mgpu_swap.swap_n(group) if blocks.swap_ab else _TILE_M  # q rows (and P's)
+    loop = blocks.num_stages * stage + rows * c * 2 + rows * bs * 2  # + q, P (interpret/swapped)
+    if kv == 1:  # the f16 upcast buffers: K and V, swapped V only (K upcast in registers)
+        loop += (1 if blocks.swap_ab else 2) * bs * c * 2
+    out = rows * c * 4 + rows * 4
     return max(loop, out) + 1024  # barriers and alignment
 
 
 def resolve_blocks(config: common.DecodeBlocks | None, q_BHC, k_BSKC) -> common.DecodeBlocks:
     """``config`` with its None fields set: block_s 64, 3 stages for FP8 caches (2 for 16-bit:
-    both keep SMEM within two CTAs per SM), chunks to fill one wave of 2 x 132 CTAs."""
+    both keep SMEM within two CTAs per SM), chunks to fill one wave of 2 x 132 CTAs, swap-AB."""
     del q_BHC
     config = config or common.DecodeBlocks()
     b, s, n_kv, _ = k_BSKC.shape
     bs = config.block_s or 64
     stages = config.num_stages or (3 if jnp.dtype(k_BSKC.dtype).itemsize == 1 else 2)
     splits = common.resolve_splits(config.num_splits, b * n_kv, NUM_SMS * _CTAS_PER_SM, s // bs)
-    return common.DecodeBlocks(block_s=bs, num_splits=splits, num_stages=stages)
+    swap = config.swap_ab is not False
+    return common.DecodeBlocks(block_s=bs, num_splits=splits, num_stages=stages, swap_ab=swap)
 
 
 def _window_fits(n_kv: int, group: int) -> bool:
     """Each head's group fits its 64-row q window (which starts at a multiple of 8)."""
     return all((kh * group) % 8 + group <= _TILE_M for kh in range(n_kv))
+
+
+def group_reason(n_kv: int, group: int, swap: bool) -> str | None:
+    """Why the query group does not fit the kernel's MMA tile (None: it does)."""
+    if swap and mgpu_swap.swap_n(group) > mgpu_swap.MAX_N:
+        return f"query group {group} over the swap-AB kernel's wgmma N {mgpu_swap.MAX_N}"
+    if not swap and not _window_fits(n_kv, group):
+        return f"query group {group} does not fit a {_TILE_M}-row window"
+    return None
 
 
 def supports(q_BHC, k_BSKC, v_BSKC, lengths_B, *, starts_B, k_scale, v_scale, sm_scale, config,
@@ -336,14 +355,15 @@ def supports(q_BHC, k_BSKC, v_BSKC, lengths_B, *, starts_B, k_scale, v_scale, sm
         return f"q dtype {q_BHC.dtype} not in {[d.name for d in _Q_DTYPES]}"
     if c not in _HEAD_DIMS:
         return f"head_dim {c} not in {_HEAD_DIMS}"
-    if not _window_fits(n_kv, q_BHC.shape[1] // n_kv):
-        return f"query group {q_BHC.shape[1] // n_kv} does not fit a {_TILE_M}-row window"
+    group = q_BHC.shape[1] // n_kv
     bl = resolve_blocks(config, q_BHC, k_BSKC)
+    if (reason := group_reason(n_kv, group, bl.swap_ab)) is not None:
+        return reason
     block_s = _BLOCK_S_FP8 if jnp.dtype(k_BSKC.dtype).itemsize == 1 else _BLOCK_S
     if bl.block_s not in block_s or bl.num_stages not in _STAGES:
         return f"block_s {bl.block_s}, num_stages {bl.num_stages} not in {block_s}, {_STAGES}"
     if s % bl.block_s:
         return f"cache length {s} not a multiple of block_s {bl.block_s}"
-    if (n := smem_bytes(bl, c, k_BSKC.dtype, common.is_slot_scale(k_scale))) > 227 * 1024:
+    if (n := smem_bytes(bl, c, k_BSKC.dtype, common.is_slot_scale(k_scale), group)) > 227 * 1024:
         return f"SMEM {n} B over the 227 KiB budget"
     return None

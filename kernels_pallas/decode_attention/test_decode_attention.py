@@ -255,6 +255,20 @@ def _tolerance(impl, kv, v_deq) -> float:
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("impl,interpret", RUNS)
 def test_kernel_matches_reference(impl, interpret, case):
+    _check_case(impl, interpret, case)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "interpret",
+    [pytest.param(True, id="interpret"), pytest.param(False, id="device", marks=pytest.mark.gpu)],
+)
+def test_mosaic_gpu_unswapped_kernel_matches_reference(interpret, case):
+    """The Hopper kernel with the query group padded to a 64-row M tile (``swap_ab=False``)."""
+    _check_case("pallas_mosaic_gpu", interpret, case, swap_ab=False)
+
+
+def _check_case(impl, interpret, case, swap_ab=None):
     kv, rows, n_kv, group, splits = CASES[case]
     bs, c, kv16, _ = KERNELS[impl]
     kv = kv or kv16
@@ -272,8 +286,8 @@ def test_kernel_matches_reference(impl, interpret, case):
     k_p, v_p = (_poison(x, live, bs) for x in (k, v))
     with _target(impl, interpret):
         out = decode_attention(
-            q, k_p, v_p, lengths, **kw, impl=impl, config=DecodeBlocks(bs, splits),
-            interpret=interpret,
+            q, k_p, v_p, lengths, **kw, impl=impl,
+            config=DecodeBlocks(bs, splits, swap_ab=swap_ab), interpret=interpret,
         )  # fmt: skip
     tol = _tolerance(impl, kv, dequantize_kv(v, vs))
     np.testing.assert_allclose(out, expect, rtol=0, atol=tol)
@@ -321,7 +335,12 @@ def test_mosaic_gpu_support_check():
         assert "multiple of block_s" in _reason("pallas_mosaic_gpu", *_sds(4, 100, 8, 4, 128, F8))
         assert "head_dim" in _reason("pallas_mosaic_gpu", *_sds(4, 128, 8, 4, 96, F8))
         assert "cache dtype" in _reason("pallas_mosaic_gpu", *_sds(4, 128, 8, 4, 128, jnp.float32))
-        assert "window" in _reason("pallas_mosaic_gpu", *_sds(4, 128, 2, 62, 128, F8))
+        # group 62: the second head's window would start at row 56 + 6 and overrun 64 rows;
+        # swapped it is a 64-wide wgmma N, and 72 is over the widest compiled N.
+        g62 = _sds(4, 128, 2, 62, 128, F8)
+        assert _reason("pallas_mosaic_gpu", *g62) is None
+        assert "window" in _reason("pallas_mosaic_gpu", *g62, DecodeBlocks(swap_ab=False))
+        assert "wgmma N 64" in _reason("pallas_mosaic_gpu", *_sds(4, 128, 2, 72, 128, F8))
         args, kw = _sds(4, 128, 8, 4, 128, F8)
         assert "block_s" in _reason("pallas_mosaic_gpu", args, kw, DecodeBlocks(block_s=256))
     # Not interpreting and no Hopper target (this CPU): the kernel cannot compile.
@@ -371,7 +390,7 @@ _TARGET_DEVICES = {
 def test_aot_cases_cover_everything_the_support_checks_accept():
     """Every AOT case passes its support check on its target, and the cases span the accepted
     block sizes, stages, dtypes and head dims: each configuration ``auto`` can pick compiles."""
-    from kernels_pallas.decode_attention import aot_cases
+    from kernels_pallas.decode_attention import aot_cases, mgpu_swap
     from kernels_pallas.decode_attention import pallas_mosaic_gpu as da_mgpu
 
     seen = {"pallas_mosaic_gpu": set(), "pallas_tpu": set()}
@@ -390,9 +409,16 @@ def test_aot_cases_cover_everything_the_support_checks_accept():
         s = seen[case.impl]
         s |= {("blocks", bl.block_s, bl.num_stages if mod is da_mgpu else None)}
         s |= {("kv", k.dtype), ("q", q.dtype), ("c", k.shape[-1])}
+        if mod is da_mgpu:  # both kernels, each at both block sizes, FP8 and 16-bit caches
+            s |= {("swap", bl.swap_ab, bl.block_s, k.dtype.itemsize)}
+            s |= {("group", mgpu_swap.swap_n(q.shape[1] // k.shape[2]))} if bl.swap_ab else set()
     for mod, impl in ((da_mgpu, "pallas_mosaic_gpu"), (da_tpu, "pallas_tpu")):
         stages = getattr(mod, "_STAGES", (None,))
         want = {("blocks", b, st) for b in mod._BLOCK_S for st in stages}
         want |= {("kv", d) for d in mod._KV_DTYPES} | {("q", d) for d in mod._Q_DTYPES}
         want |= {("c", c) for c in mod._HEAD_DIMS}
+        if mod is da_mgpu:
+            want |= {("swap", sw, b, 2) for sw in (True, False) for b in mod._BLOCK_S}
+            want |= {("swap", sw, b, 1) for sw in (True, False) for b in mod._BLOCK_S_FP8}
+            want |= {("group", mgpu_swap.MAX_N)}
         assert want <= seen[impl], want - seen[impl]

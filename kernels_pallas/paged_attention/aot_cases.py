@@ -46,6 +46,9 @@ VARIANTS = (
     ("pallas_tpu", "v6e", "fp8_static", 512, None),
     ("pallas_mosaic_gpu", "h100", "bf16", 64, PagedBlocks(num_splits=4, num_stages=3)),
     ("pallas_mosaic_gpu", "h100", "fp8_static", 64, PagedBlocks(num_splits=2, num_stages=3)),
+    # the unswapped Hopper kernel (the query group padded to a 64-row M tile)
+    ("pallas_mosaic_gpu", "h100", "bf16", 64, PagedBlocks(num_splits=2, swap_ab=False)),
+    ("pallas_mosaic_gpu", "h100", "fp8_static", 64, PagedBlocks(1, 3, swap_ab=False)),
 )
 
 
@@ -91,6 +94,8 @@ def cases() -> list[AotCase]:
         splits = "default" if blocks is None else f"J={blocks.num_splits}"
         if blocks is not None and blocks.num_stages is not None:
             splits += f", {blocks.num_stages} stages"
+        if blocks is not None and blocks.swap_ab is False:
+            splits += ", unswapped"
         label = f"B=32 X={x} Y={y} W={w} H/K=32/8 {cache} pages, {splits}"
         out.append(_case(impl, target, label, _operands(32, x, y, w, 32, 8, cache), blocks))
     return out

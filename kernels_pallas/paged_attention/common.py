@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from kernels_pallas.decode_attention.common import check_swap_ab
+
 
 @dataclasses.dataclass(frozen=True)
 class PagedBlocks:
@@ -15,12 +17,14 @@ class PagedBlocks:
     num_splits: int | None = None  # kernels: chunks of a row's pages (flash-decoding)
     num_stages: int | None = None  # Mosaic GPU: pages in flight
     window_pages: int | None = None  # xla: a fixed gather window (pages); None: the ladder
+    swap_ab: bool | None = None  # Mosaic GPU: the dense kernel's swap-AB (None: on)
 
     def __post_init__(self):
         for name in ("num_splits", "num_stages", "window_pages"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"PagedBlocks.{name} must be a positive int or None, got {v!r}")
+        check_swap_ab("PagedBlocks", self.swap_ab)
 
 
 def cdiv(a, b):

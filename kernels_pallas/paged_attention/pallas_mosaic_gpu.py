@@ -1,7 +1,9 @@
 """Paged decode attention on Hopper (Mosaic GPU): the dense decode kernel over a page pool.
 
-One CTA per (KV head, row, chunk of the row's page-table entries); the body is
-``decode_attention.pallas_mosaic_gpu``'s tile step (wgmma QKᵀ and PV in f16/bf16, FP8 pages
+One CTA per (KV head, row, chunk of the row's page-table entries); the body is the dense
+kernels' tile step: by default ``decode_attention.mgpu_swap``'s (swap-AB: the page as the wgmma
+M side, the query group as N), with ``PagedBlocks(swap_ab=False)`` the unswapped one of
+``decode_attention.pallas_mosaic_gpu`` (wgmma QKᵀ and PV in f16/bf16, FP8 pages
 upcast to f16 in registers, online softmax in base 2, a static K scale folded into the softmax
 scale (not into q before its f16 cast) and a static V scale on the output). Only the TMA
 pipeline's source changes: the pool viewed as
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.decode_attention import common
+from kernels_pallas.decode_attention import common, mgpu_swap
 from kernels_pallas.decode_attention import pallas_mosaic_gpu as dense
 from kernels_pallas.paged_attention.common import PagedBlocks
 
@@ -77,16 +79,34 @@ def _kernel(lengths, lo, cnt, table, k_scale, q_gmem, k_gmem, v_gmem, *outs, st)
     dense._write_out(st, outs, acc, m_i, l_i, (row, kh, j, off))  # noqa: SLF001
 
 
+def _kernel_swap(lengths, lo, cnt, table, k_scale, q_gmem, k_gmem, v_gmem, *outs, st):
+    """The swap-AB kernel (``mgpu_swap``) over the page pool."""
+    kh, row, j = jax.lax.axis_index("kv"), jax.lax.axis_index("row"), jax.lax.axis_index("split")
+    c, bs = q_gmem.shape[-1], st.bs
+    bounds = (lo[row, j], 0, lengths[row], st.score_scale * k_scale[kh])
+    kv_spec = plgpu.BlockSpec(
+        (bs, c), lambda i: (table[row, bounds[0] + i], 0),
+        transforms=mgpu_swap.transforms(c, k_gmem.dtype),
+    )  # fmt: skip
+    srcs = [k_gmem.at[:, kh], v_gmem.at[:, kh]]
+    acc, m_i, l_i = mgpu_swap.attend(
+        st, q_gmem.at[row, kh], [kv_spec, kv_spec], srcs, bounds, cnt[row, j], c
+    )
+    mgpu_swap.write(st, outs, acc, m_i, l_i, (row, j, kh))
+
+
 @functools.partial(
-    jax.jit, static_argnames=("sm_scale", "num_splits", "stages", "quant_out", "interpret")
+    jax.jit,
+    static_argnames=("sm_scale", "num_splits", "stages", "quant_out", "interpret", "swap_ab"),
 )
 def paged_attention_mgpu(
     q_BHC, k_pages_XYKC, v_pages_XYKC, lengths_B, page_table_BW, *, k_scale=None, v_scale=None,
     sm_scale, num_splits: int = 1, stages: int = 2, quant_out=None, interpret=False,
+    swap_ab: bool = True,
 ):  # fmt: skip
     """Mosaic GPU paged decode attention; same contract as ``paged_attention_reference``
     (static or no scales). ``quant_out``: the output quantized for the o_proj
-    (``decode_attention.pallas_mosaic_gpu.output``)."""
+    (``decode_attention.pallas_mosaic_gpu.output``); ``swap_ab``: the swap-AB kernel."""
     b, h, c = q_BHC.shape
     x, y, n_kv, _ = k_pages_XYKC.shape
     w = page_table_BW.shape[1]
@@ -96,28 +116,29 @@ def paged_attention_mgpu(
     lo, cnt = common.split_ranges(
         jnp.zeros_like(lengths_B), lengths_B, block_s=y, num_splits=splits, num_tiles=w
     )
-    q = jnp.pad(q_BHC.astype(dt), ((0, 0), (0, dense._q_rows(n_kv, group) - h), (0, 0)))  # noqa: SLF001
+    if swap_ab:
+        q = mgpu_swap.queries(q_BHC, n_kv, dt)
+    else:
+        q = jnp.pad(q_BHC.astype(dt), ((0, 0), (0, dense._q_rows(n_kv, group) - h), (0, 0)))  # noqa: SLF001
     k_scale_K = dense.static_k_scale(k_scale, n_kv)
     st = dense._Static(  # noqa: SLF001
         bs=y, group=group, splits=splits, stages=stages, mma_dtype=dt,
         fp8=jnp.dtype(k_pages_XYKC.dtype).itemsize == 1, dynamic=False,
         score_scale=float(sm_scale) * common.LOG2E, hw=not interpret,
     )  # fmt: skip
-    out_type = [jax.ShapeDtypeStruct((b, splits, h, c), jnp.float32)]
-    if splits > 1:
-        out_type.append(jax.ShapeDtypeStruct((b, splits, n_kv, _TILE_M), jnp.float32))
+    out_type = dense.out_types(b, splits, n_kv, c, group, swap_ab)
     k_flat = k_pages_XYKC.reshape(x * y, n_kv, c)
     v_flat = v_pages_XYKC.reshape(x * y, n_kv, c)
     outs = plgpu.kernel(
-        functools.partial(_kernel, st=st),
+        functools.partial(_kernel_swap if swap_ab else _kernel, st=st),
         out_type=out_type,
         grid=(n_kv, b, splits),
         grid_names=("kv", "row", "split"),
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=plgpu.InterpretGPUParams() if interpret else None,
     )(lengths_B, lo, cnt, page_table_BW.astype(jnp.int32), k_scale_K, q, k_flat, v_flat)
-    return dense.output(outs, v_scale, n_kv=n_kv, out_dtype=q_BHC.dtype, quant_out=quant_out,
-                        interpret=interpret)  # fmt: skip
+    return dense.output(outs, v_scale, n_kv=n_kv, group=group, out_dtype=q_BHC.dtype,
+                        quant_out=quant_out, interpret=interpret)  # fmt: skip
 
 
 def default_splits(b: int, num_pages: int, n_kv: int) -> int:
@@ -143,8 +164,9 @@ def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_sc
         return f"q dtype {q_BHC.dtype} not supported"
     if c not in dense._HEAD_DIMS:  # noqa: SLF001
         return f"head_dim {c} not in {dense._HEAD_DIMS}"  # noqa: SLF001
-    if not dense._window_fits(n_kv, q_BHC.shape[1] // n_kv):  # noqa: SLF001
-        return f"query group {q_BHC.shape[1] // n_kv} does not fit a {_TILE_M}-row window"
+    swap = config is None or config.swap_ab is not False
+    if (reason := dense.group_reason(n_kv, q_BHC.shape[1] // n_kv, swap)) is not None:
+        return reason
     if y not in PAGE_SIZES:
         return f"page_size {y} is not a kernel block size {PAGE_SIZES} (a tile is one page)"
     if k_scale is not None and jnp.ndim(k_scale) == 3:
@@ -162,4 +184,5 @@ def run(q, k, v, lengths_B, table, *, config: PagedBlocks | None, interpret, qua
     return paged_attention_mgpu(
         q, k, v, lengths_B, table, **kw, num_splits=splits,
         stages=config.num_stages or 2, quant_out=quant_out, interpret=interpret,
+        swap_ab=config.swap_ab is not False,
     )  # fmt: skip

@@ -182,15 +182,25 @@ KERNEL_CASES = [
     ("pallas_mosaic_gpu", jnp.bfloat16, "none", 1, 1e-2),
     ("pallas_mosaic_gpu", F8, "static", 2, 5e-3),
 ]
+# the Hopper kernel's unswapped form (the query group padded to a 64-row M tile)
+UNSWAPPED = [(jnp.bfloat16, "none", 2, 1e-2), (F8, "static", 1, 5e-3)]
 
 
 @pytest.mark.parametrize("impl,dtype,scales,splits,tol", KERNEL_CASES)
 def test_kernel_interpret_matches_reference(impl, dtype, scales, splits, tol):
+    _check_kernel(impl, dtype, scales, PagedBlocks(num_splits=splits), tol)
+
+
+@pytest.mark.parametrize("dtype,scales,splits,tol", UNSWAPPED)
+def test_mosaic_gpu_unswapped_interpret_matches_reference(dtype, scales, splits, tol):
+    _check_kernel("pallas_mosaic_gpu", dtype, scales, PagedBlocks(splits, swap_ab=False), tol)
+
+
+def _check_kernel(impl, dtype, scales, config, tol):
     c = _kernel_case(impl, 3 if impl == "pallas_tpu" else 5, dtype, scales)
     want = _run(c)
     with _on_target(impl):
-        got = _run(c, paged_attention, impl=impl, interpret=True,
-                   config=PagedBlocks(num_splits=splits))  # fmt: skip
+        got = _run(c, paged_attention, impl=impl, interpret=True, config=config)
     np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
 
 

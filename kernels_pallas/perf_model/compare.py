@@ -1,11 +1,13 @@
 """Measured beside predicted: ``python -m kernels_pallas.perf_model.compare BENCH_JSON...``.
 
 Reads ``experiments/bench_matmul.py`` / ``bench_decode.py`` output (``meta.device_kind``, rows
-with ``m, n, k, impl, median_us``) and prints, per fp8_matmul row, the measured time beside the
-model's prediction for the same arm (``fp8:<impl>``: QArray x; ``+quant``: BF16 x quantized
-once; ``bf16``: the BF16 baseline; ``+add``: the GEMM and its consumer, ``predicted_us``), and
-measured / predicted: the calibration of the model's
-knobs (``gpu.py`` constants) the first time it runs on a device.
+with ``m, n, k, impl, median_us`` or ``b, s, h, k, c, cache, impl, median_us``) and prints, per
+fp8_matmul row and per full-length decode attention row of the Hopper kernel, the measured time
+beside the model's prediction for the same arm (``fp8:<impl>``: QArray x; ``+quant``: BF16 x
+quantized once; ``bf16``: the BF16 baseline; ``+add``: the GEMM and its consumer;
+``pallas_mosaic_gpu[:unswapped]``: decode attention, ``predicted_us``), and measured /
+predicted: the calibration of the model's knobs (``gpu.py`` constants) the first time it runs
+on a device.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ def predicted_us(chip: str, row: dict) -> float | None:
     """The model's time for one bench_matmul row; ``+add`` arms (the GEMM and its residual-add
     consumer, x FP8) are the GEMM in the rollout program (``in_program``: the split-K sum fused
     into the add) plus the add's own fusion, which the BF16 program runs too."""
+    if "cache" in row:
+        return _attention_us(chip, row)
     m, n, k, impl = row.get("m"), row.get("n"), row.get("k"), row.get("impl", "")
     if None in (m, n, k) or k % 128 or n % 64:
         return None
@@ -36,6 +40,24 @@ def predicted_us(chip: str, row: dict) -> float | None:
         p = gpu.predict_matmul(chip, m, n, k, x, in_program=impl.endswith("+add"))
         return (p.time_s + add) * 1e6
     return None
+
+
+def _attention_us(chip: str, row: dict) -> float | None:
+    """The model's time for one bench_decode row of the Hopper kernel (swap-AB, or
+    ``:unswapped``) with every slot live (the model reads full rows); None for the rest."""
+    impl = row.get("impl", "")
+    if row.get("lengths") != "full" or not impl.startswith("pallas_mosaic_gpu"):
+        return None
+    cache = "bf16" if row["cache"] == "bf16" else "fp8"
+    p = gpu.predict_attention(chip, "decode_attention", row["b"], row["s"], row["h"], row["k"],
+                              row["c"], cache, swap_ab=not impl.endswith(":unswapped"))  # fmt: skip
+    return p.time_s * 1e6
+
+
+def _shape(row: dict) -> str:
+    if "cache" in row:
+        return f"B={row['b']} S={row['s']} H/K={row['h']}/{row['k']} {row['cache']}"
+    return f"M={row['m']} N={row['n']} K={row['k']}"
 
 
 def rows_beside(paths: list[str]) -> list[str]:
@@ -58,7 +80,7 @@ def rows_beside(paths: list[str]) -> list[str]:
             pred, meas = predicted_us(chip, row), row.get("median_us")
             if pred is None or meas is None:
                 continue
-            shape = f"M={row['m']} N={row['n']} K={row['k']}"
+            shape = _shape(row)
             wall = row.get("wall_median_us")
             walls = (f"{wall:.1f}", f"{wall / pred:.2f}") if wall else ("-", "-")
             out.append(f"| {path.rsplit('/', 1)[-1]} | {shape} | {row['impl']} | {meas:.1f} | "

@@ -320,13 +320,17 @@ def bf16_attention_s(chip: str, b: int, s: int, n_kv: int, d: int) -> float:
 
 
 def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: int,
-                      cache: str = "fp8", *, splits: int | None = None,
-                      label: str = "", in_program: bool = False) -> Prediction:  # fmt: skip
+                      cache: str = "fp8", *, splits: int | None = None, label: str = "",
+                      in_program: bool = False, swap_ab: bool = True) -> Prediction:  # fmt: skip
     """Decode attention (dense, or paged with 64-slot pages) over full rows of ``s`` slots;
-    ``in_program``: the chunks' XLA combine is a launch the program's count holds."""
+    ``in_program``: the chunks' XLA combine is a launch the program's count holds. ``swap_ab``
+    (the kernels' default): the query group is the wgmma N (``mgpu_swap.swap_n``), its MMAs
+    ``[block_s, N]``, K upcast in registers and Pᵀ [N, block_s] f16 through SMEM; else a
+    64-row M tile."""
     import jax
     import jax.numpy as jnp
 
+    from kernels_pallas.decode_attention import mgpu_swap
     from kernels_pallas.decode_attention import pallas_mosaic_gpu as dense
     from kernels_pallas.decode_attention.common import DecodeBlocks
 
@@ -343,10 +347,15 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
         bl = dense.resolve_blocks(DecodeBlocks(num_splits=splits), None, k_sds)
         bs, stages, splits = bl.block_s, bl.num_stages, bl.num_splits
         name = "decode_fp8" if fp8 else "decode_bf16"
+    name += "" if swap_ab else "_unswapped"
     prof = _nearest_profile(name, load_profiles())
     kv_b = 1 if fp8 else 2
-    upcast = 2 * bs * d * (1 + 2) if fp8 else 0  # read FP8 K and V tiles, write them as f16
-    loop = Loop(nwg=1, threads=128, wg_flops=2 * 2 * 64 * bs * d, fp8=False, waits=2,
+    rows = mgpu_swap.swap_n(h // n_kv) if swap_ab else 64  # the query side of every MMA
+    # FP8: read the K and V tiles, write their f16 copies (swapped: V's only, K stays in
+    # registers as the A operand); swapped: the Pᵀ store (unswapped, P stays in registers)
+    upcast = 2 * bs * d + (1 if swap_ab else 2) * bs * d * 2 if fp8 else 0
+    upcast += rows * bs * 2 if swap_ab else 0
+    loop = Loop(nwg=1, threads=128, wg_flops=2 * 2 * rows * bs * d, fp8=False, waits=2,
                 step_bytes=2 * bs * d * kv_b, stages=stages, smem_bytes=upcast)  # fmt: skip
     steps = math.ceil(s / bs / splits)
     t, terms = grid_time(chip, loop, prof, n_kv * b * splits, steps)

@@ -73,6 +73,16 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
             after = predict_attention(chip, "paged_attention", b, s, h, n_kv, 128, label=label)
             if before.impl != after.impl:
                 out.append(("paged attention: splits for every batch size", before, after))
+    for op in ("decode_attention", "paged_attention"):
+        for model, b, s, h, n_kv in ATTENTION_SHAPES:
+            for chip in GPU_CHIPS:
+                label = f"{model} B={b} S={s} H/K={h}/{n_kv} fp8 cache"
+                before, after = (
+                    predict_attention(chip, op, b, s, h, n_kv, 128, label=label, swap_ab=swap)
+                    for swap in (False, True)
+                )
+                change = "decode attention: swap-AB (the query group as wgmma N)"
+                out.append((change, before, after))
     return out
 
 

@@ -28,21 +28,25 @@ def variants() -> dict:
     import jax.numpy as jnp
 
     from kernels_pallas.decode_attention import aot_cases as dac
+    from kernels_pallas.decode_attention.common import DecodeBlocks
     from kernels_pallas.fp8_matmul import aot_cases as mac
     from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
     from kernels_pallas.paged_attention import aot_cases as pac
+    from kernels_pallas.paged_attention.common import PagedBlocks
 
     def mm(m, x_kind, cfg=None):
         fn = functools.partial(mac._call, impl="pallas_mosaic_gpu", out_dtype="bfloat16",
                                config=cfg)  # fmt: skip
         return fn, mac._operands(m, 4096, 4096, x_kind)
 
-    def dec(cache):
-        fn = functools.partial(dac._call, impl="pallas_mosaic_gpu", config=None)
+    def dec(cache, swap_ab=None):
+        cfg = DecodeBlocks(swap_ab=swap_ab)
+        fn = functools.partial(dac._call, impl="pallas_mosaic_gpu", config=cfg)
         return fn, dac._operands(32, 8192, 32, 8, cache)
 
-    def paged(cache):
-        fn = functools.partial(pac._call, impl="pallas_mosaic_gpu", config=None)
+    def paged(cache, swap_ab=None):
+        cfg = PagedBlocks(swap_ab=swap_ab)
+        fn = functools.partial(pac._call, impl="pallas_mosaic_gpu", config=cfg)
         return fn, pac._operands(32, 16384, 64, 320, 32, 8, cache)
 
     def gmm(kind):  # the BF16 grouped kernels at Qwen3-30B-A3B gate/up, 16 local experts
@@ -91,9 +95,13 @@ def variants() -> dict:
             )
             for m, s in ((16, 1), (32, 1), (64, 1), (16, 2), (16, 4), (16, 8), (64, 2), (64, 4))
         },
+        # decode attention: swap-AB (the default), and unswapped (the query group padded to 64)
         "decode_fp8": (*dec("fp8_static"), two),
         "decode_bf16": (*dec("bf16"), two),
         "paged_fp8": (*paged("fp8_static"), two),
+        "decode_fp8_unswapped": (*dec("fp8_static", False), two),
+        "decode_bf16_unswapped": (*dec("bf16", False), two),
+        "paged_fp8_unswapped": (*paged("fp8_static", False), two),
         "gmm_bf16_128x128": (*gmm("fwd"), two),
         "gmm_bf16_128x128_t": (*gmm("dgrad"), two),
         "tgmm_bf16_128x128": (*gmm("tgmm"), two),

@@ -100,6 +100,25 @@ def test_predictions_are_consistent():
     assert md.count("\n") == 3 and "fp8_matmul" in md
 
 
+def test_swap_ab_attention_profiles_and_predictions():
+    """The swap-AB decode kernels' committed SASS profiles: 64xNx16 wgmmas (N = 8: Qwen3-8B's
+    group of 4 padded) against the unswapped 64x64x16, fewer main-loop instructions and
+    registers, no spills; and no shape is predicted slower swapped."""
+    profs = gpu.load_profiles()
+    for name in ("decode_fp8", "decode_bf16", "paged_fp8"):
+        sw, un = profs[name], profs[f"{name}_unswapped"]
+        assert sw["main_loop"]["mma_shape"] == "64x8x16", name
+        assert un["main_loop"]["mma_shape"] == "64x64x16", name
+        assert sw["main_loop"]["total"] < 0.8 * un["main_loop"]["total"], name
+        assert sw["registers"] < un["registers"] and sw["spill_bytes"] == 0, name
+    for op in ("decode_attention", "paged_attention"):
+        for chip in ("h100", "h200"):
+            sw, un = (gpu.predict_attention(chip, op, 8, 32768, 32, 8, 128, swap_ab=s)
+                      for s in (True, False))  # fmt: skip
+            assert sw.time_s <= un.time_s, (op, chip)
+            assert sw.impl.split()[0] + "_unswapped" == un.impl.split()[0]
+
+
 def test_grouped_bf16_against_the_dense_ragged_dot_baseline():
     """The baseline is XLA:GPU's dense expansion: e·m rows through a BF16 GEMM (hand-computed);
     our kernels compute only the live rows, so they win by about the dead work."""
@@ -200,3 +219,20 @@ def test_targets_judge_the_gemms_the_rollout_runs():
     assert before.baseline_s == pytest.approx(sum(p.baseline_s for p in parts))
     fused = gpu.predict_matmul("h100", 16, 6144, 4096, "bf16")
     assert fused.time_s < before.time_s  # one launch, one quantization, 96 CTAs
+
+
+def test_compare_predicts_the_decode_attention_rows():
+    """bench_decode rows of the Hopper kernel with every slot live get the model's time for
+    their arm (swap-AB, or ``:unswapped``); ragged rows and the XLA reference get none."""
+    from kernels_pallas.perf_model import compare
+
+    row = dict(model="Qwen3-8B", b=32, s=8192, h=32, k=8, c=128, cache="fp8_static",
+               lengths="full", impl="pallas_mosaic_gpu")  # fmt: skip
+    want = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8")
+    assert compare.predicted_us("h200", row) == pytest.approx(want.time_s * 1e6)
+    un = compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:unswapped"))
+    assert un >= compare.predicted_us("h200", row)
+    bf16 = compare.predicted_us("h200", dict(row, cache="bf16"))
+    assert bf16 > compare.predicted_us("h200", row)  # twice the bytes
+    assert compare.predicted_us("h200", dict(row, lengths="ragged")) is None
+    assert compare.predicted_us("h200", dict(row, impl="xla")) is None
