@@ -32,7 +32,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels_pallas.act_quantize import fused
 from kernels_pallas.decode_attention import common
-from kernels_pallas.decode_attention.mgpu_tile import Static, transforms
+from kernels_pallas.decode_attention.mgpu_tile import (
+    Static,
+    dense_sources,
+    transforms,
+    write_chunk,
+)
 
 LSE_TILE = 64  # the unswapped kernel's lse tile rows (``outputs`` fills that form)
 MAX_N = 64  # the widest query group compiled (``aot_cases``): Oᵀ [128, 64] f32 is 64 registers
@@ -149,39 +154,17 @@ def attend(st: Static, q_src, specs, srcs, bounds, n_tiles, c: int):
 
 def write(st: Static, outs, acc, m_i, l_i, where) -> None:
     """``Oᵀ / l`` (and lse = m + log2 l when split) of chunk ``where = (row, j, kh)`` -> GMEM."""
-    c, n = acc.shape
-    l_safe = jnp.where(l_i > 0, l_i, 1.0)  # an empty chunk: acc = 0, l = 0 -> o = 0
-
-    def body(o_smem, lse_smem):
-        o_smem[...] = acc / lax.broadcast_in_dim(l_safe, acc.shape, [1])
-        if lse_smem is not None:
-            lse_smem[...] = m_i + jnp.log2(l_i)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_smem, outs[0].at[where])
-        if lse_smem is not None:
-            plgpu.copy_smem_to_gmem(lse_smem, outs[1].at[where])
-        plgpu.wait_smem_to_gmem(0)
-
-    lse_type = plgpu.SMEM((n,), jnp.float32) if st.splits > 1 else None
-    pl.run_scoped(body, plgpu.SMEM((c, n), jnp.float32), lse_type)
+    lse_dst = outs[1].at[where] if st.splits > 1 else None
+    write_chunk(acc, m_i, l_i, l_dim=1, o_dst=outs[0].at[where], lse_dst=lse_dst)
 
 
 def kernel(starts, lengths, lo, cnt, k_scale, q_gmem, k_gmem, v_gmem, *rest, st: Static):
     """The dense cache's kernel: one CTA per (KV head, row, chunk)."""
-    if st.dynamic:
-        ks_gmem, vs_gmem, *outs = rest
-    else:
-        outs = rest
+    scales, outs = (rest[:2], rest[2:]) if st.dynamic else ((), rest)
     kh, row, j = lax.axis_index("kv"), lax.axis_index("row"), lax.axis_index("split")
-    c, bs = q_gmem.shape[-1], st.bs
+    c = q_gmem.shape[-1]
     bounds = (lo[row, j], starts[row], lengths[row], st.score_scale * k_scale[kh])
-    kv_spec = plgpu.BlockSpec(
-        (bs, c), lambda i: (bounds[0] + i, 0), transforms=transforms(c, k_gmem.dtype)
-    )
-    specs, srcs = [kv_spec, kv_spec], [k_gmem.at[row, :, kh], v_gmem.at[row, :, kh]]
-    if st.dynamic:
-        specs += [plgpu.BlockSpec((bs,), lambda i: (bounds[0] + i,))] * 2
-        srcs += [ks_gmem.at[row, kh], vs_gmem.at[row, kh]]
+    specs, srcs = dense_sources(st, k_gmem, v_gmem, scales, row, kh, bounds[0], c)
     acc, m_i, l_i = attend(st, q_gmem.at[row, kh], specs, srcs, bounds, cnt[row, j], c)
     write(st, outs, acc, m_i, l_i, (row, j, kh))
 

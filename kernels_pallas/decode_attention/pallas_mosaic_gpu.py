@@ -106,10 +106,7 @@ def _add_pv(st: _Static, acc, p16, v_smem, p_smem):
 
 
 def _kernel(starts, lengths, lo, cnt, k_scale, q_gmem, k_gmem, v_gmem, *rest, st: _Static):
-    if st.dynamic:
-        ks_gmem, vs_gmem, *outs = rest
-    else:
-        outs = rest
+    scales, outs = (rest[:2], rest[2:]) if st.dynamic else ((), rest)
     kh, row, j = lax.axis_index("kv"), lax.axis_index("row"), lax.axis_index("split")
     c, bs, dt = q_gmem.shape[-1], st.bs, st.mma_dtype
     bounds = (lo[row, j], starts[row], lengths[row], st.score_scale * k_scale[kh])
@@ -122,13 +119,7 @@ def _kernel(starts, lengths, lo, cnt, k_scale, q_gmem, k_gmem, v_gmem, *rest, st
     def compute(q_smem, kb_smem, vb_smem, p_smem, q_barrier):
         plgpu.copy_gmem_to_smem(q_gmem.at[row, pl.ds(q0, _TILE_M)], q_smem, q_barrier)
         plgpu.barrier_wait(q_barrier)
-        kv_spec = plgpu.BlockSpec(
-            (bs, c), lambda i: (bounds[0] + i, 0), transforms=_transforms(c, k_gmem.dtype)
-        )
-        specs, srcs = [kv_spec, kv_spec], [k_gmem.at[row, :, kh], v_gmem.at[row, :, kh]]
-        if st.dynamic:
-            specs += [plgpu.BlockSpec((bs,), lambda i: (bounds[0] + i,))] * 2
-            srcs += [ks_gmem.at[row, kh], vs_gmem.at[row, kh]]
+        specs, srcs = mgpu_tile.dense_sources(st, k_gmem, v_gmem, scales, row, kh, bounds[0], c)
         init = (
             plgpu.layout_cast(jnp.zeros((_TILE_M, c), jnp.float32), plgpu.Layout.WGMMA),
             plgpu.layout_cast(
@@ -157,22 +148,12 @@ def _kernel(starts, lengths, lo, cnt, k_scale, q_gmem, k_gmem, v_gmem, *rest, st
 def _write_out(st: _Static, outs, acc, m_i, l_i, where):
     """o / l of the group's rows (and lse when split) -> GMEM, through SMEM."""
     row, kh, j, off = where
-    c = acc.shape[-1]
-    l_safe = jnp.where(l_i > 0, l_i, 1.0)  # an empty chunk: acc = 0, l = 0 -> o = 0
-
-    def write(o_smem, lse_smem):
-        o_smem[...] = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
-        if lse_smem is not None:
-            lse_smem[...] = m_i + jnp.log2(l_i)
-        plgpu.commit_smem()
-        g = st.group
-        plgpu.copy_smem_to_gmem(o_smem.at[pl.ds(off, g)], outs[0].at[row, j, pl.ds(kh * g, g)])
-        if lse_smem is not None:
-            plgpu.copy_smem_to_gmem(lse_smem, outs[1].at[row, j, kh])
-        plgpu.wait_smem_to_gmem(0)
-
-    lse_type = plgpu.SMEM((_TILE_M,), jnp.float32) if st.splits > 1 else None
-    pl.run_scoped(write, plgpu.SMEM((_TILE_M, c), jnp.float32), lse_type)
+    g = st.group
+    mgpu_tile.write_chunk(
+        acc, m_i, l_i, l_dim=0, o_dst=outs[0].at[row, j, pl.ds(kh * g, g)],
+        lse_dst=outs[1].at[row, j, kh] if st.splits > 1 else None,
+        o_part=lambda o_smem: o_smem.at[pl.ds(off, g)],
+    )  # fmt: skip
 
 
 def _q_rows(n_kv: int, group: int) -> int:
