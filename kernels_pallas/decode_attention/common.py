@@ -41,6 +41,12 @@ class DecodeBlocks:
         check_swap_ab("DecodeBlocks", self.swap_ab)
 
 
+def swap_ab_on(config) -> bool:
+    """Whether a Hopper kernel config (``DecodeBlocks``, ``PagedBlocks`` or None) runs swap-AB:
+    the default, unless ``swap_ab=False``."""
+    return config is None or config.swap_ab is not False
+
+
 def check_swap_ab(owner: str, v) -> None:
     if v is not None and not isinstance(v, bool):
         raise ValueError(f"{owner}.swap_ab must be a bool or None, got {v!r}")

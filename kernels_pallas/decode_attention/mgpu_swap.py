@@ -39,7 +39,6 @@ from kernels_pallas.decode_attention.mgpu_tile import (
     write_chunk,
 )
 
-LSE_TILE = 64  # the unswapped kernel's lse tile rows (``outputs`` fills that form)
 MAX_N = 64  # the widest query group compiled (``aot_cases``): Oᵀ [128, 64] f32 is 64 registers
 
 
@@ -179,6 +178,6 @@ def outputs(outs, group: int) -> list:
     if len(outs) > 1:
         h = np.arange(n_kv * group)
         lse_BJH = outs[1][..., :group].reshape(b, splits, n_kv * group)
-        tiles = jnp.full((b, splits, n_kv, LSE_TILE), -jnp.inf, jnp.float32)
+        tiles = jnp.full((b, splits, n_kv, fused.LSE_TILE), -jnp.inf, jnp.float32)
         res.append(tiles.at[:, :, h // group, fused.lse_row(h, group)].set(lse_BJH))
     return res

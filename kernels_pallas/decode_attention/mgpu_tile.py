@@ -23,7 +23,7 @@ class Static:
     fp8: bool  # K/V tiles need the FP8 -> f16 upcast
     dynamic: bool  # per-slot scales [B, K, S]
     score_scale: float  # sm_scale · log2(e): scores in base 2
-    hw: bool  # the hardware path (P in registers); False in interpret mode
+    hw: bool  # the hardware path (register wgmma operands: P, or swapped FP8 K); False: interpret
 
 
 def transforms(minor: int, dtype):

@@ -303,7 +303,7 @@ def resolve_blocks(config: common.DecodeBlocks | None, q_BHC, k_BSKC) -> common.
     bs = config.block_s or 64
     stages = config.num_stages or (3 if jnp.dtype(k_BSKC.dtype).itemsize == 1 else 2)
     splits = common.resolve_splits(config.num_splits, b * n_kv, NUM_SMS * _CTAS_PER_SM, s // bs)
-    swap = config.swap_ab is not False
+    swap = common.swap_ab_on(config)
     return common.DecodeBlocks(block_s=bs, num_splits=splits, num_stages=stages, swap_ab=swap)
 
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.decode_attention import common, mgpu_swap
+from kernels_pallas.decode_attention import common, mgpu_swap, mgpu_tile
 from kernels_pallas.decode_attention import pallas_mosaic_gpu as dense
 from kernels_pallas.paged_attention.common import PagedBlocks
 
@@ -86,7 +86,7 @@ def _kernel_swap(lengths, lo, cnt, table, k_scale, q_gmem, k_gmem, v_gmem, *outs
     bounds = (lo[row, j], 0, lengths[row], st.score_scale * k_scale[kh])
     kv_spec = plgpu.BlockSpec(
         (bs, c), lambda i: (table[row, bounds[0] + i], 0),
-        transforms=mgpu_swap.transforms(c, k_gmem.dtype),
+        transforms=mgpu_tile.transforms(c, k_gmem.dtype),
     )  # fmt: skip
     srcs = [k_gmem.at[:, kh], v_gmem.at[:, kh]]
     acc, m_i, l_i = mgpu_swap.attend(
@@ -164,7 +164,7 @@ def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_sc
         return f"q dtype {q_BHC.dtype} not supported"
     if c not in dense._HEAD_DIMS:  # noqa: SLF001
         return f"head_dim {c} not in {dense._HEAD_DIMS}"  # noqa: SLF001
-    swap = config is None or config.swap_ab is not False
+    swap = common.swap_ab_on(config)
     if (reason := dense.group_reason(n_kv, q_BHC.shape[1] // n_kv, swap)) is not None:
         return reason
     if y not in PAGE_SIZES:
@@ -184,5 +184,5 @@ def run(q, k, v, lengths_B, table, *, config: PagedBlocks | None, interpret, qua
     return paged_attention_mgpu(
         q, k, v, lengths_B, table, **kw, num_splits=splits,
         stages=config.num_stages or 2, quant_out=quant_out, interpret=interpret,
-        swap_ab=config.swap_ab is not False,
+        swap_ab=common.swap_ab_on(config),
     )  # fmt: skip
