@@ -22,12 +22,12 @@ the output against the BF16 product (a sanity check: ~0.03-0.05 for E4M3; a brok
 Data: x ~ N(0, 1) BF16; w ~ N(0, 1) / sqrt(K) BF16, quantized with real amax scales (1x128
 activation groups, 128x128 weight blocks, E4M3). Shapes on GPU: DeepSeek-V3 and Qwen3-8B linear
 layers at M in {4096, 16, 64, 8192} (issue 11's targets: >= 1.5x BF16 at M = 4096, >= 1.6x at
-M <= 64). On CPU (``--quick``: tiny shapes) FP8 is emulated (dequantize, f32 dot): the speedup
+M <= 64), then 128 (a decode batch past 64 rows: swap-AB with split-K where the model says). On CPU (``--quick``: tiny shapes) FP8 is emulated (dequantize, f32 dot): the speedup
 says nothing about FP8; the run checks the code paths. ``--interpret`` adds the Hopper kernel in
 interpret mode (CPU, slow: correctness of the path only).
 
 Usage: ``python experiments/bench_matmul.py --quick`` (CPU, ~10 s); on a GPU without flags
-(120 compiled programs: 6 layers x 4 M x 4 arms, and the 2 "+add" arms at M 16 and 64; the
+(156 compiled programs: 6 layers x 5 M x 4 arms, and the 2 "+add" arms at M 16, 64, 128; the
 first GPU run tells how long; rows are written after each shape, so a cut run keeps the
 first M values); ``--out PATH.json`` (a ``.md`` table beside it).
 """
@@ -50,7 +50,7 @@ from experiments import bench_common as bc  # noqa: E402
 from kernels_pallas.fp8_matmul import default_impl, fp8_matmul  # noqa: E402
 from kernels_pallas.quantize import quantize_activations, quantize_weight  # noqa: E402
 
-GPU_M = (4096, 16, 64, 8192)  # the targets' M first, so a cut run still has them
+GPU_M = (4096, 16, 64, 8192, 128)  # the targets' M first, so a cut run still has them
 GPU_LAYERS = (  # (model, layer, N, K)
     ("Qwen3-8B", "q|k|v fused", 6144, 4096),  # the FP8 rollout's one GEMM (models/fused.py)
     ("Qwen3-8B", "o_proj", 4096, 4096),
@@ -90,7 +90,7 @@ def _plus_residual(op):
     return lambda s: op(s) + s["r"]
 
 
-ADD_MAX_M = 64  # the "+add" (GEMM and its consumer) arms run at decode M only
+ADD_MAX_M = 128  # the "+add" (GEMM and its consumer) arms run at decode M only
 
 
 def _nbytes(tree) -> int:

@@ -1,14 +1,14 @@
 """Ahead-of-time compile cases of ``fp8_matmul`` at real linear-layer shapes (``aot_check.py``).
 
 Each row of ``LAYERS`` is one linear layer (K = in, N = out; the rollout weight is a QArray
-``[N, K]``) and the token counts M it is compiled at: decode (M <= 64: swap-AB on Hopper) and
-prefill (M >= 128). Every row runs for each entry of ``KINDS``: the Hopper kernel with FP8
+``[N, K]``) and the token counts M it is compiled at: decode (M <= 64, and 128-256 rows where
+K splits: swap-AB on Hopper) and prefill. Every row runs for each entry of ``KINDS``: the Hopper kernel with FP8
 activations (a QArray) and with BF16 activations (the path ``quant.matmul`` takes: quantized
 once by XLA, then the QArray kernel, at every M), the TPU kernel on v5e and v6e, and
 the XLA fallback on H100 (``XLA_LAYERS``: FP8 GEMMs batched over K blocks for M <= 32, BF16
 dequantize + GEMM above). ``EXTRA`` adds E5M2 and F32-output cases (the F32 fused epilogue is
 the tightest SMEM fit); ``TILES`` compiles non-default tile configurations the checks accept
-(both compute-warpgroup counts, swap-AB from 8 to 64 rows, split-K, deep rings, N % 128 != 0,
+(both compute-warpgroup counts, swap-AB from 8 to 128 rows, split-K, deep rings, N % 128 != 0,
 K tails of the ring, big TPU tiles, the opt-in fused kernel: raw x with a non-swap config).
 Every case is one the support check accepts (``fp8_matmul`` raises for an explicit impl it
 rejects), so compiling them all proves the check for these shapes.
@@ -35,9 +35,9 @@ ALL_M = DECODE_M + PREFILL_M
 # (model, layer, K, N, token counts M)
 LAYERS = (
     ("Qwen3-8B", "q_proj|o_proj", 4096, 4096, ALL_M),
-    ("Qwen3-8B", "k_proj|v_proj", 4096, 1024, (16, 4096)),
+    ("Qwen3-8B", "k_proj|v_proj", 4096, 1024, (16, 128, 256, 4096)),
     ("Qwen3-8B", "gate|up_proj", 4096, 12288, ALL_M),
-    ("Qwen3-8B", "down_proj", 12288, 4096, (16, 4096)),
+    ("Qwen3-8B", "down_proj", 12288, 4096, (16, 128, 4096)),
     ("Qwen3-30B-A3B", "q_proj", 2048, 4096, (16, 4096)),
     ("Qwen3-30B-A3B", "k_proj|v_proj", 2048, 512, (16, 4096)),
     ("Qwen3-30B-A3B", "o_proj", 4096, 2048, (16, 4096)),
@@ -120,6 +120,12 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 16, _G(16, 64, 4, True)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 1024, 16, _G(16, 64, 4, True, 8)),  # split-K
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 1024, 64, _G(64, 64, 4, True, 2)),
+    # swap-AB up to 128 rows as the wgmma N (65-256-row decode batches): F32 out, the y tile of
+    # 96 rows with one warpgroup, two M tiles with split-K, and the deepest ring that fits
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 128, _G(128, 128, 4, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 96, _G(96, 64, 4, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 1024, 200, _G(128, 128, 4, True, 4)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 128, _G(128, 128, 5, True)),
     # the wide prefill tiles: 128x256 (f32 out: 2 stages, 230432 B of SMEM), 256x128
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 4096, _G(128, 256, 2)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4097, _G(256, 128, 3)),  # M tail
@@ -172,7 +178,7 @@ def _tile_cases() -> list[AotCase]:
 
 
 def _case(impl, target, x_kind, fmt, out_dtype, model, layer, k, n, m) -> AotCase:
-    phase = "decode" if m <= 64 else "prefill"
+    phase = "decode" if m <= 256 else "prefill"
     tags = [x_kind + " x"]
     tags += [] if fmt == "float8_e4m3fn" else ["e5m2"]
     tags += [] if out_dtype == "bfloat16" else [f"{out_dtype} out"]

@@ -160,9 +160,10 @@ def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, 
     if platform == "gpu":
         G = mgpu.MgpuConfig
         cfgs = [mgpu.default_config(m, n, k)]
-        if m <= 64:
-            bm = -(-m // 16) * 16
-            cfgs += [G(bm, bn, 4, True, split) for bn in (64, 128) for split in (1, 2, 4, 8)]
+        if m <= 256:  # swap-AB: all rows as the wgmma N up to 128, tiles of 64 or 128 above
+            bms = [min(-(-m // 16) * 16, 128)] + ([64] if m > 64 else [])
+            cfgs += [G(bm, bn, 4, True, split) for bm in bms for bn in (64, 128)
+                     for split in (1, 2, 4, 8)]  # fmt: skip
         if m <= 256:
             cfgs += [G(min(64, -(-m // 16) * 16), 64, 4, True), G(64, 128, 4)]
         cfgs += [G(128, 256, 3, cluster_m=2), G(128, 256, 3), G(256, 128, 3)]

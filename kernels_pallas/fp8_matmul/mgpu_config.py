@@ -8,6 +8,9 @@ import dataclasses
 GROUP = 128  # K group of activation scales and K block (and N block) of weight scales
 SMEM_BYTES = 232448  # H100/H200 shared_memory_per_block_optin (227 KiB), Mosaic GPU's budget
 _WGMMA_M = 64  # rows of one warpgroup's wgmma tile
+# x rows of a swap-AB tile (the wgmma N): a compute warpgroup holds two [64, block_m] f32
+# accumulators (the running one and the fresh one of the step), 128 registers at 128 rows
+_SWAP_MAX_M = 128
 _SMEM_ALIGN = 1024  # Mosaic GPU rounds every SMEM scratch buffer up to this (SMEM_ALIGNMENT)
 _MAX_STAGES = 6  # deepest ring that compiled without spills for every tile shape tried
 _MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 - 1)
@@ -21,7 +24,7 @@ _L2_BAND_BYTES = 24 << 20  # x rows one snake band of a persistent grid keeps in
 class MgpuConfig:
     """Tile configuration of the Hopper kernel (a static argument)."""
 
-    block_m: int = 128  # x rows per CTA: 64, 128 or 256 (2 WGs of 64 or 128); swap_ab: 8..64, /8
+    block_m: int = 128  # x rows per CTA: 64, 128 or 256 (2 WGs of 64 or 128); swap_ab: 8..128, /8
     block_n: int = 128  # w rows (output columns) per CTA: 64, 128, 256 (swap_ab: 64 per WG)
     max_concurrent_steps: int = 4  # SMEM ring depth of the TMA pipeline (K steps in flight), <= 6
     swap_ab: bool = False  # compute yᵀ = w xᵀ so that M is the wgmma N (decode)
@@ -52,8 +55,9 @@ class MgpuConfig:
         if self.block_n == 256 and (self.swap_ab or self.block_m != 128):
             # 64 rows x 256 columns per warpgroup is the register limit (wg_subtiles)
             return "block_n=256 needs block_m=128 and no swap_ab"
-        if self.swap_ab and (self.block_m % 8 or not 8 <= self.block_m <= 64):
-            return f"swap_ab block_m must be a multiple of 8 in [8, 64], got {self.block_m}"
+        if self.swap_ab and (self.block_m % 8 or not 8 <= self.block_m <= _SWAP_MAX_M):
+            return f"swap_ab block_m must be a multiple of 8 in [8, {_SWAP_MAX_M}], got " \
+                   f"{self.block_m}"  # fmt: skip
         if not self.swap_ab and self.block_m not in (64, 128, 256):
             return f"block_m must be 64, 128 or 256, got {self.block_m}"
         if not self.swap_ab and self.block_m == 256 and self.block_n != 128:
@@ -122,11 +126,32 @@ def decode_split_k(ctas: int, k_steps: int, wgs_per_cta: int = 2) -> int:
     return split
 
 
+def swap_default(m: int, n: int, k: int) -> bool:
+    """Whether M rows (unfused) take the swap-AB decode tile by default: always up to 64 rows;
+    from 65 to 256 rows where ``decode_config`` splits K, i.e. where the prefill tiles'
+    ``ceil(M / 128) x N / 128`` grid would leave most SMs idle (o_proj, down_proj, k/v_proj
+    widths) and split-K fills them (above 128 rows, only grids of at most a quarter of the SMs:
+    narrow N). Where neither tile splits, both grids are the same CTAs and the 128x128 prefill
+    tile's K loop is the shorter one (128 against 169 SASS instructions per step at 128 rows,
+    ``perf_model_sass.json``)."""
+    if m <= _WGMMA_M:
+        return True
+    if m > 2 * _SWAP_MAX_M:
+        return False
+    block_n = 128 if n % 128 == 0 else 64
+    if m > _SWAP_MAX_M and -(-m // 128) * (n // block_n) > NUM_SMS // 4:
+        return False
+    return decode_config(m, n, k).split_k > 1
+
+
 def decode_config(m: int, n: int, k: int) -> MgpuConfig:
-    """The swap-AB tile for M <= 64 (M rounded up to 16): 128 weight rows per CTA (two compute
+    """The swap-AB tile for decode rows (``swap_default``): all M rows (rounded up to 16) as the
+    wgmma N up to 128, tiles of 128 rows above; 128 weight rows per CTA (two compute
     warpgroups, each its own wgmma chain, half the x re-reads of 64-row tiles) with K split by
-    ``decode_split_k``; 64 rows where N % 128 != 0, or where 128 rows leave an unsplit grid of
-    under half the SMs that 64 rows fill within one wave (Qwen3-8B q|k|v fused: 96 CTAs, not 48).
+    ``decode_split_k`` over the grid of M tiles x N tiles; 64 rows where N % 128 != 0, or
+    (M <= 64) where 128 rows leave an unsplit grid of under half the SMs that 64 rows fill
+    within one wave (Qwen3-8B q|k|v fused: 96 CTAs, not 48; above 64 x rows, a one-warpgroup
+    CTA's serial wgmma chain binds instead: Llama-3-70B o_proj M = 128 1.66x against 2.12x).
     Chosen for GEMMs inside a program, where XLA fuses the split-K sum into the consumer (a
     standalone call pays its launch too). The performance model (``perf_model.md``: H100, BF16
     x, the profiled SASS of both tiles, in-program) puts this rule's pick within 0.6% of its best
@@ -137,24 +162,28 @@ def decode_config(m: int, n: int, k: int) -> MgpuConfig:
     Qwen3-8B o_proj M = 64 1.19x -> 1.35x, gate|up M = 64 1.72x -> 1.87x, Qwen3-30B-A3B q_proj
     M = 16 1.01x -> 1.17x, no shape more than 4% slower. The on-device autotuner
     (``kernels_pallas.autotune``) times split 1-8 x 64/128 rows (standalone calls)."""
-    rows = -(-m // 16) * 16
+    rows = min(-(-m // 16) * 16, _SWAP_MAX_M)
+    m_tiles = -(-m // rows)
     steps = k // GROUP
 
     def tile(block_n: int) -> MgpuConfig:
-        split = decode_split_k(n // block_n, steps, 2 if block_n == 128 else 1)
+        split = decode_split_k(m_tiles * (n // block_n), steps, 2 if block_n == 128 else 1)
         return MgpuConfig(block_m=rows, block_n=block_n, swap_ab=True, split_k=split)
 
     if n % 128:
         return tile(64)
     wide = tile(128)
-    if wide.split_k == 1 and n // 128 < NUM_SMS // 2 and n // 64 <= NUM_SMS:
+    if rows <= _WGMMA_M and wide.split_k == 1 and n // 128 < NUM_SMS // 2 and \
+            n // 64 <= NUM_SMS:  # fmt: skip
         return tile(64)
     return wide
 
 
-def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2):
-    """Untuned defaults. Decode (M <= 64, unfused): swap-AB with 64 or 128 weight rows per CTA
-    (``decode_config``), M rounded up to 16. Prefill: 128x256 CTAs where their
+def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2,
+                   swap: bool | None = None):  # fmt: skip
+    """Untuned defaults. Decode (M <= 128, and narrow N up to 256 rows; unfused:
+    ``swap_default``): swap-AB with 64 or 128 weight rows per CTA (``decode_config``), M
+    rounded up to 16. Prefill: 128x256 CTAs where their
     grid fills >= 2/3 of the SMs (the performance model, H100: 1.33-1.44x faster than 128x128
     there, 0.5-0.96x on grids of <= 64 CTAs: ``perf_model.md``), else 128x128 with two compute
     warpgroups (64x128 if N % 128). Unfused prefill grids of >= 88 CTAs with an even number of
@@ -164,8 +193,9 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     0.996x below, within the model's uncertainty, and has run on no device yet; the on-device
     autotuner times it beside these defaults (``api.tuning_specs``). The ring is as deep as fits
     the SMEM budget (<= 4 stages; 3 for 128x256 or the fused variant's BF16 x tiles; 2 for
-    128x256, F32 out)."""
-    if m <= 64 and not fused:
+    128x256, F32 out). ``swap=False``: the prefill tiles even where ``swap_default`` says
+    swap-AB (the performance model's before -> after)."""
+    if not fused and (swap_default(m, n, k) if swap is None else swap):
         cfg = decode_config(m, n, k)
     elif m <= 64:
         cfg = MgpuConfig(block_m=64, block_n=64 if n % 128 else 128)

@@ -13,9 +13,10 @@ the weight is stored ``[N, K]`` (the QArray weight convention, ``qarray.py``) an
 
   * ``swap_ab=False`` (prefill): ``y[m, n] = x[m, :] · w[n, :]``, A = x rows (64 per compute
     warpgroup), B = ``w_smem.T``;
-  * ``swap_ab=True`` (decode, M <= 64): ``yᵀ[n, m] = w[n, :] · x[m, :]``, A = 64 weight rows per
-    warpgroup, B = ``x_smem.T``: M becomes the wgmma N (8..64, a multiple of 8) instead of being
-    padded to 64 rows, and both operands stay K-major (tokamax sm90 swap-AB). The epilogue
+  * ``swap_ab=True`` (decode, M <= 128, and narrow N up to 256 rows: ``swap_default``):
+    ``yᵀ[n, m] = w[n, :] · x[m, :]``, A = 64 weight rows per warpgroup, B = ``x_smem.T``: M
+    becomes the wgmma N (8..128, a multiple of 8) instead of being padded to 64 or 128 rows,
+    both operands stay K-major (tokamax sm90 swap-AB), and K splits over CTAs (``split_k``). The epilogue
     stores the yᵀ accumulator through a transposed SMEM view, so the kernel writes ``y [M_pad,
     N]``: no transpose after it (one XLA launch fewer at decode, where launches decide). F32
     tiles (F32 out, split-K partials) have no transposed store: those write ``yᵀ``, transposed
@@ -73,6 +74,7 @@ from kernels_pallas.fp8_matmul.mgpu_config import (  # noqa: F401
     MgpuConfig,
     decode_config,
     decode_split_k,
+    swap_default,
     default_config,
     smem_bytes,
     snake_band,

@@ -134,10 +134,39 @@ def test_decode_split_k_caps_warpgroups_and_keeps_chunks_long(ctas, k_steps, wgs
         (16, 512, 2048, (16, 128, 4)),  # Qwen3-30B-A3B k/v_proj: 4 CTAs x 4 (4-step chunks)
         (16, 4160, 4096, (16, 64, 2)),  # N % 128: 64-row tiles only (65 CTAs x 2)
         (5, 4096, 4096, (16, 128, 2)),  # M rounded up to 16
+        # 65-256 rows where K splits (swap_default): every row is the wgmma N up to 128
+        (128, 4096, 4096, (128, 128, 2)),  # Qwen3-8B o_proj: 32 prefill CTAs -> 64 split
+        (96, 4096, 12288, (96, 128, 2)),  # down_proj
+        (128, 1024, 4096, (128, 128, 8)),  # k/v_proj: 8 prefill CTAs -> 64
+        (200, 1024, 4096, (128, 128, 4)),  # two M tiles of 128 rows: 16 CTAs x 4
     ],
 )
 def test_decode_config_prefers_two_warpgroup_tiles(m, n, k, tile):
+    assert mgpu.swap_default(m, n, k)
     cfg = mgpu.default_config(m, n, k)
     assert cfg == mgpu.decode_config(m, n, k)
     assert (cfg.block_m, cfg.block_n, cfg.split_k) == tile and cfg.swap_ab
     assert mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None
+
+
+@pytest.mark.parametrize(
+    "m,n,k",
+    [  # 65-256 rows that keep the prefill tile: K would not split (a wide grid already), or
+        # more than 128 rows over a grid of more than a quarter of the SMs, or over 256 rows
+        (128, 6144, 4096),  # q|k|v fused: 48 CTAs either way, the prefill K loop is shorter
+        (128, 28672, 8192),
+        (256, 4096, 4096),  # 2 x 32 prefill CTAs
+        (65, 128, 384),  # 3 K steps: nothing to split
+        (257, 512, 4096),
+    ],
+)
+def test_rows_above_64_keep_the_prefill_tile_where_k_would_not_split(m, n, k):
+    cfg = mgpu.default_config(m, n, k)
+    assert not mgpu.swap_default(m, n, k) and not cfg.swap_ab and cfg.block_m >= 128
+
+
+def test_swap_tiles_reach_128_rows():
+    assert MgpuConfig(128, 128, swap_ab=True).invalid() is None
+    assert MgpuConfig(96, 64, swap_ab=True, split_k=4).invalid() is None
+    for bad in (136, 256, 100):
+        assert "multiple of 8 in [8, 128]" in MgpuConfig(bad, 128, swap_ab=True).invalid()

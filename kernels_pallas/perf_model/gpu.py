@@ -233,11 +233,28 @@ def _variant_name(cfg, fused: bool) -> str:
     return f"mm_qarray_{cfg.block_m}x{cfg.block_n}{cluster}{'_p' if cfg.persistent else ''}"
 
 
+_TILE_NAME = re.compile(r"^(?P<family>.+)_(?P<a>\d+)x(?P<b>\d+)(?P<rest>.*)$")
+
+
 def _nearest_profile(name: str, profs: dict) -> dict:
+    """The profile of ``name`` (e.g. ``mm_swap_80x128_k2``), else of the same family and column
+    tile with the nearest row tile at or above it (more instructions per step: the safe side;
+    else the widest profiled), with the same suffix (split-K) if profiled, else unsuffixed;
+    else (no tile in the name) the family's last."""
     name = name.split(" ")[0]
     if name in profs:
         return profs[name]
-    family = name.rsplit("_", 1)[0]  # e.g. mm_swap_48x64 -> nearest mm_swap_* profiled
+    if (want := _TILE_NAME.match(name)) is not None:
+        tiles = {}  # row tile -> {suffix: name}
+        for k in profs:
+            g = _TILE_NAME.match(k)
+            if g and (g["family"], g["b"]) == (want["family"], want["b"]):
+                tiles.setdefault(int(g["a"]), {})[g["rest"]] = k
+        if tiles:
+            above = [a for a in tiles if a >= int(want["a"])]
+            same = tiles[min(above) if above else max(tiles)]
+            return profs[same.get(want["rest"]) or same.get("") or next(iter(same.values()))]
+    family = name.rsplit("_", 1)[0]  # e.g. decode_fp8_x -> nearest decode_fp8_* profiled
     cands = sorted(k for k in profs if k.startswith(family))
     if not cands:
         raise KeyError(f"perf_model.gpu: no SASS profile for {name} (run profile_gpu)")
@@ -253,8 +270,8 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     it into the consumer, the residual add or SiLU product, which the BF16 program runs too)."""
     profs = profs or load_profiles()
     name = _variant_name(cfg, fused)
-    split_name = f"{name}_k{getattr(cfg, 'split_k', 1)}"
-    prof = profs.get(split_name) or _nearest_profile(name, profs)
+    split = getattr(cfg, "split_k", 1)
+    prof = _nearest_profile(name + (f"_k{split}" if split > 1 else ""), profs)
     # a compute warpgroup's tile per step: 64 rows, or 128 rows / 256 columns for the wide
     # tiles, whose sub-tiles each wait for their own wgmma (MgpuConfig.wg_subtiles)
     b_blk = cfg.block_m if cfg.swap_ab else cfg.block_n
@@ -267,7 +284,6 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
         step_bytes=(cfg.block_m * x_b + cfg.block_n // cfg.cluster_m) * 128 + cfg.block_m * 4,
         stages=cfg.max_concurrent_steps,
     )  # fmt: skip
-    split = getattr(cfg, "split_k", 1)
     cl = getattr(cfg, "cluster_m", 1)  # M is padded to whole clusters
     ctas = math.ceil(m / (cfg.block_m * cl)) * cl * (n // cfg.block_n) * split
     t, terms = grid_time(chip, loop, prof, ctas, k // 128 // split, cfg.persistent)

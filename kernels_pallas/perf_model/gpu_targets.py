@@ -37,11 +37,25 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                 before = predict_matmul(chip, m, n, k, "bf16", label=label, split_k=1)
                 if before.impl != after.impl:
                     out.append(("decode GEMM: split-K to fill the SMs", before, after))
+    for model, layer, n, k, ms in (*MATMUL_LAYERS, *DECODE_ROWS_LAYERS):
+        for m in (m for m in ms if 64 < m <= 256):
+            for chip in GPU_CHIPS:
+                label = f"{model} {layer} M={m}"
+                for in_program, x, where in ((False, "bf16", ""), (True, "fp8", ", in program")):
+                    before, after = (
+                        predict_matmul(chip, m, n, k, x, label=label + where, config=cfg,
+                                       in_program=in_program)
+                        for cfg in (mgpu.default_config(m, n, k, swap=False),
+                                    mgpu.default_config(m, n, k))
+                    )  # fmt: skip
+                    if before.impl != after.impl:
+                        change = "decode GEMM: swap-AB up to 128 rows (65-256-row batches)"
+                        out.append((change, before, after))
     for model, layer, n, k, ms in MATMUL_LAYERS:
         for m in (m for m in ms if m > 64):
             for chip in GPU_CHIPS:
                 label = f"{model} {layer} M={m}"
-                now = mgpu.default_config(m, n, k)
+                now = mgpu.default_config(m, n, k, swap=False)
                 steps = (
                     ("prefill: 128x256 CTA tiles (2 sub-tiles per warpgroup)",
                      mgpu.MgpuConfig(128, 128, 4), dataclasses.replace(now, cluster_m=1)),
@@ -84,6 +98,16 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                 change = "decode attention: swap-AB (the query group as wgmma N)"
                 out.append((change, before, after))
     return out
+
+
+# Decode batches of 65-256 rows at the narrow projections that ``MATMUL_LAYERS`` lists at 16
+# and 4096 rows only: (model, layer, N, K, token counts M).
+DECODE_ROWS_LAYERS = (
+    ("Qwen3-8B", "k|v_proj", 1024, 4096, (128, 256)),
+    ("Qwen3-8B", "down", 4096, 12288, (128, 256)),
+    ("Qwen3-30B-A3B", "o_proj", 2048, 4096, (128, 256)),
+    ("DeepSeek-V3", "N=7168 K=16384", 7168, 16384, (128,)),
+)
 
 
 def separate_sum(chip: str, m: int, parts, k: int, label: str) -> Prediction:

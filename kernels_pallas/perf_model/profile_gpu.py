@@ -95,6 +95,16 @@ def variants() -> dict:
             )
             for m, s in ((16, 1), (32, 1), (64, 1), (16, 2), (16, 4), (16, 8), (64, 2), (64, 4))
         },
+        # up to 128 x rows (the wgmma N) for decode batches of 65-256 rows
+        **{
+            f"mm_swap_{m}x128" + (f"_k{s}" if s > 1 else ""): (
+                *mm(m, "fp8", G(m, 128, 4, True, s)),
+                mm_loads,
+            )
+            for m, s in ((96, 1), (128, 1), (128, 2), (128, 4), (128, 8))
+        },
+        "mm_swap_128x64": (*mm(128, "fp8", G(128, 64, 4, True)), mm_loads),  # N % 128 != 0
+        "mm_swap_128x64_k4": (*mm(128, "fp8", G(128, 64, 4, True, 4)), mm_loads),
         # decode attention: swap-AB (the default), and unswapped (the query group padded to 64)
         "decode_fp8": (*dec("fp8_static"), two),
         "decode_bf16": (*dec("bf16"), two),

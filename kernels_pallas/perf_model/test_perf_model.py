@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from kernels_pallas.perf_model import common, gpu, gpu_grouped, sass
+from kernels_pallas.perf_model import common, gpu, gpu_grouped, gpu_targets, sass
 
 LISTING = """
         /*0100*/                   MOV R1, R2 ;
@@ -236,3 +236,19 @@ def test_compare_predicts_the_decode_attention_rows():
     assert bf16 > compare.predicted_us("h200", row)  # twice the bytes
     assert compare.predicted_us("h200", dict(row, lengths="ragged")) is None
     assert compare.predicted_us("h200", dict(row, impl="xla")) is None
+
+
+def test_swap_ab_up_to_128_rows_is_never_predicted_slower():
+    """65-256-row decode batches: where ``swap_default`` takes the swap-AB tile, the model
+    predicts it no slower than the prefill tile it replaces, on H100 and H200, standalone and in
+    a program, and Qwen3-8B o_proj / down_proj at M = 128 in a program gain >= 1.2x (K split
+    over the SMs that a 32-CTA prefill grid leaves idle)."""
+    rows = [(b, a) for change, b, a in gpu_targets.design_changes()
+            if change.startswith("decode GEMM: swap-AB up to 128")]  # fmt: skip
+    assert len(rows) >= 16
+    for before, after in rows:
+        assert "mm_swap_" in after.impl and "mm_qarray_" in before.impl
+        assert after.time_s <= before.time_s * 1.001, (after.label, after.chip)
+    gains = {(a.label, a.chip): b.time_s / a.time_s for b, a in rows}
+    for label in ("Qwen3-8B q|o_proj M=128, in program", "Qwen3-8B down M=128, in program"):
+        assert gains[(label, "h100")] >= 1.2 and gains[(label, "h200")] >= 1.2, label
