@@ -22,8 +22,9 @@ the output against the BF16 product (a sanity check: ~0.03-0.05 for E4M3; a brok
 Data: x ~ N(0, 1) BF16; w ~ N(0, 1) / sqrt(K) BF16, quantized with real amax scales (1x128
 activation groups, 128x128 weight blocks, E4M3). Shapes on GPU: DeepSeek-V3 and Qwen3-8B linear
 layers at M in {4096, 16, 64, 8192} (issue 11's targets: >= 1.5x BF16 at M = 4096, >= 1.6x at
-M <= 64), then 128 (a decode batch past 64 rows: swap-AB with split-K where the model says). On CPU (``--quick``: tiny shapes) FP8 is emulated (dequantize, f32 dot): the speedup
-says nothing about FP8; the run checks the code paths. ``--interpret`` adds the Hopper kernel in
+M <= 64), then 128 (a decode batch past 64 rows: swap-AB with split-K where the model says).
+On CPU (``--quick``: tiny shapes) FP8 is emulated (dequantize, f32 dot): the speedup says
+nothing about FP8; the run checks the code paths. ``--interpret`` adds the Hopper kernel in
 interpret mode (CPU, slow: correctness of the path only).
 
 Usage: ``python experiments/bench_matmul.py --quick`` (CPU, ~10 s); on a GPU without flags

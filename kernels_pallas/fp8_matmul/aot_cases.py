@@ -1,15 +1,15 @@
 """Ahead-of-time compile cases of ``fp8_matmul`` at real linear-layer shapes (``aot_check.py``).
 
-Each row of ``LAYERS`` is one linear layer (K = in, N = out; the rollout weight is a QArray
-``[N, K]``) and the token counts M it is compiled at: decode (M <= 64, and 128-256 rows where
-K splits: swap-AB on Hopper) and prefill. Every row runs for each entry of ``KINDS``: the Hopper kernel with FP8
-activations (a QArray) and with BF16 activations (the path ``quant.matmul`` takes: quantized
-once by XLA, then the QArray kernel, at every M), the TPU kernel on v5e and v6e, and
-the XLA fallback on H100 (``XLA_LAYERS``: FP8 GEMMs batched over K blocks for M <= 32, BF16
-dequantize + GEMM above). ``EXTRA`` adds E5M2 and F32-output cases (the F32 fused epilogue is
-the tightest SMEM fit); ``TILES`` compiles non-default tile configurations the checks accept
-(both compute-warpgroup counts, swap-AB from 8 to 128 rows, split-K, deep rings, N % 128 != 0,
-K tails of the ring, big TPU tiles, the opt-in fused kernel: raw x with a non-swap config).
+Each row of ``LAYERS`` is one linear layer (K = in, N = out; the rollout weight is a QArray ``[N,
+K]``) and the token counts M it is compiled at: decode (M <= 64, and 128-256 rows where K splits:
+swap-AB on Hopper) and prefill. Every row runs for each entry of ``KINDS``: the Hopper kernel with
+FP8 activations (a QArray) and with BF16 activations (the path ``quant.matmul`` takes: quantized
+once by XLA, then the QArray kernel, at every M), the TPU kernel on v5e and v6e, and the XLA
+fallback on H100 (``XLA_LAYERS``: FP8 GEMMs batched over K blocks for M <= 32, BF16 dequantize +
+GEMM above). ``EXTRA`` adds E5M2 and F32-output cases (the F32 fused epilogue is the tightest SMEM
+fit); ``TILES`` compiles non-default tile configurations the checks accept (both compute-warpgroup
+counts, swap-AB from 8 to 128 rows, split-K, deep rings, N % 128 != 0, K tails of the ring, big TPU
+tiles, the opt-in fused kernel: raw x with a non-swap config).
 Every case is one the support check accepts (``fp8_matmul`` raises for an explicit impl it
 rejects), so compiling them all proves the check for these shapes.
 """

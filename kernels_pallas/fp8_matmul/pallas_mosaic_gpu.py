@@ -14,13 +14,13 @@ the weight is stored ``[N, K]`` (the QArray weight convention, ``qarray.py``) an
   * ``swap_ab=False`` (prefill): ``y[m, n] = x[m, :] · w[n, :]``, A = x rows (64 per compute
     warpgroup), B = ``w_smem.T``;
   * ``swap_ab=True`` (decode, M <= 128, and narrow N up to 256 rows: ``swap_default``):
-    ``yᵀ[n, m] = w[n, :] · x[m, :]``, A = 64 weight rows per warpgroup, B = ``x_smem.T``: M
-    becomes the wgmma N (8..128, a multiple of 8) instead of being padded to 64 or 128 rows,
-    both operands stay K-major (tokamax sm90 swap-AB), and K splits over CTAs (``split_k``). The epilogue
-    stores the yᵀ accumulator through a transposed SMEM view, so the kernel writes ``y [M_pad,
-    N]``: no transpose after it (one XLA launch fewer at decode, where launches decide). F32
-    tiles (F32 out, split-K partials) have no transposed store: those write ``yᵀ``, transposed
-    by the XLA fusion that sums the partials.
+    ``yᵀ[n, m] = w[n, :] · x[m, :]``, A = 64 weight rows per warpgroup, B = ``x_smem.T``: M becomes
+    the wgmma N (8..128, a multiple of 8) instead of being padded to 64 or 128 rows, both operands
+    stay K-major (tokamax sm90 swap-AB), and K splits over CTAs (``split_k``). The epilogue stores
+    the yᵀ accumulator through a transposed SMEM view, so the kernel writes ``y [M_pad, N]``: no
+    transpose after it (one XLA launch fewer at decode, where launches decide). F32 tiles (F32 out,
+    split-K partials) have no transposed store: those write ``yᵀ``, transposed by the XLA fusion
+    that sums the partials.
 
 Scales: ``s_x`` travels as ``[K/128, M_pad]`` f32 (one contiguous TMA row per K step); the weight
 scale is one f32 scalar per 128x128 block, read from ``s_w [N/128, K/128]`` in GMEM each step (a
@@ -74,11 +74,11 @@ from kernels_pallas.fp8_matmul.mgpu_config import (  # noqa: F401
     MgpuConfig,
     decode_config,
     decode_split_k,
-    swap_default,
     default_config,
     smem_bytes,
     snake_band,
     supports,
+    swap_default,
 )
 from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_max
 

@@ -9,10 +9,12 @@ loop (``sass.py``). ``gpu.py`` predicts from that file, so the model itself runs
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import functools
 import glob
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -158,10 +160,30 @@ def profile(fn, args) -> dict:
     return dict(kernels=kernels)
 
 
+def _worker_init() -> None:
+    from kernels_pallas import aot
+
+    aot.prepare_environment()
+
+
+def _profile_named(name: str) -> dict:
+    """One variant's record (in a worker process): its profile and meta, or the error."""
+    import jax
+
+    fn, fargs, meta = variants()[name]
+    try:
+        return dict(profile(fn, fargs), **meta)
+    except Exception as e:  # a variant that does not compile is reported, not fatal
+        return dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+    finally:
+        jax.clear_caches()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--only", action="append", help="variant names (repeatable)")
+    ap.add_argument("--jobs", type=int, default=2, help="compile processes at once")
     args = ap.parse_args(argv)
     from kernels_pallas import aot
     from kernels_pallas.perf_model import gpu
@@ -175,24 +197,22 @@ def main(argv=None) -> int:
             data = json.load(f)
     data.setdefault("variants", {})
     data["jax"] = jax.__version__
-    for name, (fn, fargs, meta) in variants().items():
-        if args.only and name not in args.only:
-            continue
-        try:
-            rec = dict(profile(fn, fargs), **meta)
-        except Exception as e:  # a variant that does not compile is reported, not fatal
-            rec = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
-        data["variants"][name] = rec
-        k = (rec.get("kernels") or [{}])[0]
-        ml = k.get("main_loop") or {}
-        line = f"{name:22s} regs={k.get('registers')} spills={k.get('spill_bytes')} "
-        line += f"smem={k.get('smem_bytes')} main loop: {ml.get('total')} instr, "
-        line += f"{ml.get('mma')} MMA {ml.get('mma_shape')}"
-        if k and (step := gpu.tma_step_instructions(dict(k, tma_loads=meta.get("tma_loads")))):
-            line += f", TMA {step:.0f} instr/step"
-        line += f" {rec.get('error', '')}"
-        print(line, flush=True)
-        jax.clear_caches()
+    names = [n for n in variants() if not args.only or n in args.only]
+    ctx = multiprocessing.get_context("spawn")  # fresh jax per worker (no forked backends)
+    with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs), mp_context=ctx,
+                                                initializer=_worker_init) as pool:  # fmt: skip
+        for name, rec in zip(names, pool.map(_profile_named, names), strict=True):
+            data["variants"][name] = rec
+            meta = {"tma_loads": rec.get("tma_loads")}
+            k = (rec.get("kernels") or [{}])[0]
+            ml = k.get("main_loop") or {}
+            line = f"{name:22s} regs={k.get('registers')} spills={k.get('spill_bytes')} "
+            line += f"smem={k.get('smem_bytes')} main loop: {ml.get('total')} instr, "
+            line += f"{ml.get('mma')} MMA {ml.get('mma_shape')}"
+            if k and (step := gpu.tma_step_instructions(dict(k, **meta))):
+                line += f", TMA {step:.0f} instr/step"
+            line += f" {rec.get('error', '')}"
+            print(line, flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
