@@ -106,6 +106,7 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4160, 4096, None),  # N % 128: 128x64
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 384, 4096, 256, None),  # 3 K steps < 4 stages
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4097, None),  # M tail
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 6144, 384, None),  # 128x256: one wave
     ("pallas_mosaic_gpu", ("h100",), "fp8", "float16", 4096, 4096, 4096, None),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(64, 64)),  # one WG
     ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 64, _G(64, 128)),  # fused decode

@@ -179,27 +179,37 @@ def decode_config(m: int, n: int, k: int) -> MgpuConfig:
     return wide
 
 
+def _wide_grid(tiles_m: int, n: int) -> bool:
+    """Whether a prefill grid of ``tiles_m`` 128-row tiles takes 128x256 CTAs: where their grid
+    fills >= 2/3 of the SMs, or where 128x128 CTAs would need a second wave (one CTA per SM)
+    that 128x256 ones do not (the model, H100: Qwen3-8B q|k|v fused M = 384 0.88x -> 1.28x BF16,
+    Llama-3-70B q|k|v fused M = 160-256 1.24x -> 1.52x, DeepSeek-V3 N = 7168 M = 384 1.07x ->
+    1.56x; never slower over 168 shapes at M = 160-8192)."""
+    wide = tiles_m * (n // 256)
+    return wide >= NUM_SMS * 2 // 3 or (tiles_m * (n // 128) > NUM_SMS and wide <= NUM_SMS)
+
+
 def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2,
                    swap: bool | None = None):  # fmt: skip
-    """Untuned defaults. Decode (M <= 128, and narrow N up to 256 rows; unfused:
-    ``swap_default``): swap-AB with 64 or 128 weight rows per CTA (``decode_config``), M
-    rounded up to 16. Prefill: 128x256 CTAs where their
-    grid fills >= 2/3 of the SMs (the performance model, H100: 1.33-1.44x faster than 128x128
-    there, 0.5-0.96x on grids of <= 64 CTAs: ``perf_model.md``), else 128x128 with two compute
-    warpgroups (64x128 if N % 128). Unfused prefill grids of >= 88 CTAs with an even number of
-    M tiles run as 2-CTA clusters sharing each weight tile (TMA multicast; the model: 1.06-1.41x
-    there, losses only on small or odd-padded grids). Not persistent: a persistent grid of 132 CTAs
-    (``persistent=132``) is predicted 1.002-1.025x on prefill grids of more than 132 CTAs and
-    0.996x below, within the model's uncertainty, and has run on no device yet; the on-device
-    autotuner times it beside these defaults (``api.tuning_specs``). The ring is as deep as fits
-    the SMEM budget (<= 4 stages; 3 for 128x256 or the fused variant's BF16 x tiles; 2 for
-    128x256, F32 out). ``swap=False``: the prefill tiles even where ``swap_default`` says
-    swap-AB (the performance model's before -> after)."""
+    """Untuned defaults. Decode (M <= 64; 65-256 rows where K splits; unfused: ``swap_default``):
+    swap-AB with 64 or 128 weight rows per CTA (``decode_config``), M rounded up to 16. Prefill:
+    128x256 CTAs where their grid fills >= 2/3 of the SMs or saves a wave (``_wide_grid``) (the
+    performance model, H100: 1.33-1.44x faster than 128x128 there, 0.5-0.96x on grids of <= 64 CTAs:
+    ``perf_model.md``), else 128x128 with two compute warpgroups (64x128 if N % 128). Unfused
+    prefill grids of >= 88 CTAs with an even number of M tiles run as 2-CTA clusters sharing each
+    weight tile (TMA multicast; the model: 1.06-1.41x there, losses only on small or odd-padded
+    grids). Not persistent: a persistent grid of 132 CTAs (``persistent=132``) is predicted
+    1.002-1.025x on prefill grids of more than 132 CTAs and 0.996x below, within the model's
+    uncertainty, and has run on no device yet; the on-device autotuner times it beside these
+    defaults (``api.tuning_specs``). The ring is as deep as fits the SMEM budget (<= 4 stages; 3 for
+    128x256 or the fused variant's BF16 x tiles; 2 for 128x256, F32 out). ``swap=False``: the
+    prefill tiles even where ``swap_default`` says swap-AB (the performance model's before ->
+    after)."""
     if not fused and (swap_default(m, n, k) if swap is None else swap):
         cfg = decode_config(m, n, k)
     elif m <= 64:
         cfg = MgpuConfig(block_m=64, block_n=64 if n % 128 else 128)
-    elif not fused and n % 256 == 0 and -(-m // 128) * (n // 256) >= NUM_SMS * 2 // 3:
+    elif not fused and n % 256 == 0 and _wide_grid(-(-m // 128), n):
         cfg = MgpuConfig(block_m=128, block_n=256)
     else:
         cfg = MgpuConfig(block_m=128, block_n=128 if n % 128 == 0 else 64)

@@ -13,7 +13,7 @@ the weight is stored ``[N, K]`` (the QArray weight convention, ``qarray.py``) an
 
   * ``swap_ab=False`` (prefill): ``y[m, n] = x[m, :] · w[n, :]``, A = x rows (64 per compute
     warpgroup), B = ``w_smem.T``;
-  * ``swap_ab=True`` (decode, M <= 128, and narrow N up to 256 rows: ``swap_default``):
+  * ``swap_ab=True`` (decode: M <= 64, and 65-256 rows where K splits: ``swap_default``):
     ``yᵀ[n, m] = w[n, :] · x[m, :]``, A = 64 weight rows per warpgroup, B = ``x_smem.T``: M becomes
     the wgmma N (8..128, a multiple of 8) instead of being padded to 64 or 128 rows, both operands
     stay K-major (tokamax sm90 swap-AB), and K splits over CTAs (``split_k``). The epilogue stores

@@ -42,6 +42,9 @@ def test_smem_count_is_mosaic_gpus_count():
         (4096, 12288, 4096, 4, (128, 256, 2, False, 2)),  # F32 out: 2 stages fit 227 KiB
         (4096, 4160, 4096, 2, (128, 64, 4, False, 2)),  # N % 128
         (64, 4096, 12288, 2, (64, 128, 4, True, 1)),  # decode (decode_config)
+        # 128x256 where 128x128 would need a second wave of CTAs and 128x256 does not
+        (384, 6144, 4096, 2, (128, 256, 3, False, 1)),  # 144 -> 72 CTAs
+        (160, 10240, 8192, 2, (128, 256, 3, False, 1)),  # 160 -> 80 CTAs
     ],
 )
 def test_default_tile_choice(m, n, k, out_b, tile):

@@ -51,6 +51,17 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                     if before.impl != after.impl:
                         change = "decode GEMM: swap-AB up to 128 rows (65-256-row batches)"
                         out.append((change, before, after))
+    for model, layer, n, k, m in WAVE_ROWS:
+        tiles_m = -(-m // 128)
+        cl = 2 if tiles_m % 2 == 0 and tiles_m * n // 128 >= NUM_SMS * 2 // 3 else 1
+        for chip in GPU_CHIPS:
+            label = f"{model} {layer} M={m}"
+            before, after = (
+                predict_matmul(chip, m, n, k, "fp8", label=label, config=cfg, in_program=True)
+                for cfg in (mgpu.MgpuConfig(128, 128, 4, cluster_m=cl),
+                            mgpu.default_config(m, n, k))
+            )  # fmt: skip
+            out.append(("prefill: 128x256 where 128x128 needs a second wave", before, after))
     for model, layer, n, k, ms in MATMUL_LAYERS:
         for m in (m for m in ms if m > 64):
             for chip in GPU_CHIPS:
@@ -107,6 +118,15 @@ DECODE_ROWS_LAYERS = (
     ("Qwen3-8B", "down", 4096, 12288, (128, 256)),
     ("Qwen3-30B-A3B", "o_proj", 2048, 4096, (128, 256)),
     ("DeepSeek-V3", "N=7168 K=16384", 7168, 16384, (128,)),
+)
+
+
+# Prefill grids where 128x128 CTAs need a second wave (one CTA per SM) and 128x256 do not
+# (``mgpu_config._wide_grid``): (model, layer, N, K, M), FP8 x in the program.
+WAVE_ROWS = (
+    ("Qwen3-8B", "q|k|v fused", 6144, 4096, 384),
+    ("Llama-3-70B", "q|k|v fused", 10240, 8192, 192),
+    ("DeepSeek-V3", "N=7168 K=16384", 7168, 16384, 384),
 )
 
 
