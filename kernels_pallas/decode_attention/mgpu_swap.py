@@ -25,12 +25,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.act_quantize import fused
 from kernels_pallas.decode_attention import common
 from kernels_pallas.decode_attention.mgpu_tile import (
     Static,
@@ -168,16 +166,19 @@ def kernel(starts, lengths, lo, cnt, k_scale, q_gmem, k_gmem, v_gmem, *rest, st:
     write(st, outs, acc, m_i, l_i, (row, j, kh))
 
 
-def outputs(outs, group: int) -> list:
-    """The kernel's ``Oᵀ`` [B, J, K, C, N] (and lse [B, J, K, N]) in the unswapped kernel's form
-    for ``pallas_mosaic_gpu.output``: ``[B, J, H, C]`` and [B, J, K, 64] lse tiles (head h at
-    ``fused.lse_row``). One XLA fusion, small: B·H·C f32 per chunk."""
-    o = jnp.swapaxes(outs[0], -1, -2)[:, :, :, :group]
-    b, splits, n_kv, _, c = o.shape
-    res = [o.reshape(b, splits, n_kv * group, c)]
-    if len(outs) > 1:
-        h = np.arange(n_kv * group)
-        lse_BJH = outs[1][..., :group].reshape(b, splits, n_kv * group)
-        tiles = jnp.full((b, splits, n_kv, fused.LSE_TILE), -jnp.inf, jnp.float32)
-        res.append(tiles.at[:, :, h // group, fused.lse_row(h, group)].set(lse_BJH))
-    return res
+def combine(outs, group: int) -> jax.Array:
+    """The kernel's ``Oᵀ`` [B, J, K, C, N] chunks (and lse [B, J, K, N] when J > 1) combined into
+    ``o`` [B, H, C] f32: ``common.combine_splits``'s formula, computed in the transposed layout
+    (padded columns dropped) as elementwise products and sums over J, so that XLA fuses the
+    weights, the sum and the final transpose into one or two kernels."""
+    o = outs[0][..., :group]
+    b, splits, n_kv, c, _ = o.shape
+    if splits > 1:
+        lse = outs[1][..., :group]  # [B, J, K, G]
+        m = jnp.max(lse, axis=1, keepdims=True)
+        w = jnp.exp2(lse - jnp.where(jnp.isfinite(m), m, 0.0))
+        den = jnp.sum(w, axis=1)  # [B, K, G]
+        o_BKCG = jnp.sum(w[:, :, :, None, :] * o, axis=1) / jnp.where(den > 0, den, 1.0)[:, :, None]
+    else:
+        o_BKCG = o[:, 0]
+    return jnp.swapaxes(o_BKCG, -1, -2).reshape(b, n_kv * group, c)

@@ -255,10 +255,10 @@ def output(outs, v_scale, *, n_kv: int, group: int, out_dtype, quant_out=None,
             outs[0], outs[1] if splits > 1 else None, v_K, group=group, out_dtype=out_dtype,
             dtype=quant_out, interpret=interpret,
         )  # fmt: skip
-    if outs[0].ndim == 5:
-        outs = mgpu_swap.outputs(outs, group)
-    b, _, h, _ = outs[0].shape
-    if splits > 1:
+    if outs[0].ndim == 5:  # swap-AB: transposed chunks
+        o_BHC = mgpu_swap.combine(outs, group)
+    elif splits > 1:
+        b = outs[0].shape[0]
         lse_BJH = outs[1].reshape(b, splits, n_kv * _TILE_M)[:, :, _lse_rows(n_kv, group)]
         o_BHC = common.combine_splits(outs[0], lse_BJH)
     else:
