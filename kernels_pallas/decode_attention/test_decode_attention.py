@@ -18,6 +18,7 @@ from kernels_pallas.decode_attention import (
     decode_attention_reference,
     dequantize_kv,
     live_mask,
+    mgpu_swap,
 )
 from kernels_pallas.decode_attention import pallas_tpu as da_tpu
 from kernels_pallas.decode_attention.common import combine_splits, split_ranges
@@ -151,6 +152,27 @@ def test_combine_splits_equals_one_softmax():
         jnp.asarray(o, jnp.float32), jnp.asarray(lse, jnp.float32).reshape(1, 3, 1)
     )
     np.testing.assert_allclose(got[0, 0, 0], w @ vals, rtol=1e-6)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_swapped_chunks_combine_like_the_unswapped_layout(splits):
+    """``mgpu_swap.combine`` on the swap-AB kernel's transposed chunks Oᵀ [B, J, K, C, N] (and
+    lse [B, J, K, N], padded columns N > group holding junk, an empty chunk at -inf) equals
+    ``combine_splits`` on the same chunks as [B, J, H, C] (head h = k · group + g)."""
+    b, k, c, n, group = 2, 2, 4, 8, 3
+    r = np.random.default_rng(splits)
+    o = r.normal(size=(b, splits, k, c, n)).astype(np.float32)
+    lse = r.normal(size=(b, splits, k, n)).astype(np.float32)
+    lse[0, -1, 1, :] = -np.inf  # row 0's last chunk of KV head 1 empty (its only one if J = 1)
+    o[..., group:] = np.nan  # padding columns: never read
+    lse[..., group:] = np.nan
+    o_BJHC = np.swapaxes(o[..., :group], -1, -2).reshape(b, splits, k * group, c)
+    lse_BJH = lse[..., :group].reshape(b, splits, k * group)
+    want = combine_splits(jnp.asarray(o_BJHC), jnp.asarray(lse_BJH)) if splits > 1 else o_BJHC[:, 0]
+    outs = [jnp.asarray(o), jnp.asarray(lse)] if splits > 1 else [jnp.asarray(o)]
+    got = mgpu_swap.combine(outs, group)
+    assert got.shape == (b, k * group, c)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_tpu_index_map_fetches_only_live_tiles():
