@@ -1,7 +1,8 @@
 """A hardware-free performance model of the Pallas kernels (issue 21 item 1).
 
 ``common``: chips, cases, ``Prediction``, the table and its JSON/markdown; ``gpu``: Mosaic GPU
-(H100/H200) predictions from the compiled kernels' SASS (``gpu_grouped``: the BF16 MoE expert
+(H100/H200) predictions from the compiled kernels' SASS (``sass_profiles``: the profiles that
+``profile_gpu`` writes, read back; ``gpu_grouped``: the BF16 MoE expert
 kernels against XLA's dense ``ragged_dot``; ``gpu_targets``: the design changes before -> after
 and issue 21's H100 targets; ``gpu_rollout``: a whole decode step, W8A8 + FP8 KV vs BF16);
 ``tpu``: Mosaic TPU (v5e/v6e) predictions from block shapes. ``python -m

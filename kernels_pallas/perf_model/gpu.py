@@ -41,18 +41,15 @@ first device run (``scripts/gpu_check.sh`` prints measured beside predicted) cal
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import math
-import os
-import re
 
 from kernels_pallas.perf_model.common import CHIPS, GPU_CHIPS, Case, Prediction
-
-SASS_JSON = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "experiments", "results", "perf_model_sass.json",
-)  # fmt: skip
+from kernels_pallas.perf_model.sass_profiles import (  # noqa: F401  (gpu.load_profiles & co.)
+    SASS_JSON,
+    load_profiles,
+    nearest_profile,
+    tma_step_instructions,
+)
 
 # --- assumptions (cycles at the 1.83 GHz tensor clock) -------------------------------------
 ISSUE_EFF = 0.7  # fraction of cycles a scheduler issues in ALU-heavy loop code (stalls, waits)
@@ -81,45 +78,6 @@ BF16_GEMM_BW_EFF = 0.80  # memory-bound BF16 GEMM (decode M <= 64): Marlin (Fran
 BF16_ATTN_BW_EFF = 0.85  # BF16-cache decode attention: FlashInfer / FlashMLA-class kernels
 # reach 85-90% of HBM (FlashMLA: 3000 GB/s of 3350 on H800)
 QUANT_BW_EFF = 0.85  # XLA per-token quantization fusion (elementwise + row reduce)
-
-
-@functools.cache
-def load_profiles(path: str = SASS_JSON) -> dict:
-    """variant name -> its first kernel's profile (registers, smem, main_loop, tma_loop), with
-    ``tma_step``: the producer warpgroup's instructions per K step (``tma_step_instructions``;
-    a loop ptxas unrolled completely takes the per-step count of the same tile's other
-    variants, the same code in a loop: e.g. ``mm_swap_16x64_k4`` from ``mm_swap_16x64``)."""
-    with open(path) as f:
-        data = json.load(f)
-    profs = {}
-    for name, v in data["variants"].items():
-        if v.get("kernels"):
-            profs[name] = dict(v["kernels"][0], tma_loads=v.get("tma_loads", 0))
-    for prof in profs.values():
-        prof["tma_step"] = tma_step_instructions(prof)
-    for name, prof in profs.items():
-        if prof["tma_step"] is None:  # the producer's K loop fully unrolled: no loop left
-            family = re.sub(r"_k\d+$", "", name)
-            same = [p["tma_step"] for n, p in profs.items()
-                    if re.sub(r"_k\d+$", "", n) == family and p["tma_step"]]  # fmt: skip
-            prof["tma_step"] = min(same) if same else 0.0
-    return profs
-
-
-def tma_step_instructions(prof: dict) -> float | None:
-    """Instructions one warp of the TMA (producer) warpgroup issues per K step: its loop body
-    over the steps ptxas unrolled into one iteration (the loop's ``UTMALDG`` count over the
-    loads one step issues, ``tma_loads``: the unsplit QArray kernels' loop holds two steps).
-    0 when the compute loop issues the loads itself (no producer warpgroup), None when the
-    profile has no producer loop (unrolled completely: ``load_profiles`` fills it in)."""
-    main, tma = prof.get("main_loop") or {}, prof.get("tma_loop")
-    if main.get("by_op", {}).get("UTMALDG"):
-        return 0.0
-    if not tma:
-        return None
-    loads = prof.get("tma_loads") or 0
-    steps = tma.get("by_op", {}).get("UTMALDG", 0) / loads if loads else 1
-    return tma["total"] / max(steps, 1)
 
 
 def _tensor_flops_per_clk(chip, fp8: bool) -> float:
@@ -233,34 +191,6 @@ def _variant_name(cfg, fused: bool) -> str:
     return f"mm_qarray_{cfg.block_m}x{cfg.block_n}{cluster}{'_p' if cfg.persistent else ''}"
 
 
-_TILE_NAME = re.compile(r"^(?P<family>.+)_(?P<a>\d+)x(?P<b>\d+)(?P<rest>.*)$")
-
-
-def _nearest_profile(name: str, profs: dict) -> dict:
-    """The profile of ``name`` (e.g. ``mm_swap_80x128_k2``), else of the same family and column
-    tile with the nearest row tile at or above it (more instructions per step: the safe side;
-    else the widest profiled), with the same suffix (split-K) if profiled, else unsuffixed;
-    else (no tile in the name) the family's last."""
-    name = name.split(" ")[0]
-    if name in profs:
-        return profs[name]
-    if (want := _TILE_NAME.match(name)) is not None:
-        tiles = {}  # row tile -> {suffix: name}
-        for k in profs:
-            g = _TILE_NAME.match(k)
-            if g and (g["family"], g["b"]) == (want["family"], want["b"]):
-                tiles.setdefault(int(g["a"]), {})[g["rest"]] = k
-        if tiles:
-            above = [a for a in tiles if a >= int(want["a"])]
-            same = tiles[min(above) if above else max(tiles)]
-            return profs[same.get(want["rest"]) or same.get("") or next(iter(same.values()))]
-    family = name.rsplit("_", 1)[0]  # e.g. decode_fp8_x -> nearest decode_fp8_* profiled
-    cands = sorted(k for k in profs if k.startswith(family))
-    if not cands:
-        raise KeyError(f"perf_model.gpu: no SASS profile for {name} (run profile_gpu)")
-    return profs[cands[-1]]
-
-
 def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=None,
                   epilogue_launch: bool = True):  # fmt: skip
     """(kernel seconds, epilogue seconds, terms, variant) of the Hopper fp8_matmul kernel at
@@ -271,7 +201,7 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     profs = profs or load_profiles()
     name = _variant_name(cfg, fused)
     split = getattr(cfg, "split_k", 1)
-    prof = _nearest_profile(name + (f"_k{split}" if split > 1 else ""), profs)
+    prof = nearest_profile(name + (f"_k{split}" if split > 1 else ""), profs)
     # a compute warpgroup's tile per step: 64 rows, or 128 rows / 256 columns for the wide
     # tiles, whose sub-tiles each wait for their own wgmma (MgpuConfig.wg_subtiles)
     b_blk = cfg.block_m if cfg.swap_ab else cfg.block_n
@@ -364,7 +294,7 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
         bs, stages, splits = bl.block_s, bl.num_stages, bl.num_splits
         name = "decode_fp8" if fp8 else "decode_bf16"
     name += "" if swap_ab else "_unswapped"
-    prof = _nearest_profile(name, load_profiles())
+    prof = nearest_profile(name, load_profiles())
     kv_b = 1 if fp8 else 2
     rows = mgpu_swap.swap_n(h // n_kv) if swap_ab else 64  # the query side of every MMA
     # FP8: read the K and V tiles, write their f16 copies (swapped: V's only, K stays in

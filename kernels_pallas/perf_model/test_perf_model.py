@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from kernels_pallas.perf_model import common, gpu, gpu_grouped, gpu_targets, sass
+from kernels_pallas.perf_model import common, gpu, gpu_grouped, gpu_targets, sass, sass_profiles
 
 LISTING = """
         /*0100*/                   MOV R1, R2 ;
@@ -252,3 +252,21 @@ def test_swap_ab_up_to_128_rows_is_never_predicted_slower():
     gains = {(a.label, a.chip): b.time_s / a.time_s for b, a in rows}
     for label in ("Qwen3-8B q|o_proj M=128, in program", "Qwen3-8B down M=128, in program"):
         assert gains[(label, "h100")] >= 1.2 and gains[(label, "h200")] >= 1.2, label
+
+
+def test_nearest_profile_takes_the_next_row_tile_up_and_its_split():
+    """An unprofiled tile takes the profile of the same family and column tile with the
+    nearest row tile at or above it (else the widest), with its split-K suffix if profiled,
+    else the unsplit one; a name without a tile takes its family's last."""
+    names = ("mm_swap_16x64", "mm_swap_64x64", "mm_swap_64x64_k2", "mm_swap_128x128",
+             "decode_fp8", "decode_fp8_unswapped")  # fmt: skip
+    p = {n: {"name": n} for n in names}
+    pick = lambda name: sass_profiles.nearest_profile(name, p)["name"]
+    assert pick("mm_swap_64x64_k2 split_k=2") == "mm_swap_64x64_k2"  # exact (label suffix cut)
+    assert pick("mm_swap_48x64_k2") == "mm_swap_64x64_k2"  # next row tile up, same split
+    assert pick("mm_swap_32x64_k4") == "mm_swap_64x64"  # no k4 at 64 rows: unsplit
+    assert pick("mm_swap_96x64") == "mm_swap_64x64"  # none above: the widest
+    assert pick("mm_swap_80x128_k8") == "mm_swap_128x128"  # column tile 128 only at 128 rows
+    assert pick("decode_fp8_x") == "decode_fp8_unswapped"
+    with pytest.raises(KeyError, match="no SASS profile"):
+        pick("mm_fused_64x64")

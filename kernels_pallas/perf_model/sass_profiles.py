@@ -1,0 +1,82 @@
+"""The SASS profiles the GPU model predicts from (``experiments/results/perf_model_sass.json``,
+written by ``profile_gpu.py``): loading them, the producer warpgroup's instructions per K step,
+and the profile that stands in for a tile configuration that was not profiled itself."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+
+SASS_JSON = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "experiments", "results", "perf_model_sass.json",
+)  # fmt: skip
+
+
+@functools.cache
+def load_profiles(path: str = SASS_JSON) -> dict:
+    """variant name -> its first kernel's profile (registers, smem, main_loop, tma_loop), with
+    ``tma_step``: the producer warpgroup's instructions per K step (``tma_step_instructions``;
+    a loop ptxas unrolled completely takes the per-step count of the same tile's other
+    variants, the same code in a loop: e.g. ``mm_swap_16x64_k4`` from ``mm_swap_16x64``)."""
+    with open(path) as f:
+        data = json.load(f)
+    profs = {}
+    for name, v in data["variants"].items():
+        if v.get("kernels"):
+            profs[name] = dict(v["kernels"][0], tma_loads=v.get("tma_loads", 0))
+    for prof in profs.values():
+        prof["tma_step"] = tma_step_instructions(prof)
+    for name, prof in profs.items():
+        if prof["tma_step"] is None:  # the producer's K loop fully unrolled: no loop left
+            family = re.sub(r"_k\d+$", "", name)
+            same = [p["tma_step"] for n, p in profs.items()
+                    if re.sub(r"_k\d+$", "", n) == family and p["tma_step"]]  # fmt: skip
+            prof["tma_step"] = min(same) if same else 0.0
+    return profs
+
+
+def tma_step_instructions(prof: dict) -> float | None:
+    """Instructions one warp of the TMA (producer) warpgroup issues per K step: its loop body
+    over the steps ptxas unrolled into one iteration (the loop's ``UTMALDG`` count over the
+    loads one step issues, ``tma_loads``: the unsplit QArray kernels' loop holds two steps).
+    0 when the compute loop issues the loads itself (no producer warpgroup), None when the
+    profile has no producer loop (unrolled completely: ``load_profiles`` fills it in)."""
+    main, tma = prof.get("main_loop") or {}, prof.get("tma_loop")
+    if main.get("by_op", {}).get("UTMALDG"):
+        return 0.0
+    if not tma:
+        return None
+    loads = prof.get("tma_loads") or 0
+    steps = tma.get("by_op", {}).get("UTMALDG", 0) / loads if loads else 1
+    return tma["total"] / max(steps, 1)
+
+
+_TILE_NAME = re.compile(r"^(?P<family>.+)_(?P<a>\d+)x(?P<b>\d+)(?P<rest>.*)$")
+
+
+def nearest_profile(name: str, profs: dict) -> dict:
+    """The profile of ``name`` (e.g. ``mm_swap_80x128_k2``), else of the same family and column
+    tile with the nearest row tile at or above it (more instructions per step: the safe side;
+    else the widest profiled), with the same suffix (split-K) if profiled, else unsuffixed;
+    else (no tile in the name) the family's last."""
+    name = name.split(" ")[0]
+    if name in profs:
+        return profs[name]
+    if (want := _TILE_NAME.match(name)) is not None:
+        tiles = {}  # row tile -> {suffix: name}
+        for k in profs:
+            g = _TILE_NAME.match(k)
+            if g and (g["family"], g["b"]) == (want["family"], want["b"]):
+                tiles.setdefault(int(g["a"]), {})[g["rest"]] = k
+        if tiles:
+            above = [a for a in tiles if a >= int(want["a"])]
+            same = tiles[min(above) if above else max(tiles)]
+            return profs[same.get(want["rest"]) or same.get("") or next(iter(same.values()))]
+    family = name.rsplit("_", 1)[0]  # e.g. decode_fp8_x -> nearest decode_fp8_* profiled
+    cands = sorted(k for k in profs if k.startswith(family))
+    if not cands:
+        raise KeyError(f"perf_model.gpu: no SASS profile for {name} (run profile_gpu)")
+    return profs[cands[-1]]
