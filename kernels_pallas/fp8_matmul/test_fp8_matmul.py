@@ -105,9 +105,8 @@ _IMPLS = [
     pytest.param("pallas_mosaic_gpu", None, False, id="mgpu", marks=pytest.mark.gpu),
     pytest.param("pallas_tpu", None, False, id="tpu", marks=pytest.mark.tpu),
 ]
-# (M, K, N, FP8 format, raw BF16 x): decode (M <= 64, and 65-128 rows where K splits: swap-AB
-# on Hopper), a tail M of 65, prefill tiles, a 2x2 CTA grid; raw x is quantized once
-# (``quantize_activations``) at every M.
+# (M, K, N, FP8 format, raw BF16 x): decode rows (swap-AB on Hopper), a tail M of 65, prefill
+# tiles, a 2x2 CTA grid; raw x is quantized once (``quantize_activations``) at every M.
 _GRID = [
     (1, 256, 128, E4M3, False),
     (16, 128, 256, E5M2, False),

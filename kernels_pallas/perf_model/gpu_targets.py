@@ -52,7 +52,7 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                         change = "decode GEMM: swap-AB up to 128 rows (65-256-row batches)"
                         out.append((change, before, after))
     for model, layer, n, k, m in WAVE_ROWS:
-        tiles_m = -(-m // 128)
+        tiles_m = -(-m // 128)  # before: 128x128, clustered by default_config's unchanged rule
         cl = 2 if tiles_m % 2 == 0 and tiles_m * n // 128 >= NUM_SMS * 2 // 3 else 1
         for chip in GPU_CHIPS:
             label = f"{model} {layer} M={m}"
