@@ -35,17 +35,26 @@ def test_consumer_arms_only_at_decode_rows():
     assert labels(bm.ADD_MAX_M + 1) == ["bf16", "fp8:xla", "fp8:xla+quant"]
 
 
-def test_compare_predicts_the_consumer_arms_as_the_rollout_program():
+@pytest.mark.parametrize(
+    "n,saved",
+    [  # Qwen3-30B-A3B o_proj: the decode tile splits K in 4, partials summed by XLA, a sum the
+        # add absorbs (its launch saved); Qwen3-8B o_proj: 2 chunks summed in their cluster,
+        # nothing after the kernel to absorb
+        (2048, gpu.LAUNCH_S),
+        (4096, 0.0),
+    ],
+)
+def test_compare_predicts_the_consumer_arms_as_the_rollout_program(n, saved):
     """``+add``: the GEMM in the program (x FP8; a split tile's partial sum fused into the add,
     so no fusion launch of its own) plus the add's fusion (hand-computed: 3 x M x N x 2 bytes
     at the quantize fusion's efficiency, one launch)."""
-    m, n, k = 16, 4096, 4096  # Qwen3-8B o_proj: the default decode tile splits K in two
+    m, k = 16, 4096
     add = 3 * m * n * 2 / (3.35e12 * gpu.QUANT_BW_EFF) + gpu.LAUNCH_S
     assert gpu.add_fusion_s("h100", m, n) == pytest.approx(add)
     row = lambda impl: dict(m=m, n=n, k=k, impl=impl)
     fp8, fp8_add = (compare.predicted_us("h100", row(i)) for i in
                     ("fp8:pallas_mosaic_gpu", "fp8:pallas_mosaic_gpu+add"))  # fmt: skip
-    assert fp8_add == pytest.approx(fp8 + (add - gpu.LAUNCH_S) * 1e6)  # the sum's launch saved
+    assert fp8_add == pytest.approx(fp8 + (add - saved) * 1e6)
     bf16, bf16_add = (compare.predicted_us("h100", row(i)) for i in ("bf16", "bf16+add"))
     assert bf16_add == pytest.approx(bf16 + add * 1e6)
     assert compare.predicted_us("h100", row("fp8:xla+add")) is None  # not the kernel: no model

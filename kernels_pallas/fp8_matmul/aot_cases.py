@@ -80,6 +80,7 @@ EXTRA = (
 
 
 _G, _T = mgpu.MgpuConfig, tpu.TpuConfig
+_CK = functools.partial(_G, cluster_k=True)  # split-K summed in the CTA cluster
 # The 128x256 tile (3 stages) at the issue-21 prefill shapes (K, N) at M = 4096: Qwen3-8B q|o,
 # k|v, gate|up, down; Llama-3-70B q|o, gate|up; DeepSeek-V3 (DeepGEMM's table) two GEMMs.
 WIDE_KN = ((4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (8192, 8192),
@@ -127,6 +128,10 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 96, _G(96, 64, 4, True)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 1024, 200, _G(128, 128, 4, True, 4)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 128, _G(128, 128, 5, True)),
+    # split-K summed in the cluster (DSMEM): 2 and 8 chunks, one warpgroup, F32 out
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _CK(16, 128, 4, True, 2)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 1024, 16, _CK(16, 128, 4, True, 8)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 1024, 64, _CK(64, 64, 4, True, 4)),
     # the wide prefill tiles: 128x256 (f32 out: 2 stages, 230432 B of SMEM), 256x128
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 4096, _G(128, 256, 2)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4097, _G(256, 128, 3)),  # M tail

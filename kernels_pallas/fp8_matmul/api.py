@@ -164,6 +164,12 @@ def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, 
             bms = [min(-(-m // 16) * 16, 128)] + ([64] if m > 64 else [])
             cfgs += [G(bm, bn, 4, True, split) for bm in bms for bn in (64, 128)
                      for split in (1, 2, 4, 8)]  # fmt: skip
+            # the K chunks summed in the cluster (DSMEM), 3 stages where 4 do not fit
+            for c in [c for c in cfgs[1:] if c.split_k > 1]:
+                c4, c3 = (dataclasses.replace(c, cluster_k=True, max_concurrent_steps=st)
+                          for st in (4, 3))  # fmt: skip
+                fits = mgpu.supports(m, k, n, c4, fused=False, x_itemsize=1, out_itemsize=2)
+                cfgs.append(c4 if fits is None else c3)
         if m <= 256:
             cfgs += [G(min(64, -(-m // 16) * 16), 64, 4, True), G(64, 128, 4)]
         cfgs += [G(128, 256, 3, cluster_m=2), G(128, 256, 3), G(256, 128, 3)]
@@ -175,6 +181,7 @@ def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, 
             if mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None:
                 name = f"pallas_mosaic_gpu:{cfg.block_m}x{cfg.block_n}x{cfg.max_concurrent_steps}"
                 name += f"s/k{cfg.split_k}" if cfg.swap_ab else ""
+                name += "c" if cfg.cluster_k else ""
                 name += f"/c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""
                 name += f"/p{cfg.persistent}" if cfg.persistent else ""
                 specs.append((name, "pallas_mosaic_gpu", cfg))

@@ -17,6 +17,7 @@ _MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 
 _REDUCTION_SCRATCH = 2048  # SMEM a kernel with a reduction reserves (CompilerParams default)
 NUM_SMS = 132  # H100 SXM / H200
 _WIDE_SUB_N = 128  # columns of one wgmma sub-tile of the wide tiles (64 also compiles, 0 spills)
+_MAX_CLUSTER = 8  # CTAs per cluster (the portable limit)
 _L2_BAND_BYTES = 24 << 20  # x rows one snake band of a persistent grid keeps in L2 (half of 50 MB)
 
 
@@ -32,6 +33,8 @@ class MgpuConfig:
     cluster_m: int = 1  # 2: CTA pairs along M share each weight tile by TMA multicast (prefill)
     persistent: int = 0  # CTAs of a persistent grid looping over the output tiles in snake order
     # (132: one per H100/H200 SM; a multiple of cluster_m); 0: one CTA per output tile
+    cluster_k: bool = False  # split_k 2-8: a tile's K chunks run as one CTA cluster and are summed
+    # in its first CTA's SMEM (DSMEM stores), which writes y: no f32 partials, no XLA sum
 
     @property
     def num_compute_wgs(self) -> int:
@@ -67,6 +70,9 @@ class MgpuConfig:
             return f"cluster_m must be 1, or 2 without swap_ab, got {self.cluster_m}"
         if self.split_k < 1 or (self.split_k > 1 and not self.swap_ab):
             return f"split_k must be 1, or > 1 with swap_ab, got {self.split_k}"
+        if self.cluster_k and not 2 <= self.split_k <= _MAX_CLUSTER:
+            # a cluster of more than 8 CTAs is not portable (H100 allows 16 only by opt-in)
+            return f"cluster_k needs split_k in [2, {_MAX_CLUSTER}], got {self.split_k}"
         if isinstance(self.persistent, bool) or self.persistent < 0:
             return f"persistent is a CTA count (e.g. 132), got {self.persistent!r}"
         if self.persistent and (self.swap_ab or self.persistent % self.cluster_m):
@@ -93,8 +99,11 @@ def smem_bytes(cfg: MgpuConfig, k: int, x_itemsize: int, out_itemsize: int, fuse
     ring = [cfg.block_m * GROUP * x_itemsize, cfg.block_n * GROUP]
     ring += [] if fused else [cfg.block_m * 4]
     total = sum(_align(stages * b) for b in ring) + 2 * stages * 8
-    out_itemsize = 4 if cfg.split_k > 1 else out_itemsize  # f32 partials
+    out_itemsize = 4 if cfg.split_k > 1 and not cfg.cluster_k else out_itemsize  # f32 partials
     total += _align(cfg.block_m * cfg.block_n * out_itemsize)  # epilogue tile
+    if cfg.cluster_k:  # the other chunks' f32 accumulators, one barrier per compute warpgroup
+        total += _align((cfg.split_k - 1) * cfg.block_m * cfg.block_n * 4)
+        total += 8 * cfg.num_compute_wgs
     if fused:
         total += _align(cfg.block_m * GROUP) + _REDUCTION_SCRATCH  # x̂ tile, amax scratch
     return total
@@ -114,6 +123,11 @@ def snake_band(cfg: MgpuConfig, m_pad: int, k: int) -> int:
 # more pass over the output) costs more than further SMs gain past it.
 _DECODE_WGS = 160
 _DECODE_MIN_STEPS = 4  # K steps per chunk (the pipeline fill is paid per chunk)
+# Two K chunks are summed in their 2-CTA cluster (``MgpuConfig.cluster_k``): the performance
+# model puts it at 0.97-1.08x the XLA sum inside a program (the sum fused into the consumer) and
+# 1.09-1.29x for a standalone call (the sum's launch saved), H100/H200; at 4-8 chunks the CTA
+# receiving 3-7 accumulators over the SM-to-SM network is predicted slower inside a program.
+_CLUSTER_K_SPLIT = 2
 
 
 def decode_split_k(ctas: int, k_steps: int, wgs_per_cta: int = 2) -> int:
@@ -168,7 +182,8 @@ def decode_config(m: int, n: int, k: int) -> MgpuConfig:
 
     def tile(block_n: int) -> MgpuConfig:
         split = decode_split_k(m_tiles * (n // block_n), steps, 2 if block_n == 128 else 1)
-        return MgpuConfig(block_m=rows, block_n=block_n, swap_ab=True, split_k=split)
+        return MgpuConfig(block_m=rows, block_n=block_n, swap_ab=True, split_k=split,
+                          cluster_k=split == _CLUSTER_K_SPLIT)  # fmt: skip
 
     if n % 128:
         return tile(64)
@@ -218,11 +233,12 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
             tiles_m * (n // cfg.block_n) >= NUM_SMS * 2 // 3:  # fmt: skip
         cfg = dataclasses.replace(cfg, cluster_m=2)
     x_itemsize = 2 if fused else 1
-    for stages in range(cfg.max_concurrent_steps, 1, -1):
-        cfg = dataclasses.replace(cfg, max_concurrent_steps=stages)
-        if smem_bytes(cfg, k, x_itemsize, out_itemsize, fused) <= SMEM_BYTES:
-            break
-    return cfg
+    for cluster_k in dict.fromkeys((cfg.cluster_k, False)):  # in-cluster sum if it fits
+        for stages in range(cfg.max_concurrent_steps, 1, -1):
+            c = dataclasses.replace(cfg, max_concurrent_steps=stages, cluster_k=cluster_k)
+            if smem_bytes(c, k, x_itemsize, out_itemsize, fused) <= SMEM_BYTES:
+                return c
+    return c
 
 
 def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize: int,

@@ -22,6 +22,16 @@ the weight is stored ``[N, K]`` (the QArray weight convention, ``qarray.py``) an
     split-K partials) have no transposed store: those write ``yᵀ``, transposed by the XLA fusion
     that sums the partials.
 
+In-cluster split-K (``MgpuConfig.cluster_k``, the decode default at 2 chunks): a tile's K chunks
+run as one CTA cluster; each compute warpgroup's f32 accumulator is summed by one CTA of the
+cluster (``cluster_roles``), which the others' warpgroups send theirs to over the SM-to-SM
+network (``plgpu.async_store_smem``: ``st.async`` into its SMEM, completing bytes on its
+mbarrier), and that CTA writes the finished tile (y for 16-bit outputs). No f32 partials in
+HBM and no XLA sum after the kernel: a standalone call is one launch (FlashDecoding-style
+split reductions, here through distributed shared memory). GPU interpret mode has no DSMEM
+store: there the chunks pass through a GMEM buffer and a cluster barrier instead (the same
+owners, slots, summation order and store).
+
 Scales: ``s_x`` travels as ``[K/128, M_pad]`` f32 (one contiguous TMA row per K step); the weight
 scale is one f32 scalar per 128x128 block, read from ``s_w [N/128, K/128]`` in GMEM each step (a
 wgmma's <= 128 weight rows never straddle two blocks).
@@ -185,11 +195,12 @@ def _k_step_wide(x_smem, w_smem, sx_ref, accs, sws, *, cfg: MgpuConfig, chain: b
     return tuple(out)
 
 
-def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fused: bool, wdt,
-            interpret: bool = False):  # fmt: skip
+def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: MgpuConfig,
+            fused: bool, wdt, interpret: bool = False):  # fmt: skip
     """One CTA: one output tile over all K steps, or with ``cfg.persistent`` a loop over output
     tiles (``_persistent_loop``). ``out`` is y [M_pad, N] or yᵀ (``_stores_y``), split-K
-    chunks stacked."""
+    chunks stacked unless summed in the cluster. ``red_gmem`` (``cluster_k`` in GPU interpret
+    mode only, which has no DSMEM store): the chunks' accumulators pass through it instead."""
     out_dtype = out_gmem.dtype
     bm, bn, swap, tm = cfg.block_m, cfg.block_n, cfg.swap_ab, _WGMMA_M
     a_blk, b_blk = (bn, bm) if swap else (bm, bn)  # rows of the A and B operand tiles
@@ -225,6 +236,11 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
     # weight rows] (``_stores_y``); f32 partials stay yᵀ for the XLA sum that follows anyway
     flip = swap and _stores_y(cfg, out_dtype)
     out_tile = (sub_n, tm) if flip else (tm, sub_n)
+    red_bar = None
+    if red_gmem is not None:  # interpret: one barrier per received chunk's GMEM -> SMEM copy
+        red_bar = plgpu.Barrier(num_barriers=(cfg.split_k - 1, nwg))
+    elif cfg.cluster_k:
+        red_bar = plgpu.Barrier(num_arrivals=cfg.split_k - 1, num_barriers=nwg)
     scratch = dict(
         pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(*gmem_in),
         out_smem=plgpu.SMEM(
@@ -235,10 +251,23 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
         xq_smem=plgpu.SMEM((nwg, tm, GROUP), wdt, transforms=_smem_transforms(wdt, GROUP))
         if fused
         else None,
-    )
+        # cluster_k: the f32 accumulators a warpgroup's tile receives from the cluster's other
+        # CTAs, and a barrier per compute warpgroup counting their stores (one warpgroup
+        # arrival per store: every thread of the sender arrives with its share of the bytes)
+        red_smem=plgpu.SMEM((cfg.split_k - 1, nwg, tm, b_blk), jnp.float32,
+                            transforms=_smem_transforms(jnp.float32, b_blk))
+        if cfg.cluster_k
+        else None,
+        red_bar=red_bar,
+        # interpret mode: a barrier per received chunk's GMEM -> SMEM copy, and one over the
+        # cluster's compute warpgroups (every chunk is in GMEM once it completes)
+        sent_bar=plgpu.ClusterBarrier(collective_axes=("s",), num_arrivals=nwg)
+        if red_gmem is not None
+        else None,
+    )  # fmt: skip
 
     @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
-    def _scope(pipeline_allocs, out_smem, xq_smem):
+    def _scope(pipeline_allocs, out_smem, xq_smem, red_smem, red_bar, sent_bar):
         wg = lax.axis_index("wg")
 
         def tile(a_idx, b_idx):  # the output tile (a_idx, b_idx) of a_blk x b_blk over all K
@@ -249,11 +278,48 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
                 zero = lambda: plgpu.layout_cast(jnp.zeros((tm, sub_n), jnp.float32), _WGMMA)
                 accs = eval_pipeline(tuple(zero() for _ in subs) if wide else zero())
                 accs = accs if wide else (accs,)
+                if not cfg.cluster_k:
+                    return store(accs, k_part)
+                owner, slot = cluster_roles(k_part, wg, cfg.split_k)
+                emulate = red_gmem is not None
+                if emulate:  # through GMEM, then a barrier over the cluster's warpgroups
+                    red_tile = red_gmem.at[a_idx, b_idx]
+
+                @pl.when(k_part != owner)
+                def _send():
+                    if emulate:
+                        red_smem[slot, wg] = accs[0]
+                        plgpu.commit_smem()
+                        plgpu.copy_smem_to_gmem(red_smem.at[slot, wg], red_tile.at[slot, wg])
+                        plgpu.wait_smem_to_gmem(0)
+                    else:
+                        plgpu.async_store_smem(accs[0], red_smem.at[slot, wg], red_bar.at[wg],
+                                               cluster_idx=owner, cluster_dim="s")  # fmt: skip
+
+                if emulate:
+                    plgpu.barrier_arrive(sent_bar)
+                    plgpu.barrier_wait(sent_bar)
+
+                @pl.when(k_part == owner)
+                def _sum():
+                    if emulate:
+                        for j in range(cfg.split_k - 1):
+                            plgpu.copy_gmem_to_smem(red_tile.at[j, wg], red_smem.at[j, wg],
+                                                    red_bar.at[j, wg])  # fmt: skip
+                            plgpu.barrier_wait(red_bar.at[j, wg])
+                    else:
+                        plgpu.barrier_wait(red_bar.at[wg])
+                    acc = accs[0]
+                    for j in range(cfg.split_k - 1):
+                        acc = acc + red_smem[j, wg]
+                    store((acc,), 0)
+
+            def store(accs, chunk):
                 # out rows and columns of this tile; a K chunk's partials below the last's
                 r_idx, c_idx, r_blk, c_blk = (b_idx, a_idx, b_blk, a_blk) if flip else \
                     (a_idx, b_idx, a_blk, b_blk)  # fmt: skip
-                k_rows = out_gmem.shape[0] // cfg.split_k
-                dst = out_gmem.at[pl.ds(k_part * k_rows + r_idx * r_blk, r_blk),
+                k_rows = out_gmem.shape[0] // (1 if cfg.cluster_k else cfg.split_k)
+                dst = out_gmem.at[pl.ds(chunk * k_rows + r_idx * r_blk, r_blk),
                                   pl.ds(c_idx * c_blk, c_blk)]  # fmt: skip
                 if cfg.persistent:  # the previous tile's TMA store must have read out_smem
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -298,6 +364,16 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, *, cfg: MgpuConfig, fuse
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
+def cluster_roles(k_part, wg, split: int):
+    """(owner, slot) of K chunk ``k_part`` of warpgroup ``wg``'s tile (``cluster_k``): the tile
+    is summed by the cluster's CTA ``owner = wg % split`` (so a CTA sums at most
+    ceil(nwg / split) tiles), in f32, its own chunk first, then the others in chunk order; every
+    other chunk sends its accumulator into the owner's SMEM slot ``slot`` (0 .. split - 2).
+    Plain ints or traced scalars."""
+    owner = wg % split
+    return owner, k_part - jnp.where(k_part > owner, 1, 0)
+
+
 def _persistent_loop(tile, m_tiles: int, n_tiles: int, band: int, cluster_m: int) -> None:
     """Runs ``tile(m_idx, n_idx)`` for every output tile, spread over the persistent grid "p":
     at loop step ``i`` grid program ``p`` takes the ``i · |p| + p``-th (cluster) tile of the
@@ -337,8 +413,9 @@ def _check_weight(w_q: QArray) -> None:
 
 def _stores_y(cfg: MgpuConfig, out_dtype) -> bool:
     """Whether the kernel writes y [M_pad, N] (every config but a swap-AB one with F32 out or
-    split-K partials, which writes yᵀ: Mosaic GPU has no transposed store of 32-bit tiles)."""
-    return not cfg.swap_ab or (cfg.split_k == 1 and jnp.dtype(out_dtype).itemsize == 2)
+    f32 split-K partials, which writes yᵀ: Mosaic GPU has no transposed store of 32-bit tiles)."""
+    whole = cfg.split_k == 1 or cfg.cluster_k  # the kernel writes the finished tile
+    return not cfg.swap_ab or (whole and jnp.dtype(out_dtype).itemsize == 2)
 
 
 def _pad_rows(a: jax.Array, rows: int) -> jax.Array:
@@ -353,16 +430,22 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
     split = cfg.split_k
     grid, names = (a_rows // a_blk // cfg.cluster_m, b_rows // b_blk), ("a", "b")
     cluster = dict(cluster=(cfg.cluster_m,), cluster_names=("c",)) if cfg.cluster_m > 1 else {}
-    if split > 1:  # K chunks: f32 partials [split · M_pad, N], summed below
+    if cfg.cluster_k:  # K chunks: one cluster per tile, summed in its first CTA
+        cluster = dict(cluster=(split,), cluster_names=("s",))
+        split = 1
+    elif split > 1:  # K chunks: f32 partials [split · M_pad, N], summed below
         grid, names = (*grid, split), ("a", "b", "s")
     if cfg.persistent:  # never more CTAs than (cluster) tiles: every CTA loops at least once
         grid, names = (min(cfg.persistent // cfg.cluster_m, grid[0] * grid[1]),), ("p",)
     rows, cols = (m_pad, n) if _stores_y(cfg, out_dtype) else (a_rows, b_rows)
+    out_type = jax.ShapeDtypeStruct((split * rows, cols), jnp.float32 if split > 1 else out_dtype)
+    if interpret and cfg.cluster_k:  # no DSMEM store in interpret mode: chunks pass through GMEM
+        nwg, tm = cfg.num_compute_wgs, _WGMMA_M
+        red = (a_rows // a_blk, b_rows // b_blk, cfg.split_k - 1, nwg, tm, b_blk)
+        out_type = (out_type, jax.ShapeDtypeStruct(red, jnp.float32))
     kern = plgpu.kernel(
         functools.partial(_kernel, cfg=cfg, fused=fused, wdt=w_q.values.dtype, interpret=interpret),
-        out_type=jax.ShapeDtypeStruct(
-            (split * rows, cols), jnp.float32 if split > 1 else out_dtype
-        ),  # fmt: skip
+        out_type=out_type,
         grid=grid,
         grid_names=names,
         num_threads=cfg.num_compute_wgs + 1,
@@ -372,6 +455,7 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
         **({"interpret": plgpu.InterpretGPUParams()} if interpret else {}),
     )
     y = kern(x, sx_t, w_q.values, w_q.scales)
+    y = y[0] if isinstance(y, (tuple, list)) else y
     if split > 1:
         y = y.reshape(split, rows, cols).sum(0).astype(out_dtype)
     return y.T if cfg.swap_ab and not _stores_y(cfg, out_dtype) else y

@@ -149,7 +149,27 @@ def test_decode_config_prefers_two_warpgroup_tiles(m, n, k, tile):
     cfg = mgpu.default_config(m, n, k)
     assert cfg == mgpu.decode_config(m, n, k)
     assert (cfg.block_m, cfg.block_n, cfg.split_k) == tile and cfg.swap_ab
+    assert cfg.cluster_k == (cfg.split_k == 2)  # two chunks summed in their cluster
     assert mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None
+
+
+def test_cluster_k_legality_and_smem():
+    """In-cluster split-K: 2-8 chunks of a swap-AB tile; its SMEM as Mosaic GPU counts it (the
+    deviceless H100 compile's scratch + 8 B per barrier, one more barrier per compute
+    warpgroup): the received f32 accumulators replace the f32 partial tile by the output's."""
+    count = lambda cfg, out_b: mgpu.smem_bytes(cfg, 4096, 1, out_b, False)
+    assert count(MgpuConfig(16, 128, 4, True, 2, cluster_k=True), 2) == 87040 + 80
+    assert count(MgpuConfig(16, 128, 4, True, 8, cluster_k=True), 2) == 136192 + 80
+    assert count(MgpuConfig(64, 64, 4, True, 4, cluster_k=True), 4) == 132096 + 72
+    assert count(MgpuConfig(128, 128, 4, True, 2, cluster_k=True), 2) == 231424 + 80
+    assert MgpuConfig(16, 128, 4, True, 8, cluster_k=True).invalid() is None
+    for bad in (MgpuConfig(16, 128, 4, True, 1, cluster_k=True),  # nothing to sum
+                MgpuConfig(16, 128, 4, True, 16, cluster_k=True),  # past the portable 8 CTAs
+                MgpuConfig(128, 128, 4, cluster_k=True)):  # fmt: skip
+        assert "cluster_k" in bad.invalid(), bad
+    # 128-row tiles with 2 chunks fit 4 stages (231504 B); F32 out needs 3
+    assert mgpu.default_config(128, 4096, 4096).max_concurrent_steps == 4
+    assert mgpu.default_config(128, 4096, 4096, out_itemsize=4).max_concurrent_steps == 3
 
 
 @pytest.mark.parametrize(

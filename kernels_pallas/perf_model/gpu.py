@@ -31,6 +31,12 @@ setup and the store drain that FILL also covers are paid once. The snake tile or
 to keep HBM bytes at one read per operand, which the model already assumes for every grid
 (the non-persistent grid runs M-fastest, the same order at these shapes).
 
+Split-K decode tiles sum their K chunks after the kernel (an XLA fusion over f32 partials: their
+HBM bytes, plus a launch for a standalone call) or, with ``MgpuConfig.cluster_k``, inside their
+CTA cluster: per wave, the CTA summing a warpgroup tile waits for the other chunks' f32
+accumulators over the SM-to-SM network (``DSMEM_LATENCY_S`` + the bytes at its 1/132 share of
+``DSMEM_BYTES_PER_S``), with no partials in HBM and no launch.
+
 Baselines are not our code, so they get a stated efficiency from published measurements:
 BF16 ``jnp.dot`` (cuBLAS / XLA Triton GEMM) ``BF16_GEMM_EFF`` of dense peak when compute-bound
 and ``BF16_GEMM_BW_EFF`` of HBM when memory-bound; BF16-cache decode attention
@@ -78,6 +84,12 @@ BF16_GEMM_BW_EFF = 0.80  # memory-bound BF16 GEMM (decode M <= 64): Marlin (Fran
 BF16_ATTN_BW_EFF = 0.85  # BF16-cache decode attention: FlashInfer / FlashMLA-class kernels
 # reach 85-90% of HBM (FlashMLA: 3000 GB/s of 3350 on H800)
 QUANT_BW_EFF = 0.85  # XLA per-token quantization fusion (elementwise + row reduce)
+# The SM-to-SM network (``MgpuConfig.cluster_k``: split-K chunks summed in the cluster): Luo et
+# al. 2024 (arXiv 2402.13499) measure ~180 cycles of latency and ~3.3 TB/s over the whole GPU for
+# 2-CTA clusters; one SM receiving gets its 1/132 share (the safe side), and a sum pays the
+# latency twice (the store, the mbarrier wake-up).
+DSMEM_BYTES_PER_S = 3.3e12
+DSMEM_LATENCY_S = 2 * 180 / 1.83e9
 
 
 def _tensor_flops_per_clk(chip, fp8: bool) -> float:
@@ -201,7 +213,15 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     profs = profs or load_profiles()
     name = _variant_name(cfg, fused)
     split = getattr(cfg, "split_k", 1)
-    prof = nearest_profile(name + (f"_k{split}" if split > 1 else ""), profs)
+    in_cluster = split > 1 and getattr(cfg, "cluster_k", False)
+    key = name + (f"_k{split}" if split > 1 else "")
+    prof = profs.get(key + "c") if in_cluster else None
+    if prof is None:
+        prof = nearest_profile(key, profs)
+        if in_cluster:  # same K loop; the SMEM of the received accumulators, no f32 partial tile
+            from kernels_pallas.fp8_matmul.mgpu_config import smem_bytes
+
+            prof = dict(prof, smem_bytes=smem_bytes(cfg, k, 1, 2, False))
     # a compute warpgroup's tile per step: 64 rows, or 128 rows / 256 columns for the wide
     # tiles, whose sub-tiles each wait for their own wgmma (MgpuConfig.wg_subtiles)
     b_blk = cfg.block_m if cfg.swap_ab else cfg.block_n
@@ -218,7 +238,13 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     ctas = math.ceil(m / (cfg.block_m * cl)) * cl * (n // cfg.block_n) * split
     t, terms = grid_time(chip, loop, prof, ctas, k // 128 // split, cfg.persistent)
     epilogue = 0.0
-    if split > 1:  # the XLA sum of the f32 partials [split, N, M_pad]
+    if in_cluster:  # per wave, the CTA summing a warpgroup tile receives the others' chunks
+        owned = math.ceil(cfg.num_compute_wgs / split)
+        recv = (split - 1) * owned * 64 * cfg.block_m * 4
+        per_sm = DSMEM_BYTES_PER_S / CHIPS[chip].cores
+        epilogue += terms["waves"] * (DSMEM_LATENCY_S + recv / per_sm)
+        name += f" split_k={split} in-cluster"
+    elif split > 1:  # the XLA sum of the f32 partials [split, N, M_pad]
         m_pad = math.ceil(m / cfg.block_m) * cfg.block_m
         epilogue += (split + 1) * n * m_pad * 4 / CHIPS[chip].hbm_bytes_per_s
         epilogue += LAUNCH_S if epilogue_launch else 0.0

@@ -51,6 +51,21 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                     if before.impl != after.impl:
                         change = "decode GEMM: swap-AB up to 128 rows (65-256-row batches)"
                         out.append((change, before, after))
+    for model, layer, n, k, ms in (*MATMUL_LAYERS, *DECODE_ROWS_LAYERS):
+        for m in (m for m in ms if m <= 256):
+            now = mgpu.default_config(m, n, k)
+            if not now.cluster_k:
+                continue
+            for chip in GPU_CHIPS:
+                label = f"{model} {layer} M={m}"
+                for in_program, x, where in ((False, "bf16", ""), (True, "fp8", ", in program")):
+                    before, after = (
+                        predict_matmul(chip, m, n, k, x, label=label + where, config=cfg,
+                                       in_program=in_program)
+                        for cfg in (dataclasses.replace(now, cluster_k=False), now)
+                    )  # fmt: skip
+                    change = "decode GEMM: 2 K chunks summed in their CTA cluster (DSMEM)"
+                    out.append((change, before, after))
     for model, layer, n, k, m in WAVE_ROWS:
         tiles_m = -(-m // 128)  # before: 128x128, clustered by default_config's unchanged rule
         cl = 2 if tiles_m % 2 == 0 and tiles_m * n // 128 >= NUM_SMS * 2 // 3 else 1

@@ -105,6 +105,11 @@ def variants() -> dict:
             )
             for m, s in ((96, 1), (128, 1), (128, 2), (128, 4), (128, 8))
         },
+        # the decode default's two K chunks summed in their cluster (cluster_k): same K loop
+        **{
+            f"mm_swap_{m}x128_k2c": (*mm(m, "fp8", G(m, 128, 4, True, 2, cluster_k=True)), mm_loads)
+            for m in (16, 64, 128)
+        },  # fmt: skip
         "mm_swap_128x64": (*mm(128, "fp8", G(128, 64, 4, True)), mm_loads),  # N % 128 != 0
         "mm_swap_128x64_k4": (*mm(128, "fp8", G(128, 64, 4, True, 4)), mm_loads),
         # decode attention: swap-AB (the default), and unswapped (the query group padded to 64)

@@ -161,10 +161,13 @@ def test_rollout_step_sums_its_kernels():
     fused = gpu.predict_matmul("h100", 64, 6144, 4096, "fp8", in_program=True)
     assert alone.time_s == fused.time_s  # unsplit: the kernel writes y, nothing follows it
     assert p.fp8_parts["q|k|v fused"] == pytest.approx(36 * fused.time_s)
-    o_alone = gpu.predict_matmul("h100", 64, 4096, 4096, "fp8")  # split 2: partials summed
+    o_alone = gpu.predict_matmul("h100", 64, 4096, 4096, "fp8")  # split 2, summed in-cluster
     o_prog = gpu.predict_matmul("h100", 64, 4096, 4096, "fp8", in_program=True)
-    assert o_alone.time_s - o_prog.time_s == pytest.approx(gpu.LAUNCH_S)  # the sum's launch
+    assert o_alone.time_s == o_prog.time_s and "in-cluster" in o_prog.impl
     assert p.fp8_parts["o_proj"] == pytest.approx(36 * o_prog.time_s)
+    s_alone = gpu.predict_matmul("h100", 16, 2048, 4096, "fp8")  # split 4: partials summed
+    s_prog = gpu.predict_matmul("h100", 16, 2048, 4096, "fp8", in_program=True)
+    assert s_alone.time_s - s_prog.time_s == pytest.approx(gpu.LAUNCH_S)  # the sum's launch
     assert n["fp8"]["64"].per_layer["triton"] == 4
     producers = sum(gpu.quantize_s("h100", 64, k) for k in (4096, 4096, 4096, 12288))
     assert p.fp8_parts["4 producer+quantize kernels"] == pytest.approx(36 * producers)
@@ -270,3 +273,27 @@ def test_nearest_profile_takes_the_next_row_tile_up_and_its_split():
     assert pick("decode_fp8_x") == "decode_fp8_unswapped"
     with pytest.raises(KeyError, match="no SASS profile"):
         pick("mm_fused_64x64")
+
+
+def test_in_cluster_split_k_pays_the_sm_network_not_the_sum():
+    """Two K chunks summed in their cluster (``cluster_k``): per wave, one SM-to-SM latency pair
+    and the one 64 x 16 f32 accumulator (4 KiB) each summing CTA receives at its 1/132 share of
+    the network; with XLA summing them instead, the 3 x N x 16 f32 partial bytes and the sum's
+    launch (standalone). Same K loop either way (its SASS profile)."""
+    import dataclasses
+
+    from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
+
+    cfg = mgpu.default_config(16, 4096, 4096)
+    assert cfg.split_k == 2 and cfg.cluster_k
+    ours = gpu.predict_matmul("h100", 16, 4096, 4096, "fp8", config=cfg)
+    xla = gpu.predict_matmul("h100", 16, 4096, 4096, "fp8",
+                             config=dataclasses.replace(cfg, cluster_k=False))  # fmt: skip
+    per_sm = gpu.DSMEM_BYTES_PER_S / 132
+    assert ours.terms["extra_s"] == pytest.approx(
+        ours.terms["waves"] * (gpu.DSMEM_LATENCY_S + 64 * 16 * 4 / per_sm)
+    )
+    assert xla.terms["extra_s"] == pytest.approx(3 * 4096 * 16 * 4 / 3.35e12 + gpu.LAUNCH_S,
+                                                 rel=0.01)  # fmt: skip
+    assert ours.terms["compute_s"] == pytest.approx(xla.terms["compute_s"])
+    assert ours.time_s < xla.time_s
