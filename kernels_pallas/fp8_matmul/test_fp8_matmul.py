@@ -494,3 +494,28 @@ def test_mosaic_gpu_kernel_on_hopper_real_shapes(m):
     y_b = fp8_matmul(xb, wq, out_dtype=jnp.float32, impl="pallas_mosaic_gpu")
     bound_b = hw.device_bound(*_np_operands(xq_b, wq))
     assert np.all(np.abs(np.asarray(y_b, np.float64) - ref_b) <= bound_b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "cfg,m",
+    [  # the decode default's 2 chunks (16 and 64 rows, two 128-row M tiles), and 8 chunks
+        (MgpuConfig(16, 128, 4, swap_ab=True, split_k=2, cluster_k=True), 16),
+        (MgpuConfig(64, 128, 4, swap_ab=True, split_k=2, cluster_k=True), 64),
+        (MgpuConfig(128, 128, 3, swap_ab=True, split_k=2, cluster_k=True), 200),
+        (MgpuConfig(16, 128, 4, swap_ab=True, split_k=8, cluster_k=True), 5),
+    ],
+)
+def test_mosaic_gpu_cluster_k_on_hopper(cfg, m):
+    """On the device, the DSMEM path interpret mode cannot run (``st.async`` into the summing
+    CTA's SMEM): F32 out within the Hopper FP8 accumulation bound, BF16 out (y written by the
+    summing CTAs) that rounded."""
+    from kernels_pallas.fp8_matmul import hopper_fp8_numerics as hw
+
+    _, _, xq, wq = _operands(m, 4096, 1024, seed=13)
+    ref = np.asarray(fp8_matmul_reference(xq, wq, out_dtype=jnp.float32))
+    bound = hw.device_bound(*_np_operands(xq, wq))
+    y = mgpu.fp8_matmul_mgpu(xq, wq, out_dtype=jnp.float32, config=cfg)
+    assert np.all(np.abs(np.asarray(y, np.float64) - ref) <= bound)
+    y16 = mgpu.fp8_matmul_mgpu(xq, wq, out_dtype=jnp.bfloat16, config=cfg)
+    assert np.all(np.abs(np.asarray(y16, np.float64) - ref) <= bound + 2**-8 * np.abs(ref))

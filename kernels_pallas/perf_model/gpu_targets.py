@@ -17,6 +17,17 @@ from kernels_pallas.perf_model.gpu import (
 )
 
 
+def _standalone_and_in_program(chip, m, n, k, label, cfg_before, cfg_after):
+    """(before, after) at two configs: a standalone call with BF16 x (its quantize and epilogue
+    launches), and the GEMM in the program with x FP8 from its producer."""
+    for in_program, x, where in ((False, "bf16", ""), (True, "fp8", ", in program")):
+        yield tuple(
+            predict_matmul(chip, m, n, k, x, label=label + where, config=cfg,
+                           in_program=in_program)
+            for cfg in (cfg_before, cfg_after)
+        )  # fmt: skip
+
+
 def design_changes() -> list[tuple[str, Prediction, Prediction]]:
     """(change, before, after) at every case the change touches, on H100 and H200."""
     from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
@@ -40,32 +51,24 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
     for model, layer, n, k, ms in (*MATMUL_LAYERS, *DECODE_ROWS_LAYERS):
         for m in (m for m in ms if 64 < m <= 256):
             for chip in GPU_CHIPS:
-                label = f"{model} {layer} M={m}"
-                for in_program, x, where in ((False, "bf16", ""), (True, "fp8", ", in program")):
-                    before, after = (
-                        predict_matmul(chip, m, n, k, x, label=label + where, config=cfg,
-                                       in_program=in_program)
-                        for cfg in (mgpu.default_config(m, n, k, swap=False),
-                                    mgpu.default_config(m, n, k))
-                    )  # fmt: skip
-                    if before.impl != after.impl:
-                        change = "decode GEMM: swap-AB up to 128 rows (65-256-row batches)"
-                        out.append((change, before, after))
+                pairs = _standalone_and_in_program(
+                    chip, m, n, k, f"{model} {layer} M={m}",
+                    mgpu.default_config(m, n, k, swap=False), mgpu.default_config(m, n, k),
+                )  # fmt: skip
+                change = "decode GEMM: swap-AB up to 128 rows (65-256-row batches)"
+                out += [(change, b, a) for b, a in pairs if b.impl != a.impl]
     for model, layer, n, k, ms in (*MATMUL_LAYERS, *DECODE_ROWS_LAYERS):
         for m in (m for m in ms if m <= 256):
             now = mgpu.default_config(m, n, k)
             if not now.cluster_k:
                 continue
             for chip in GPU_CHIPS:
-                label = f"{model} {layer} M={m}"
-                for in_program, x, where in ((False, "bf16", ""), (True, "fp8", ", in program")):
-                    before, after = (
-                        predict_matmul(chip, m, n, k, x, label=label + where, config=cfg,
-                                       in_program=in_program)
-                        for cfg in (dataclasses.replace(now, cluster_k=False), now)
-                    )  # fmt: skip
-                    change = "decode GEMM: 2 K chunks summed in their CTA cluster (DSMEM)"
-                    out.append((change, before, after))
+                pairs = _standalone_and_in_program(
+                    chip, m, n, k, f"{model} {layer} M={m}",
+                    dataclasses.replace(now, cluster_k=False), now,
+                )  # fmt: skip
+                change = "decode GEMM: 2 K chunks summed in their CTA cluster (DSMEM)"
+                out += [(change, b, a) for b, a in pairs]
     for model, layer, n, k, m in WAVE_ROWS:
         tiles_m = -(-m // 128)  # before: 128x128, clustered by default_config's unchanged rule
         cl = 2 if tiles_m % 2 == 0 and tiles_m * n // 128 >= NUM_SMS * 2 // 3 else 1
