@@ -23,14 +23,8 @@ the weight is stored ``[N, K]`` (the QArray weight convention, ``qarray.py``) an
     that sums the partials.
 
 In-cluster split-K (``MgpuConfig.cluster_k``, the decode default at 2 chunks): a tile's K chunks
-run as one CTA cluster; each compute warpgroup's f32 accumulator is summed by one CTA of the
-cluster (``cluster_roles``), which the others' warpgroups send theirs to over the SM-to-SM
-network (``plgpu.async_store_smem``: ``st.async`` into its SMEM, completing bytes on its
-mbarrier), and that CTA writes the finished tile (y for 16-bit outputs). No f32 partials in
-HBM and no XLA sum after the kernel: a standalone call is one launch (FlashDecoding-style
-split reductions, here through distributed shared memory). GPU interpret mode has no DSMEM
-store: there the chunks pass through a GMEM buffer and a cluster barrier instead (the same
-owners, slots, summation order and store).
+run as one CTA cluster and are summed over the SM-to-SM network by the CTA that writes the tile
+(``mgpu_cluster_k.py``): no f32 partials in HBM, no XLA sum after the kernel.
 
 Scales: ``s_x`` travels as ``[K/128, M_pad]`` f32 (one contiguous TMA row per K step); the weight
 scale is one f32 scalar per 128x128 block, read from ``s_w [N/128, K/128]`` in GMEM each step (a
@@ -73,6 +67,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from kernels_pallas.fp8_matmul import mgpu_cluster_k as cluster_k
 
 # The tile configuration (legality, SMEM count, defaults) lives in mgpu_config; re-exported here.
 from kernels_pallas.fp8_matmul.mgpu_config import (  # noqa: F401
@@ -236,11 +232,10 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
     # weight rows] (``_stores_y``); f32 partials stay yᵀ for the XLA sum that follows anyway
     flip = swap and _stores_y(cfg, out_dtype)
     out_tile = (sub_n, tm) if flip else (tm, sub_n)
-    red_bar = None
-    if red_gmem is not None:  # interpret: one barrier per received chunk's GMEM -> SMEM copy
-        red_bar = plgpu.Barrier(num_barriers=(cfg.split_k - 1, nwg))
-    elif cfg.cluster_k:
-        red_bar = plgpu.Barrier(num_arrivals=cfg.split_k - 1, num_barriers=nwg)
+    red = dict(red_smem=None, red_bar=None, sent_bar=None)
+    if cfg.cluster_k:  # the received chunks' accumulators and their barriers
+        red = cluster_k.scratch(cfg.split_k, nwg, b_blk, _smem_transforms(jnp.float32, b_blk),
+                                emulate=red_gmem is not None)  # fmt: skip
     scratch = dict(
         pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(*gmem_in),
         out_smem=plgpu.SMEM(
@@ -251,19 +246,7 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
         xq_smem=plgpu.SMEM((nwg, tm, GROUP), wdt, transforms=_smem_transforms(wdt, GROUP))
         if fused
         else None,
-        # cluster_k: the f32 accumulators a warpgroup's tile receives from the cluster's other
-        # CTAs, and a barrier per compute warpgroup counting their stores (one warpgroup
-        # arrival per store: every thread of the sender arrives with its share of the bytes)
-        red_smem=plgpu.SMEM((cfg.split_k - 1, nwg, tm, b_blk), jnp.float32,
-                            transforms=_smem_transforms(jnp.float32, b_blk))
-        if cfg.cluster_k
-        else None,
-        red_bar=red_bar,
-        # interpret mode: a barrier per received chunk's GMEM -> SMEM copy, and one over the
-        # cluster's compute warpgroups (every chunk is in GMEM once it completes)
-        sent_bar=plgpu.ClusterBarrier(collective_axes=("s",), num_arrivals=nwg)
-        if red_gmem is not None
-        else None,
+        **red,
     )  # fmt: skip
 
     @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
@@ -280,39 +263,12 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
                 accs = accs if wide else (accs,)
                 if not cfg.cluster_k:
                     return store(accs, k_part)
-                owner, slot = cluster_roles(k_part, wg, cfg.split_k)
-                emulate = red_gmem is not None
-                if emulate:  # through GMEM, then a barrier over the cluster's warpgroups
-                    red_tile = red_gmem.at[a_idx, b_idx]
-
-                @pl.when(k_part != owner)
-                def _send():
-                    if emulate:
-                        red_smem[slot, wg] = accs[0]
-                        plgpu.commit_smem()
-                        plgpu.copy_smem_to_gmem(red_smem.at[slot, wg], red_tile.at[slot, wg])
-                        plgpu.wait_smem_to_gmem(0)
-                    else:
-                        plgpu.async_store_smem(accs[0], red_smem.at[slot, wg], red_bar.at[wg],
-                                               cluster_idx=owner, cluster_dim="s")  # fmt: skip
-
-                if emulate:
-                    plgpu.barrier_arrive(sent_bar)
-                    plgpu.barrier_wait(sent_bar)
-
-                @pl.when(k_part == owner)
-                def _sum():
-                    if emulate:
-                        for j in range(cfg.split_k - 1):
-                            plgpu.copy_gmem_to_smem(red_tile.at[j, wg], red_smem.at[j, wg],
-                                                    red_bar.at[j, wg])  # fmt: skip
-                            plgpu.barrier_wait(red_bar.at[j, wg])
-                    else:
-                        plgpu.barrier_wait(red_bar.at[wg])
-                    acc = accs[0]
-                    for j in range(cfg.split_k - 1):
-                        acc = acc + red_smem[j, wg]
-                    store((acc,), 0)
+                red_tile = None if red_gmem is None else red_gmem.at[a_idx, b_idx]
+                cluster_k.sum_chunks(
+                    accs[0], lambda total: store((total,), 0), k_part=k_part, wg=wg,
+                    split=cfg.split_k, red_smem=red_smem, red_bar=red_bar, sent_bar=sent_bar,
+                    red_tile=red_tile,
+                )  # fmt: skip
 
             def store(accs, chunk):
                 # out rows and columns of this tile; a K chunk's partials below the last's
@@ -362,16 +318,6 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
             tile(a_idx, lax.axis_index("b"))
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-
-def cluster_roles(k_part, wg, split: int):
-    """(owner, slot) of K chunk ``k_part`` of warpgroup ``wg``'s tile (``cluster_k``): the tile
-    is summed by the cluster's CTA ``owner = wg % split`` (so a CTA sums at most
-    ceil(nwg / split) tiles), in f32, its own chunk first, then the others in chunk order; every
-    other chunk sends its accumulator into the owner's SMEM slot ``slot`` (0 .. split - 2).
-    Plain ints or traced scalars."""
-    owner = wg % split
-    return owner, k_part - jnp.where(k_part > owner, 1, 0)
 
 
 def _persistent_loop(tile, m_tiles: int, n_tiles: int, band: int, cluster_m: int) -> None:
@@ -440,9 +386,9 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
     rows, cols = (m_pad, n) if _stores_y(cfg, out_dtype) else (a_rows, b_rows)
     out_type = jax.ShapeDtypeStruct((split * rows, cols), jnp.float32 if split > 1 else out_dtype)
     if interpret and cfg.cluster_k:  # no DSMEM store in interpret mode: chunks pass through GMEM
-        nwg, tm = cfg.num_compute_wgs, _WGMMA_M
-        red = (a_rows // a_blk, b_rows // b_blk, cfg.split_k - 1, nwg, tm, b_blk)
-        out_type = (out_type, jax.ShapeDtypeStruct(red, jnp.float32))
+        red = cluster_k.emulation_buffer(a_rows // a_blk, b_rows // b_blk, cfg.split_k,
+                                         cfg.num_compute_wgs, b_blk)  # fmt: skip
+        out_type = (out_type, red)
     kern = plgpu.kernel(
         functools.partial(_kernel, cfg=cfg, fused=fused, wdt=w_q.values.dtype, interpret=interpret),
         out_type=out_type,
