@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-_WGMMA_M = 64  # rows of one warpgroup's accumulator tile
+from kernels_pallas.fp8_matmul.mgpu_config import _WGMMA_M  # a warpgroup accumulator's rows
 
 
 def cluster_roles(k_part, wg, split: int):

@@ -33,8 +33,8 @@ class MgpuConfig:
     cluster_m: int = 1  # 2: CTA pairs along M share each weight tile by TMA multicast (prefill)
     persistent: int = 0  # CTAs of a persistent grid looping over the output tiles in snake order
     # (132: one per H100/H200 SM; a multiple of cluster_m); 0: one CTA per output tile
-    cluster_k: bool = False  # split_k 2-8: a tile's K chunks run as one CTA cluster and are summed
-    # in its first CTA's SMEM (DSMEM stores), which writes y: no f32 partials, no XLA sum
+    cluster_k: bool = False  # split_k 2-8: a tile's K chunks run as one CTA cluster, each warpgroup
+    # tile summed in one CTA's SMEM (DSMEM stores), which writes it: no f32 partials, no XLA sum
 
     @property
     def num_compute_wgs(self) -> int:

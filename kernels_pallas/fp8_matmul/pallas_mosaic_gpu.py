@@ -376,7 +376,7 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
     split = cfg.split_k
     grid, names = (a_rows // a_blk // cfg.cluster_m, b_rows // b_blk), ("a", "b")
     cluster = dict(cluster=(cfg.cluster_m,), cluster_names=("c",)) if cfg.cluster_m > 1 else {}
-    if cfg.cluster_k:  # K chunks: one cluster per tile, summed in its first CTA
+    if cfg.cluster_k:  # K chunks: one cluster per tile, summed inside it (mgpu_cluster_k)
         cluster = dict(cluster=(split,), cluster_names=("s",))
         split = 1
     elif split > 1:  # K chunks: f32 partials [split · M_pad, N], summed below
@@ -385,7 +385,8 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
         grid, names = (min(cfg.persistent // cfg.cluster_m, grid[0] * grid[1]),), ("p",)
     rows, cols = (m_pad, n) if _stores_y(cfg, out_dtype) else (a_rows, b_rows)
     out_type = jax.ShapeDtypeStruct((split * rows, cols), jnp.float32 if split > 1 else out_dtype)
-    if interpret and cfg.cluster_k:  # no DSMEM store in interpret mode: chunks pass through GMEM
+    emulate = interpret and cfg.cluster_k  # no DSMEM store in interpret mode: chunks via GMEM
+    if emulate:
         red = cluster_k.emulation_buffer(a_rows // a_blk, b_rows // b_blk, cfg.split_k,
                                          cfg.num_compute_wgs, b_blk)  # fmt: skip
         out_type = (out_type, red)
@@ -401,7 +402,7 @@ def _call(x, sx_t, w_q: QArray, *, out_dtype, cfg: MgpuConfig, fused: bool, inte
         **({"interpret": plgpu.InterpretGPUParams()} if interpret else {}),
     )
     y = kern(x, sx_t, w_q.values, w_q.scales)
-    y = y[0] if isinstance(y, (tuple, list)) else y
+    y = y[0] if emulate else y  # (y, the chunks' GMEM stand-in)
     if split > 1:
         y = y.reshape(split, rows, cols).sum(0).astype(out_dtype)
     return y.T if cfg.swap_ab and not _stores_y(cfg, out_dtype) else y

@@ -89,7 +89,7 @@ QUANT_BW_EFF = 0.85  # XLA per-token quantization fusion (elementwise + row redu
 # 2-CTA clusters; one SM receiving gets its 1/132 share (the safe side), and a sum pays the
 # latency twice (the store, the mbarrier wake-up).
 DSMEM_BYTES_PER_S = 3.3e12
-DSMEM_LATENCY_S = 2 * 180 / 1.83e9
+DSMEM_LATENCY_S = 2 * 180 / CHIPS["h100"].clock_hz
 
 
 def _tensor_flops_per_clk(chip, fp8: bool) -> float:
