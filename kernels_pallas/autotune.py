@@ -7,9 +7,10 @@ floor) on random operands of that shape and records the choice under
 ``(device kind, jax version, op, shape)`` in a JSON cache: ``$FP8RL_AUTOTUNE_FILE`` (a file
 beside the run) and the user cache ``~/.cache/fp8rl_jax/autotune.json``. Later calls read it.
 The timer is injectable (``tune(..., timer=)``), so choosing and caching are deterministic and
-tested on CPU. If the BF16 floor beats every FP8 candidate the record says so
-(``fp8_slower_than_bf16``): the op still runs its fastest FP8 candidate (its weights are FP8),
-and the caller (a model config) learns that BF16 weights would be faster for that layer.
+tested on CPU; the default, ``device_timer``, takes the kernels' CUPTI time on a GPU. If the
+BF16 floor beats every FP8 candidate the record says so (``fp8_slower_than_bf16``): the op
+still runs its fastest FP8 candidate (its weights are FP8), and the caller (a model config)
+learns that BF16 weights would be faster for that layer.
 """
 
 from __future__ import annotations
@@ -82,7 +83,30 @@ def wall_timer(cand: Candidate, reps: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def tune(candidates: list[Candidate], timer: Callable[[Candidate], float] = wall_timer) -> dict:
+def device_timer(cand: Candidate, reps: int = 10, platform: str | None = None) -> float:
+    """Median device seconds of ``reps`` calls on a GPU: the CUPTI durations of the kernels each
+    call launches (``jax.experimental.mosaic.gpu.profiler.measure``), after one warm-up call.
+    A decode-sized GEMM runs for 5-30 us, under the ~20-50 us a call's host dispatch and
+    ``block_until_ready`` take: timed by the wall clock, every candidate would tie at the
+    dispatch cost. Elsewhere, or where CUPTI records nothing, the wall clock (``wall_timer``)."""
+    import jax
+
+    if (platform or jax.devices()[0].platform) != "gpu":
+        return wall_timer(cand, reps)
+    cand.run()  # compiles and warms
+    try:
+        from jax.experimental.mosaic.gpu import profiler
+
+        _, ms = profiler.measure(cand.run, aggregate=True, iterations=reps)()
+    except Exception:  # noqa: BLE001 - no CUPTI on this machine: the wall clock
+        ms = None
+    if ms is None:
+        return wall_timer(cand, reps)
+    ms = sorted(float(t) for t in (ms if isinstance(ms, list) else [ms]))
+    return ms[len(ms) // 2] * 1e-3
+
+
+def tune(candidates: list[Candidate], timer: Callable[[Candidate], float] = device_timer) -> dict:
     """Times every candidate (one that raises is recorded, not chosen); returns the record."""
     times, errors = {}, {}
     for cand in candidates:
@@ -101,7 +125,7 @@ def tune(candidates: list[Candidate], timer: Callable[[Candidate], float] = wall
     )  # fmt: skip
 
 
-def lookup_or_tune(k: str, make_candidates: Callable[[], list[Candidate]], *, timer=wall_timer,
+def lookup_or_tune(k: str, make_candidates: Callable[[], list[Candidate]], *, timer=device_timer,
                    paths: list[str] | None = None) -> dict:  # fmt: skip
     """The cached record of ``k``, or tune now and cache it."""
     paths = cache_paths() if paths is None else paths

@@ -93,3 +93,27 @@ def test_timed_programs_feed_the_gemm_into_a_consumer():
     floor = api.timed_program(BF16_FLOOR, None, wq, jnp.bfloat16)(x, w, r)
     want = jnp.dot(x, w.T, preferred_element_type=jnp.bfloat16) + r
     np.testing.assert_array_equal(np.asarray(floor), np.asarray(want))
+
+
+def test_device_timer_takes_the_cupti_median_on_gpu_and_the_wall_clock_without_it(monkeypatch):
+    from jax.experimental.mosaic.gpu import profiler
+
+    runs = []
+    cand = Candidate("k", "pallas_mosaic_gpu", None, lambda: runs.append(1))
+    seen = {}
+
+    def measure(f, *, aggregate, iterations):
+        seen.update(aggregate=aggregate, iterations=iterations)
+        return lambda: (f(), [3.0, 1.0, 2.0, 9.0, 2.5])  # ms per call
+
+    monkeypatch.setattr(profiler, "measure", measure)
+    assert autotune.device_timer(cand, reps=5, platform="gpu") == pytest.approx(2.5e-3)
+    assert seen == dict(aggregate=True, iterations=5) and len(runs) == 2  # warm-up + the wrapped
+
+    def no_cupti(f, **_):
+        raise RuntimeError("CUPTI unavailable")
+
+    monkeypatch.setattr(profiler, "measure", no_cupti)
+    monkeypatch.setattr(autotune, "wall_timer", lambda c, reps: 7.0)
+    assert autotune.device_timer(cand, reps=5, platform="gpu") == 7.0
+    assert autotune.device_timer(cand, reps=5, platform="cpu") == 7.0  # no GPU: the wall clock

@@ -37,6 +37,10 @@
 # were carried in .whl/, it makes a venv with --system-site-packages (the machine's jax stays) in
 # /tmp and installs those wheels with --no-index --no-deps, skipping any jax wheel.
 # Env: GPU_CHECK_BUDGET_S (global budget, default 465), GIT_SHA (a tree copied without .git),
+# GPU_CHECK_STAGES (run only these stages, e.g. "pytest matmul"; env and the report always run),
+# GPU_CHECK_BUDGETS (per-stage budgets over the defaults below, e.g. "rollout=250 matmul=120"),
+# GPU_CHECK_ARGS_<stage> (extra arguments for that stage's command, e.g.
+# GPU_CHECK_ARGS_matmul="--ms 4096 16"): a short lease splits the check into calls this way,
 # JAX_COMPILATION_CACHE_DIR (default /tmp/fp8rl_jax_gpu_cache: a rerun on a warm machine reuses
 # compiled programs; compile times in the JSON are then cache loads).
 #
@@ -80,8 +84,19 @@ record() { # name rc seconds budget note
 # run_stage NAME BUDGET_S CMD...: runs CMD under `timeout` (the smaller of BUDGET_S and what is
 # left before the deadline, less the report's reserve), output to stages/NAME.log.
 run_stage() {
-  local name=$1 budget=$2 left t0 rc
+  local name=$1 budget=$2 left t0 rc kv extra_var
   shift 2
+  if [ "$name" != env ] && [ -n "${GPU_CHECK_STAGES:-}" ] &&
+    [[ " $GPU_CHECK_STAGES " != *" $name "* ]]; then
+    record "$name" skipped 0 0 "not in GPU_CHECK_STAGES ($GPU_CHECK_STAGES)"
+    return
+  fi
+  for kv in ${GPU_CHECK_BUDGETS:-}; do
+    [ "${kv%%=*}" = "$name" ] && budget=${kv#*=}
+  done
+  extra_var="GPU_CHECK_ARGS_$name"
+  # shellcheck disable=SC2206 # word splitting of the extra arguments is the point
+  [ -n "${!extra_var:-}" ] && set -- "$@" ${!extra_var}
   left=$((DEADLINE - $(date +%s) - RESERVE))
   ((left < budget)) && budget=$left
   if ((budget < 5)); then
