@@ -70,8 +70,12 @@ def rows_beside(paths: list[str]) -> list[str]:
            "measured/predicted | wall/predicted |",
            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for path in paths:
-        with open(path) as f:
-            data = json.load(f)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:  # a stage cut (or not run) before it wrote its rows
+            out.append(f"| {path} | (not read: {type(e).__name__}) |")
+            continue
         chip = chip_of(data.get("meta", {}).get("device_kind", ""))
         if chip is None:
             out.append(f"| {path} | (device {data.get('meta', {}).get('device_kind')}: no model) |")

@@ -297,3 +297,17 @@ def test_in_cluster_split_k_pays_the_sm_network_not_the_sum():
                                                  rel=0.01)  # fmt: skip
     assert ours.terms["compute_s"] == pytest.approx(xla.terms["compute_s"])
     assert ours.time_s < xla.time_s
+
+
+def test_compare_reads_the_rows_there_are_and_names_a_missing_file(tmp_path):
+    """A GPU check cut by its budget may not have written every bench file: the table keeps the
+    rows of the ones there and says which is missing."""
+    from kernels_pallas.perf_model import compare
+
+    bench = tmp_path / "bench_matmul.json"
+    row = dict(m=16, n=4096, k=4096, impl="bf16", median_us=9.0, wall_median_us=12.0)
+    bench.write_text(json.dumps(dict(meta=dict(device_kind="NVIDIA H200"), rows=[row])))
+    lines = compare.rows_beside([str(bench), str(tmp_path / "bench_decode.json")])
+    want = compare.predicted_us("h200", row)
+    assert f"| 9.0 | 12.0 | {want:.1f} | {9.0 / want:.2f} |" in lines[2]
+    assert "bench_decode.json | (not read: FileNotFoundError)" in lines[3] and len(lines) == 4
