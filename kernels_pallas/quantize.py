@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_dtype, fp8_max, scales_shape
 
@@ -33,9 +34,16 @@ def block_amax(x: jax.Array, block_shape: tuple[int, ...]) -> jax.Array:
     return jnp.max(xb, axis=tuple(lead + 2 * i + 1 for i in range(n)))
 
 
+def inverse_fp8_max(dtype) -> np.float32:
+    """``rn(1 / fp8_max)`` in f32: what XLA's algebraic simplifier multiplies by when it rewrites
+    a division by the constant ``fp8_max`` (on every backend), so kernels can match it."""
+    return np.float32(1) / np.float32(fp8_max(dtype))
+
+
 def amax_to_scale(amax: jax.Array, dtype, pow2_scales: bool = False) -> jax.Array:
-    """``s = max(amax, tiny) / fp8_max``; ``pow2_scales`` rounds up to a power of two (UE8M0)."""
-    s = jnp.maximum(amax.astype(jnp.float32), SCALE_TINY) / fp8_max(dtype)
+    """``s = max(amax, tiny) / fp8_max``, written as XLA computes it (``· inverse_fp8_max``);
+    ``pow2_scales`` rounds up to a power of two (UE8M0)."""
+    s = jnp.maximum(amax.astype(jnp.float32), SCALE_TINY) * inverse_fp8_max(dtype)
     if pow2_scales:
         s = jnp.exp2(jnp.ceil(jnp.log2(s)))
     return s

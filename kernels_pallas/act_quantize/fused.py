@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels_pallas.act_quantize.pallas_triton import GROUP, ROWS, div_rn, pltriton, quantize_rows
+from kernels_pallas.act_quantize.pallas_triton import GROUP, ROWS, div_xla, pltriton, quantize_rows
 from kernels_pallas.qarray import QArray, fp8_dtype
 
 F32 = jnp.float32
@@ -138,7 +138,7 @@ def _swiglu_kernel(g_ref, u_ref, q_ref, s_ref, *, out_dtype, dtype, interpret: b
     u = u_ref[:, 0, 0, :].astype(F32)
     # jax.nn.silu in the inputs' dtype: g / (1 + exp(-g)) rounded after every op, as XLA does
     den = _rounded(1.0 + _rounded(jnp.exp(-g), out_dtype), out_dtype)
-    sig = _rounded(div_rn(jnp.ones_like(g), den, interpret), out_dtype)
+    sig = _rounded(div_xla(jnp.ones_like(g), den, interpret), out_dtype)
     h = _rounded(_rounded(g * sig, out_dtype) * u, out_dtype)
     q_ref[...], s = quantize_rows(h, dtype, interpret)
     s_ref[...] = s[None, :]
@@ -226,7 +226,7 @@ def _combine_kernel(o_ref, *refs, group: int, splits: int, swapped: bool, out_dt
         w = [jnp.exp2(x - m) for x in lse]  # [ROWS] each
         den = functools.reduce(jnp.add, w)
         num = functools.reduce(jnp.add, (w[j][:, None] * chunk(j) for j in range(splits)))
-        o = div_rn(num, jnp.where(den > 0, den, 1.0)[:, None] + jnp.zeros_like(num), interpret)
+        o = div_xla(num, jnp.where(den > 0, den, 1.0)[:, None] + jnp.zeros_like(num), interpret)
     else:
         vs_ref, q_ref, s_ref = refs
         o = chunk(0)

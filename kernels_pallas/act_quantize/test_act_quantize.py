@@ -66,14 +66,17 @@ def test_rejects_with_the_field(shape, rows, group, needle):
         quantize_activations_triton(jnp.zeros(shape), group, rows=rows, interpret=True)
 
 
-def test_gpu_lowering_divides_with_ieee_rounding():
-    """The GPU kernel (lowered for CUDA without a device) is one Triton launch whose divisions
-    are ``div.rn.f32``: Triton's own f32 division (``div.full``) would break bit equality."""
+def test_gpu_lowering_divides_as_xla_does():
+    """The GPU kernel (lowered for CUDA without a device) is one Triton launch with one f32
+    division, ``div.full.f32`` (XLA's NVPTX backend compiles f32 divisions with
+    ``-nvptx-prec-divf32=1``), and the scale a product with ``rn(1 / fp8_max)`` (XLA's algebraic
+    simplifier rewrites a division by a constant so): IEEE ``div.rn`` for both differed from
+    XLA on an H200 (40% of the scales, 0.04-0.09% of the codes)."""
     fn = lambda x: quantize_activations_triton(x, rows=16)  # noqa: E731
     mlir = aot.export_for("h100", fn, jax.ShapeDtypeStruct((16, 256), jnp.bfloat16))
     text = mlir.compiled.mlir_module()
     assert text.count("xla.gpu.triton") == 1
-    assert text.count("div.rn.f32") == 1  # the kernel text holds the asm string once
+    assert text.count("div.full.f32") == 1 and "div.rn" not in text  # the asm string, once
 
 
 @pytest.mark.parametrize("m", [5, 64, 300])

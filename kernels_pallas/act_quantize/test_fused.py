@@ -257,11 +257,12 @@ def test_fp8_input_dtype():
     ],
 )  # fmt: skip
 def test_gpu_lowering_is_one_triton_launch(name, fn, shapes):
-    """Each kernel lowers for CUDA (no device) to one Triton launch with IEEE divisions."""
+    """Each kernel lowers for CUDA (no device) to one Triton launch whose divisions are XLA's
+    (``div.full.f32``: ``pallas_triton.div_xla``), none IEEE ``div.rn``."""
     args = [jax.ShapeDtypeStruct(s, d) for s, d in shapes]
     text = aot.export_for("h100", fn, *args).compiled.mlir_module()
     assert text.count("xla.gpu.triton") == 1, name
-    assert "div.rn.f32" in text
+    assert "div.full.f32" in text and "div.rn" not in text
 
 
 @pytest.mark.gpu

@@ -8,7 +8,7 @@ once by XLA, then the QArray kernel, at every M), the TPU kernel on v5e and v6e,
 fallback on H100 (``XLA_LAYERS``: FP8 GEMMs batched over K blocks for M <= 32, BF16 dequantize +
 GEMM above). ``EXTRA`` adds E5M2 and F32-output cases (the F32 fused epilogue is the tightest SMEM
 fit); ``TILES`` compiles non-default tile configurations the checks accept (both compute-warpgroup
-counts, swap-AB from 8 to 128 rows, split-K, deep rings, N % 128 != 0, K tails of the ring, big TPU
+counts, swap-AB from 32 to 128 rows, split-K, deep rings, N % 128 != 0, K tails of the ring, big TPU
 tiles, the opt-in fused kernel: raw x with a non-swap config).
 Every case is one the support check accepts (``fp8_matmul`` raises for an explicit impl it
 rejects), so compiling them all proves the check for these shapes.
@@ -114,13 +114,13 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 4096, _G(128, 64, 3)),
     ("pallas_mosaic_gpu", ("h100",), "bf16", _F32, 4096, 12288, 4096, _G(128, 128, 3)),  # 226 KiB
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 32, _G(32, 128, 4, True)),  # 2 WGs
-    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 5, _G(8, 64, 4, True)),
-    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 5, _G(8, 128, 4, True)),  # y tiles
-    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 48, _G(48, 64, 6, True)),
-    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _G(16, 64, 6, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 5, _G(32, 64, 4, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 5, _G(32, 128, 4, True)),  # y tiles
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 48, _G(64, 64, 6, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _G(32, 64, 6, True)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(64, 64, 6)),  # deepest
-    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 16, _G(16, 64, 4, True)),
-    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 1024, 16, _G(16, 64, 4, True, 8)),  # split-K
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 16, _G(32, 64, 4, True)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 1024, 16, _G(32, 64, 4, True, 8)),  # split-K
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 1024, 64, _G(64, 64, 4, True, 2)),
     # swap-AB up to 128 rows as the wgmma N (65-256-row decode batches): F32 out, the y tile of
     # 96 rows with one warpgroup, two M tiles with split-K, and the deepest ring that fits
@@ -129,8 +129,8 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 1024, 200, _G(128, 128, 4, True, 4)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 128, _G(128, 128, 5, True)),
     # split-K summed in the cluster (DSMEM): 2 and 8 chunks, one warpgroup, F32 out
-    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _CK(16, 128, 4, True, 2)),
-    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 1024, 16, _CK(16, 128, 4, True, 8)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _CK(32, 128, 4, True, 2)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 1024, 16, _CK(32, 128, 4, True, 8)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 1024, 64, _CK(64, 64, 4, True, 4)),
     # the wide prefill tiles: 128x256 (f32 out: 2 stages, 230432 B of SMEM), 256x128
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 4096, _G(128, 256, 2)),

@@ -161,7 +161,7 @@ def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, 
         G = mgpu.MgpuConfig
         cfgs = [mgpu.default_config(m, n, k)]
         if m <= 256:  # swap-AB: all rows as the wgmma N up to 128, tiles of 64 or 128 above
-            bms = [min(-(-m // 16) * 16, 128)] + ([64] if m > 64 else [])
+            bms = [min(-(-m // 32) * 32, 128)] + ([64] if m > 64 else [])
             cfgs += [G(bm, bn, 4, True, split) for bm in bms for bn in (64, 128)
                      for split in (1, 2, 4, 8)]  # fmt: skip
             # the K chunks summed in the cluster (DSMEM), 3 stages where 4 do not fit
@@ -171,7 +171,7 @@ def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, 
                 fits = mgpu.supports(m, k, n, c4, fused=False, x_itemsize=1, out_itemsize=2)
                 cfgs.append(c4 if fits is None else c3)
         if m <= 256:
-            cfgs += [G(min(64, -(-m // 16) * 16), 64, 4, True), G(64, 128, 4)]
+            cfgs += [G(min(64, -(-m // 32) * 32), 64, 4, True), G(64, 128, 4)]
         cfgs += [G(128, 256, 3, cluster_m=2), G(128, 256, 3), G(256, 128, 3)]
         cfgs += [G(128, 128, 4, cluster_m=2), G(128, 128, 4), G(128, 64, 4), G(64, 64, 6)]
         if m > 64:  # prefill: each tile also as a persistent grid of one CTA per SM (snake order)

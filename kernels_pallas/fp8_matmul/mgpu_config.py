@@ -11,6 +11,11 @@ _WGMMA_M = 64  # rows of one warpgroup's wgmma tile
 # x rows of a swap-AB tile (the wgmma N): a compute warpgroup holds two [64, block_m] f32
 # accumulators (the running one and the fresh one of the step), 128 registers at 128 rows
 _SWAP_MAX_M = 128
+# x rows of a swap-AB tile are a multiple of this: the ring's stage of f32 x scales
+# (block_m · 4 B) must be a multiple of 128 B, because TMA writes SMEM at 128-byte-aligned
+# addresses and the stages lie back to back (16-row tiles, 64-B stages, stopped an H200 with
+# CUDA_ERROR_MISALIGNED_ADDRESS; 32 rows and up ran; a compile cannot see it)
+_SWAP_ROW_ALIGN = 32
 _SMEM_ALIGN = 1024  # Mosaic GPU rounds every SMEM scratch buffer up to this (SMEM_ALIGNMENT)
 _MAX_STAGES = 6  # deepest ring that compiled without spills for every tile shape tried
 _MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 - 1)
@@ -25,7 +30,7 @@ _L2_BAND_BYTES = 24 << 20  # x rows one snake band of a persistent grid keeps in
 class MgpuConfig:
     """Tile configuration of the Hopper kernel (a static argument)."""
 
-    block_m: int = 128  # x rows per CTA: 64, 128 or 256 (2 WGs of 64 or 128); swap_ab: 8..128, /8
+    block_m: int = 128  # x rows per CTA: 64, 128 or 256 (2 WGs of 64 or 128); swap_ab: 32..128, /32
     block_n: int = 128  # w rows (output columns) per CTA: 64, 128, 256 (swap_ab: 64 per WG)
     max_concurrent_steps: int = 4  # SMEM ring depth of the TMA pipeline (K steps in flight), <= 6
     swap_ab: bool = False  # compute yᵀ = w xᵀ so that M is the wgmma N (decode)
@@ -58,9 +63,9 @@ class MgpuConfig:
         if self.block_n == 256 and (self.swap_ab or self.block_m != 128):
             # 64 rows x 256 columns per warpgroup is the register limit (wg_subtiles)
             return "block_n=256 needs block_m=128 and no swap_ab"
-        if self.swap_ab and (self.block_m % 8 or not 8 <= self.block_m <= _SWAP_MAX_M):
-            return f"swap_ab block_m must be a multiple of 8 in [8, {_SWAP_MAX_M}], got " \
-                   f"{self.block_m}"  # fmt: skip
+        if self.swap_ab and (self.block_m % _SWAP_ROW_ALIGN or self.block_m > _SWAP_MAX_M):
+            return f"swap_ab block_m must be a multiple of {_SWAP_ROW_ALIGN} (128-B TMA stages " \
+                   f"of f32 x scales) up to {_SWAP_MAX_M}, got {self.block_m}"  # fmt: skip
         if not self.swap_ab and self.block_m not in (64, 128, 256):
             return f"block_m must be 64, 128 or 256, got {self.block_m}"
         if not self.swap_ab and self.block_m == 256 and self.block_n != 128:
@@ -159,7 +164,7 @@ def swap_default(m: int, n: int, k: int) -> bool:
 
 
 def decode_config(m: int, n: int, k: int) -> MgpuConfig:
-    """The swap-AB tile for decode rows (``swap_default``): all M rows (rounded up to 16) as the
+    """The swap-AB tile for decode rows (``swap_default``): all M rows (rounded up to 32) as the
     wgmma N up to 128, tiles of 128 rows above; 128 weight rows per CTA (two compute
     warpgroups, each its own wgmma chain, half the x re-reads of 64-row tiles) with K split by
     ``decode_split_k`` over the grid of M tiles x N tiles; 64 rows where N % 128 != 0, or
@@ -176,7 +181,7 @@ def decode_config(m: int, n: int, k: int) -> MgpuConfig:
     Qwen3-8B o_proj M = 64 1.19x -> 1.35x, gate|up M = 64 1.72x -> 1.87x, Qwen3-30B-A3B q_proj
     M = 16 1.01x -> 1.17x, no shape more than 4% slower. The on-device autotuner
     (``kernels_pallas.autotune``) times split 1-8 x 64/128 rows (standalone calls)."""
-    rows = min(-(-m // 16) * 16, _SWAP_MAX_M)
+    rows = min(-(-m // _SWAP_ROW_ALIGN) * _SWAP_ROW_ALIGN, _SWAP_MAX_M)
     m_tiles = -(-m // rows)
     steps = k // GROUP
 
@@ -207,7 +212,7 @@ def _wide_grid(tiles_m: int, n: int) -> bool:
 def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2,
                    swap: bool | None = None):  # fmt: skip
     """Untuned defaults. Decode (M <= 64; 65-256 rows where K splits; unfused: ``swap_default``):
-    swap-AB with 64 or 128 weight rows per CTA (``decode_config``), M rounded up to 16. Prefill:
+    swap-AB with 64 or 128 weight rows per CTA (``decode_config``), M rounded up to 32. Prefill:
     128x256 CTAs where their grid fills >= 2/3 of the SMs or saves a wave (``_wide_grid``) (the
     performance model, H100: 1.33-1.44x faster than 128x128 there, 0.5-0.96x on grids of <= 64 CTAs:
     ``perf_model.md``), else 128x128 with two compute warpgroups (64x128 if N % 128). Unfused

@@ -47,8 +47,8 @@ def test_mosaic_gpu_cluster_k_roles(split, nwg):
     "cfg,m,out",
     [  # 3 chunks, two warpgroups (owners CTA 0 and 1), y written by the owners; one warpgroup,
         # f32 out (yᵀ); 2 chunks of 128-row tiles, two M tiles (the second a tail)
-        (MgpuConfig(16, 128, 2, swap_ab=True, split_k=3, cluster_k=True), 9, jnp.bfloat16),
-        (MgpuConfig(16, 64, 2, swap_ab=True, split_k=3, cluster_k=True), 16, jnp.float32),
+        (MgpuConfig(32, 128, 2, swap_ab=True, split_k=3, cluster_k=True), 9, jnp.bfloat16),
+        (MgpuConfig(32, 64, 2, swap_ab=True, split_k=3, cluster_k=True), 16, jnp.float32),
         (MgpuConfig(128, 128, 2, swap_ab=True, split_k=3, cluster_k=True), 200, jnp.bfloat16),
     ],
 )
@@ -73,11 +73,11 @@ def test_mosaic_gpu_cluster_k_sums_the_chunks(cfg, m, out):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "cfg,m",
-    [  # the decode default's 2 chunks (16 and 64 rows, two 128-row M tiles), and 8 chunks
-        (MgpuConfig(16, 128, 4, swap_ab=True, split_k=2, cluster_k=True), 16),
+    [  # the decode default's 2 chunks (32 and 64 rows, two 128-row M tiles), and 8 chunks
+        (MgpuConfig(32, 128, 4, swap_ab=True, split_k=2, cluster_k=True), 16),
         (MgpuConfig(64, 128, 4, swap_ab=True, split_k=2, cluster_k=True), 64),
         (MgpuConfig(128, 128, 3, swap_ab=True, split_k=2, cluster_k=True), 200),
-        (MgpuConfig(16, 128, 4, swap_ab=True, split_k=8, cluster_k=True), 5),
+        (MgpuConfig(32, 128, 4, swap_ab=True, split_k=8, cluster_k=True), 5),
     ],
 )
 def test_mosaic_gpu_cluster_k_on_hopper(cfg, m):

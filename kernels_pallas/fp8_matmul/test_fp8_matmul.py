@@ -165,10 +165,10 @@ def test_impl_matches_reference(impl, config, interpret, m, k, n, dtype, raw):
     [  # swapped with two compute warpgroups and 3 M tiles; 64x64 tiles with a 3-stage ring;
         # the wide prefill tiles (two 64x128 sub-tiles per warpgroup) on a 2x2 CTA grid with an
         # M tail: 128x256 (two weight blocks per warpgroup), 256x128 (128 rows per warpgroup)
-        (MgpuConfig(block_m=16, block_n=128, max_concurrent_steps=2, swap_ab=True), 40, 256),
+        (MgpuConfig(block_m=32, block_n=128, max_concurrent_steps=2, swap_ab=True), 72, 256),
         (MgpuConfig(block_m=64, block_n=64, max_concurrent_steps=3), 80, 256),
-        (MgpuConfig(16, 64, max_concurrent_steps=2, swap_ab=True, split_k=3), 5, 256),
-        (MgpuConfig(16, 128, max_concurrent_steps=2, swap_ab=True, split_k=3), 24, 256),  # 2 WGs
+        (MgpuConfig(32, 64, max_concurrent_steps=2, swap_ab=True, split_k=3), 5, 256),
+        (MgpuConfig(32, 128, max_concurrent_steps=2, swap_ab=True, split_k=3), 24, 256),  # 2 WGs
         # 128 rows as the wgmma N, two M tiles (the second a tail), K split in 3
         (MgpuConfig(128, 128, max_concurrent_steps=2, swap_ab=True, split_k=3), 200, 256),
         (MgpuConfig(block_m=128, block_n=256, max_concurrent_steps=2), 200, 512),  # f32 out: 2
@@ -198,10 +198,10 @@ def test_mosaic_gpu_explicit_configs(cfg, m, n):
 @pytest.mark.parametrize(
     "cfg,m",
     [
-        (MgpuConfig(8, 128, 2, swap_ab=True), 5),  # 8 token rows, two warpgroups
-        (MgpuConfig(16, 64, 2, swap_ab=True), 16),
+        (MgpuConfig(32, 128, 2, swap_ab=True), 5),  # the smallest swap tile, two warpgroups
+        (MgpuConfig(32, 64, 2, swap_ab=True), 16),
         (MgpuConfig(64, 128, 2, swap_ab=True), 40),
-        (MgpuConfig(16, 128, 2, swap_ab=True, split_k=3), 9),  # partials: yᵀ, summed by XLA
+        (MgpuConfig(32, 128, 2, swap_ab=True, split_k=3), 9),  # partials: yᵀ, summed by XLA
         (MgpuConfig(128, 128, 2, swap_ab=True), 100),  # [128, 64] transposed store per WG
         (MgpuConfig(96, 64, 2, swap_ab=True), 96),
     ],
@@ -319,16 +319,17 @@ def test_mosaic_gpu_support_check():
         assert "formats differ" in _supports("pallas_mosaic_gpu", x8, _sds_q(16, 256, 256)[1])
         big = MgpuConfig(block_m=128, block_n=128, max_concurrent_steps=4)  # fused: 247872 B
         assert "SMEM" in _supports("pallas_mosaic_gpu", bf16_x, _sds_q(1, 4096, 4096)[1], big)
-        deep = MgpuConfig(block_m=16, block_n=64, max_concurrent_steps=8, swap_ab=True)
+        deep = MgpuConfig(block_m=32, block_n=64, max_concurrent_steps=8, swap_ab=True)
         assert "max_concurrent_steps" in _supports(
             "pallas_mosaic_gpu", *_sds_q(16, 4096, 4096), deep
         )
-        swap = MgpuConfig(block_m=16, block_n=64, swap_ab=True)
+        swap = MgpuConfig(block_m=32, block_n=64, swap_ab=True)
         fused_swap = mgpu.supports(16, 4096, 4096, swap, fused=True, x_itemsize=2, out_itemsize=2)
         assert "no swap_ab" in fused_swap  # raw x with a swap config is quantized first instead
-        # 8 token rows: y tiles have 64-element (128 B) SMEM rows, yᵀ F32 partials 8 x 4 = 32 B
-        for eight in (MgpuConfig(8, 64, swap_ab=True), MgpuConfig(8, 64, swap_ab=True, split_k=2)):
-            assert _supports("pallas_mosaic_gpu", *_sds_q(8, 256, 256), eight) is None
+        # 8- and 16-row swap tiles: their 32/64-B stages of f32 x scales break TMA's 128-B SMEM
+        # alignment (CUDA_ERROR_MISALIGNED_ADDRESS on an H200); 8 rows run in a 32-row tile
+        for small in (MgpuConfig(8, 64, swap_ab=True), MgpuConfig(16, 64, swap_ab=True, split_k=2)):
+            assert "multiple of 32" in _supports("pallas_mosaic_gpu", *_sds_q(8, 256, 256), small)
         assert "MgpuConfig" in _supports("pallas_mosaic_gpu", *_sds_q(16, 256, 256), TpuConfig())
     assert "Hopper" in _supports("pallas_mosaic_gpu", *_sds_q(16, 256, 256))  # CPU target
     assert _supports("pallas_mosaic_gpu", *_sds_q(16, 256, 256), interpret=True) is None

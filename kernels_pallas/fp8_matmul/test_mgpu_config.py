@@ -12,7 +12,7 @@ def test_smem_count_is_mosaic_gpus_count():
     the deviceless H100 compile; the last one is over the 232448 B budget and Mosaic rejects it."""
     count = lambda cfg, x_b, out_b, fused: mgpu.smem_bytes(cfg, 4096, x_b, out_b, fused)
     assert count(MgpuConfig(128, 128, 4), 1, 2, False) == 165952
-    assert count(MgpuConfig(16, 64, 4, swap_ab=True), 1, 2, False) == 44096
+    assert count(MgpuConfig(32, 64, 4, swap_ab=True), 1, 2, False) == 54336
     assert count(MgpuConfig(128, 128, 3), 2, 2, True) == 198704
     assert count(MgpuConfig(128, 128, 3), 2, 4, True) == 231472  # fused, f32 out: fits
     assert count(MgpuConfig(128, 128, 6), 1, 2, False) == 232544 > mgpu.SMEM_BYTES
@@ -60,20 +60,20 @@ def test_wide_tile_legality():
     legal = [MgpuConfig(128, 256), MgpuConfig(256, 128)]
     assert all(c.invalid() is None and len(c.wg_subtiles) == 2 for c in legal)
     for bad in (MgpuConfig(256, 256), MgpuConfig(64, 256), MgpuConfig(256, 64),
-                MgpuConfig(16, 256, swap_ab=True)):  # fmt: skip
+                MgpuConfig(32, 256, swap_ab=True)):  # fmt: skip
         assert bad.invalid() is not None, bad
     assert "fused" in mgpu.supports(4096, 4096, 4096, MgpuConfig(128, 256, 3), fused=True,
                                     x_itemsize=2, out_itemsize=2)  # fmt: skip
     assert MgpuConfig(128, 256, cluster_m=2).invalid() is None
-    assert "cluster_m" in MgpuConfig(16, 64, swap_ab=True, cluster_m=2).invalid()
+    assert "cluster_m" in MgpuConfig(32, 64, swap_ab=True, cluster_m=2).invalid()
     assert "cluster_m" in MgpuConfig(128, 128, cluster_m=4).invalid()
 
 
 def test_persistent_legality_and_snake_band():
     assert MgpuConfig(128, 256, 3, cluster_m=2, persistent=132).invalid() is None
     assert MgpuConfig(128, 128, persistent=5).invalid() is None
-    for bad in (MgpuConfig(16, 64, swap_ab=True, persistent=132),  # decode
-                MgpuConfig(16, 64, swap_ab=True, split_k=2, persistent=132),
+    for bad in (MgpuConfig(32, 64, swap_ab=True, persistent=132),  # decode
+                MgpuConfig(32, 64, swap_ab=True, split_k=2, persistent=132),
                 MgpuConfig(128, 128, cluster_m=2, persistent=5),  # not whole clusters
                 MgpuConfig(128, 128, persistent=True),  # a CTA count, not a flag
                 MgpuConfig(128, 128, persistent=-1)):  # fmt: skip
@@ -127,16 +127,16 @@ def test_decode_split_k_caps_warpgroups_and_keeps_chunks_long(ctas, k_steps, wgs
 @pytest.mark.parametrize(
     "m,n,k,tile",
     [  # (M, N, K) -> (block_m, block_n, split_k) of the swap-AB decode tile (decode_config)
-        (16, 4096, 4096, (16, 128, 2)),  # Qwen3-8B o_proj: 32 CTAs x 2
+        (16, 4096, 4096, (32, 128, 2)),  # Qwen3-8B o_proj: 32 CTAs x 2
         (64, 4096, 4096, (64, 128, 2)),
         (64, 4096, 12288, (64, 128, 2)),  # down_proj
         (64, 6144, 4096, (64, 64, 1)),  # q|k|v fused: 48 unsplit 128-row CTAs; 96 of 64 rows
         (64, 10240, 8192, (64, 128, 1)),  # Llama-3-70B q|k|v fused: 80 CTAs
-        (16, 8192, 8192, (16, 64, 1)),  # Llama-3-70B o_proj: 64 unsplit CTAs -> 128 of 64 rows
-        (16, 24576, 4096, (16, 128, 1)),  # gate+up fused: 192 CTAs
-        (16, 512, 2048, (16, 128, 4)),  # Qwen3-30B-A3B k/v_proj: 4 CTAs x 4 (4-step chunks)
-        (16, 4160, 4096, (16, 64, 2)),  # N % 128: 64-row tiles only (65 CTAs x 2)
-        (5, 4096, 4096, (16, 128, 2)),  # M rounded up to 16
+        (16, 8192, 8192, (32, 64, 1)),  # Llama-3-70B o_proj: 64 unsplit CTAs -> 128 of 64 rows
+        (16, 24576, 4096, (32, 128, 1)),  # gate+up fused: 192 CTAs
+        (16, 512, 2048, (32, 128, 4)),  # Qwen3-30B-A3B k/v_proj: 4 CTAs x 4 (4-step chunks)
+        (16, 4160, 4096, (32, 64, 2)),  # N % 128: 64-row tiles only (65 CTAs x 2)
+        (5, 4096, 4096, (32, 128, 2)),  # M rounded up to 32 (128-B TMA stages of x scales)
         # 65-256 rows where K splits (swap_default): every row is the wgmma N up to 128
         (128, 4096, 4096, (128, 128, 2)),  # Qwen3-8B o_proj: 32 prefill CTAs -> 64 split
         (96, 4096, 12288, (96, 128, 2)),  # down_proj
@@ -158,13 +158,13 @@ def test_cluster_k_legality_and_smem():
     deviceless H100 compile's scratch + 8 B per barrier, one more barrier per compute
     warpgroup): the received f32 accumulators replace the f32 partial tile by the output's."""
     count = lambda cfg, out_b: mgpu.smem_bytes(cfg, 4096, 1, out_b, False)
-    assert count(MgpuConfig(16, 128, 4, True, 2, cluster_k=True), 2) == 87040 + 80
-    assert count(MgpuConfig(16, 128, 4, True, 8, cluster_k=True), 2) == 136192 + 80
+    assert count(MgpuConfig(32, 128, 4, True, 2, cluster_k=True), 2) == 107520 + 80
+    assert count(MgpuConfig(32, 128, 4, True, 8, cluster_k=True), 2) == 205824 + 80
     assert count(MgpuConfig(64, 64, 4, True, 4, cluster_k=True), 4) == 132096 + 72
     assert count(MgpuConfig(128, 128, 4, True, 2, cluster_k=True), 2) == 231424 + 80
-    assert MgpuConfig(16, 128, 4, True, 8, cluster_k=True).invalid() is None
-    for bad in (MgpuConfig(16, 128, 4, True, 1, cluster_k=True),  # nothing to sum
-                MgpuConfig(16, 128, 4, True, 16, cluster_k=True),  # past the portable 8 CTAs
+    assert MgpuConfig(32, 128, 4, True, 8, cluster_k=True).invalid() is None
+    for bad in (MgpuConfig(32, 128, 4, True, 1, cluster_k=True),  # nothing to sum
+                MgpuConfig(32, 128, 4, True, 16, cluster_k=True),  # past the portable 8 CTAs
                 MgpuConfig(128, 128, 4, cluster_k=True)):  # fmt: skip
         assert "cluster_k" in bad.invalid(), bad
     # 128-row tiles with 2 chunks fit 4 stages (231504 B); F32 out needs 3
@@ -191,5 +191,5 @@ def test_rows_above_64_keep_the_prefill_tile_where_k_would_not_split(m, n, k):
 def test_swap_tiles_reach_128_rows():
     assert MgpuConfig(128, 128, swap_ab=True).invalid() is None
     assert MgpuConfig(96, 64, swap_ab=True, split_k=4).invalid() is None
-    for bad in (136, 256, 100):
-        assert "multiple of 8 in [8, 128]" in MgpuConfig(bad, 128, swap_ab=True).invalid()
+    for bad in (160, 256, 100, 48, 16, 8):  # 32-row multiples: 128-B TMA stages of x scales
+        assert "multiple of 32" in MgpuConfig(bad, 128, swap_ab=True).invalid()

@@ -49,7 +49,7 @@ EXTRA = (
     ("pallas_mosaic_gpu", "h100", _E4, _BF, "gate+up", D, (F, F), 8192, MgpuConfig(64, 64, 5)),
     ("pallas_mosaic_gpu", "h100", _E4, _BF, "gate", D, (F,), 8192, MgpuConfig(64, 64, 6)),
     ("pallas_mosaic_gpu", "h100", _E4, _BF, "down", F, (D,), 2048, MgpuConfig(64, 128, 4, True)),
-    ("pallas_mosaic_gpu", "h100", _E4, _BF, "gate+up", D, (F, F), 8, MgpuConfig(16, 64, 5, True)),
+    ("pallas_mosaic_gpu", "h100", _E4, _BF, "gate+up", D, (F, F), 8, MgpuConfig(32, 64, 5, True)),
     (
         "pallas_mosaic_gpu",
         "h100",

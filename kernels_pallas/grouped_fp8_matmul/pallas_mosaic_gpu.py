@@ -60,13 +60,14 @@ __all__ = ["GROUP", "SMEM_BYTES", "MgpuConfig", "default_config", "grouped_fp8_m
 
 def default_config(m: int, ns: tuple[int, ...], k: int, num_groups: int, *, out_itemsize: int = 2):
     """Untuned defaults by the mean group size ``M / E``. Below 64 rows per group (decode):
-    swap-AB tiles of a power of two >= twice the mean, in [16, 64], so that most groups fit one
+    swap-AB tiles of a power of two >= twice the mean, in [32, 64] (32: the smallest
+    swap-AB tile, ``mgpu_config._SWAP_ROW_ALIGN``), so that most groups fit one
     or two tiles (a group spread over more tiles streams its weights once per tile); above:
     128x128 CTAs with two compute warpgroups (64-wide N tiles unless every stack's N % 128 == 0).
     The ring is as deep as fits the SMEM budget (<= 4 stages). ``ns``: N of each weight stack."""
     mean = m / max(num_groups, 1)
     if mean < 64:
-        bm = min(max(16, 1 << max(int(2 * mean) - 1, 1).bit_length()), 64)
+        bm = min(max(32, 1 << max(int(2 * mean) - 1, 1).bit_length()), 64)
         cfg = MgpuConfig(block_m=bm, block_n=64, swap_ab=True)
     else:
         cfg = MgpuConfig(block_m=128, block_n=64 if any(n % 128 for n in ns) else 128)
@@ -99,11 +100,6 @@ def supports(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: MgpuConf
         return f"N={'+'.join(map(str, ns))} must be multiples of block_n={cfg.block_n}"
     if cfg.split_k != 1:
         return "split_k is a fp8_matmul (dense) option; the grouped kernel runs unsplit"
-    if cfg.swap_ab and cfg.block_m * out_itemsize % 32:
-        return (
-            f"swap_ab block_m={cfg.block_m} makes {cfg.block_m * out_itemsize} B output rows; "
-            "the epilogue tile needs a multiple of 32 B (its smallest swizzle)"
-        )
     if m < 1:
         return "M must be >= 1"
     t, n_tiles = num_tiles(m, num_groups, cfg.block_m), sum(ns) // cfg.block_n

@@ -313,8 +313,8 @@ def test_mosaic_gpu_support_check_and_defaults():
         assert "blocks" in _supports("pallas_mosaic_gpu", *_sds(16, 256, 256, 4, w_block=(64, 128)))
         x5, _, _ = _sds(16, 256, 256, 4, E5M2)
         assert "formats differ" in _supports("pallas_mosaic_gpu", x5, *_sds(16, 256, 256, 4)[1:])
-        odd = MgpuConfig(block_m=8, block_n=64, swap_ab=True)
-        assert "32 B" in _supports("pallas_mosaic_gpu", *_sds(16, 256, 256, 4), odd)
+        small = MgpuConfig(block_m=16, block_n=64, swap_ab=True)  # 64-B TMA stages of scales
+        assert "multiple of 32" in _supports("pallas_mosaic_gpu", *_sds(16, 256, 256, 4), small)
         assert "MgpuConfig" in _supports("pallas_mosaic_gpu", *_sds(16, 256, 256, 4), TpuConfig())
         x, w, gs = _sds(512, 2048, 768, 128)
         assert _supports("pallas_mosaic_gpu", x, (w, w), gs) is None  # gate+up in one launch
@@ -324,9 +324,9 @@ def test_mosaic_gpu_support_check_and_defaults():
         assert _supports("pallas_mosaic_gpu", x, w, gs, deep) is None
         assert "<= 5" in _supports("pallas_mosaic_gpu", x, (w, w), gs, deep)
     assert "Hopper" in _supports("pallas_mosaic_gpu", *_sds(16, 256, 256, 4))  # CPU target
-    # Decode-sized groups swap A and B with 16..64-row tiles (>= twice the mean group size);
+    # Decode-sized groups swap A and B with 32..64-row tiles (>= twice the mean group size);
     # large groups get 128x128 CTAs.
-    assert mgpu.default_config(8, (768, 768), 2048, 128) == MgpuConfig(16, 64, 4, True)
+    assert mgpu.default_config(8, (768, 768), 2048, 128) == MgpuConfig(32, 64, 4, True)
     assert mgpu.default_config(2048, (768, 768), 2048, 128).block_m == 32  # 16 rows per group
     assert mgpu.default_config(4096, (768, 768), 2048, 128).block_m == 64
     assert mgpu.default_config(65536, (768, 768), 2048, 128) == MgpuConfig(128, 128, 4, False)

@@ -70,6 +70,9 @@ def variants() -> dict:
     out = {
         "mm_qarray_128x128": (*mm(4096, "fp8", G(128, 128, 4)), mm_loads),
         "mm_qarray_64x128": (*mm(4096, "fp8", G(64, 128, 4)), mm_loads),
+        # N % 128 != 0 (DeepSeek-V3 q_a+kv_a, N = 2112): 64-column tiles, in 2-CTA clusters
+        "mm_qarray_128x64": (*mm(4096, "fp8", G(128, 64, 4)), mm_loads),
+        "mm_qarray_128x64_c2": (*mm(4096, "fp8", G(128, 64, 4, cluster_m=2)), mm_loads),
         "mm_qarray_128x256": (*mm(4096, "fp8", G(128, 256, 3)), mm_loads),
         "mm_qarray_256x128": (*mm(4096, "fp8", G(256, 128, 3)), mm_loads),
         "mm_qarray_128x256_c2": (*mm(4096, "fp8", G(128, 256, 3, cluster_m=2)), mm_loads),
@@ -80,13 +83,13 @@ def variants() -> dict:
         "mm_qarray_128x128_c2_p": (*mm(4096, "fp8", G(128, 128, 4, **c2_p)), mm_loads),
         "mm_qarray_128x256_c2_p": (*mm(4096, "fp8", G(128, 256, 3, **c2_p)), mm_loads),
         "mm_fused_128x128": (*mm(4096, "bf16", G(128, 128, 3)), two),
-        "mm_swap_16x64": (*mm(16, "fp8", G(16, 64, 4, True)), mm_loads),
         "mm_swap_32x64": (*mm(32, "fp8", G(32, 64, 4, True)), mm_loads),
         "mm_swap_64x64": (*mm(64, "fp8", G(64, 64, 4, True)), mm_loads),
-        # split-K (64-row tiles: 2 for 64-CTA grids, 4-8 for k/v widths; decode_split_k)
+        # split-K (32 rows: the smallest swap tile, mgpu_config._SWAP_ROW_ALIGN; 64-row tiles:
+        # 2 for 64-CTA grids, 4-8 for k/v widths; decode_split_k)
         **{
             f"mm_swap_{m}x64_k{s}": (*mm(m, "fp8", G(m, 64, 4, True, s)), mm_loads)
-            for m, s in ((16, 2), (16, 4), (16, 8), (64, 2), (64, 8))
+            for m, s in ((32, 2), (32, 4), (32, 8), (64, 2), (64, 8))
         },
         # 128 weight rows per CTA: two compute warpgroups of 64 (the decode default where N %
         # 128 == 0: two wgmma chains per SM and half the x re-reads of 64-row tiles)
@@ -95,7 +98,7 @@ def variants() -> dict:
                 *mm(m, "fp8", G(m, 128, 4, True, s)),
                 mm_loads,
             )
-            for m, s in ((16, 1), (32, 1), (64, 1), (16, 2), (16, 4), (16, 8), (64, 2), (64, 4))
+            for m, s in ((32, 1), (64, 1), (32, 2), (32, 4), (32, 8), (64, 2), (64, 4))
         },
         # up to 128 x rows (the wgmma N) for decode batches of 65-256 rows
         **{
@@ -108,7 +111,7 @@ def variants() -> dict:
         # the decode default's two K chunks summed in their cluster (cluster_k): same K loop
         **{
             f"mm_swap_{m}x128_k2c": (*mm(m, "fp8", G(m, 128, 4, True, 2, cluster_k=True)), mm_loads)
-            for m in (16, 64, 128)
+            for m in (32, 64, 128)
         },  # fmt: skip
         "mm_swap_128x64": (*mm(128, "fp8", G(128, 64, 4, True)), mm_loads),  # N % 128 != 0
         "mm_swap_128x64_k4": (*mm(128, "fp8", G(128, 64, 4, True, 4)), mm_loads),

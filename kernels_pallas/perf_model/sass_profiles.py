@@ -61,7 +61,8 @@ def nearest_profile(name: str, profs: dict) -> dict:
     """The profile of ``name`` (e.g. ``mm_swap_80x128_k2``), else of the same family and column
     tile with the nearest row tile at or above it (more instructions per step: the safe side;
     else the widest profiled), with the same suffix (split-K) if profiled, else unsuffixed;
-    else (no tile in the name) the family's last."""
+    else (no profile of that column tile) the same by the next wider column tile; else (no
+    tile in the name) the family's last."""
     name = name.split(" ")[0]
     if name in profs:
         return profs[name]
@@ -75,6 +76,10 @@ def nearest_profile(name: str, profs: dict) -> dict:
             above = [a for a in tiles if a >= int(want["a"])]
             same = tiles[min(above) if above else max(tiles)]
             return profs[same.get(want["rest"]) or same.get("") or next(iter(same.values()))]
+        cols = sorted({int(g["b"]) for k in profs if (g := _TILE_NAME.match(k)) is not None
+                       and g["family"] == want["family"]})  # fmt: skip
+        if wider := [b for b in cols if b > int(want["b"])]:  # more work per step: safe side
+            return nearest_profile(f"{want['family']}_{want['a']}x{wider[0]}{want['rest']}", profs)
     family = name.rsplit("_", 1)[0]  # e.g. decode_fp8_x -> nearest decode_fp8_* profiled
     cands = sorted(k for k in profs if k.startswith(family))
     if not cands:

@@ -260,7 +260,8 @@ def test_swap_ab_up_to_128_rows_is_never_predicted_slower():
 def test_nearest_profile_takes_the_next_row_tile_up_and_its_split():
     """An unprofiled tile takes the profile of the same family and column tile with the
     nearest row tile at or above it (else the widest), with its split-K suffix if profiled,
-    else the unsplit one; a name without a tile takes its family's last."""
+    else the unsplit one; an unprofiled column tile, the next wider one's; a name without a
+    tile takes its family's last."""
     names = ("mm_swap_16x64", "mm_swap_64x64", "mm_swap_64x64_k2", "mm_swap_128x128",
              "decode_fp8", "decode_fp8_unswapped")  # fmt: skip
     p = {n: {"name": n} for n in names}
@@ -271,6 +272,9 @@ def test_nearest_profile_takes_the_next_row_tile_up_and_its_split():
     assert pick("mm_swap_96x64") == "mm_swap_64x64"  # none above: the widest
     assert pick("mm_swap_80x128_k8") == "mm_swap_128x128"  # column tile 128 only at 128 rows
     assert pick("decode_fp8_x") == "decode_fp8_unswapped"
+    # no 32-column profile: the next wider column tile (a 64x32 tile found no profile on the
+    # first device run's DeepSeek-V3 N = 2112 row, 128x64 in 2-CTA clusters)
+    assert pick("mm_swap_64x32_k2") == "mm_swap_64x64_k2"
     with pytest.raises(KeyError, match="no SASS profile"):
         pick("mm_fused_64x64")
 
