@@ -117,3 +117,22 @@ def test_device_timer_takes_the_cupti_median_on_gpu_and_the_wall_clock_without_i
     monkeypatch.setattr(autotune, "wall_timer", lambda c, reps: 7.0)
     assert autotune.device_timer(cand, reps=5, platform="gpu") == 7.0
     assert autotune.device_timer(cand, reps=5, platform="cpu") == 7.0  # no GPU: the wall clock
+
+
+def test_the_device_times_the_default_and_the_models_fastest_configs():
+    """``limit``: the default tile config (first) and the ``limit - 1`` legal others the
+    performance model predicts fastest in a program; XLA and the BF16 floor always."""
+    from kernels_pallas.fp8_matmul import api
+    from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
+    from kernels_pallas.perf_model import gpu
+
+    m, n, k = 16, 1024, 4096
+    every = api.tuning_specs(m, n, k, "gpu")
+    kept = api.tuning_specs(m, n, k, "gpu", limit=4, device_kind="NVIDIA H200")
+    assert [s[0] for s in kept[:2]] == ["xla", BF16_FLOOR] and len(kept) == 6
+    assert kept[2][2] == mgpu.default_config(m, n, k) == every[2][2]
+    t = lambda cfg: gpu.predict_matmul("h200", m, n, k, "fp8", config=cfg,  # noqa: E731
+                                       in_program=True).time_s  # fmt: skip
+    others = sorted(t(s[2]) for s in every[3:] if s[2] != every[2][2])
+    assert sorted(t(s[2]) for s in kept[3:]) == others[:3]
+    assert len(every) > len(kept)

@@ -153,9 +153,20 @@ def _run_tpu(x, w_q, *, config, out_dtype, interpret):
                               config=config)  # fmt: skip
 
 
-def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, object]]:
+# Pallas tile configs the on-device autotuner times per shape: the default and the ones the
+# performance model ranks fastest. The first H200 run timed every legal config (~25 per shape,
+# ~3.4 s each: a Mosaic GPU compile, a warm-up, CUPTI timing) and its 85-s stage ended inside
+# the first shape; 6 configs take ~20 s per shape. The model ranks, the device decides.
+TUNE_LIMIT = 6
+
+
+def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None,
+                 device_kind: str = "") -> list[tuple[str, str, object]]:  # fmt: skip
     """(name, impl, config) the autotuner times at [M, K] x [N, K] on ``platform``: the XLA FP8
-    path, the Pallas kernel's tile configs the support check can accept, and the BF16 floor."""
+    path, the Pallas kernel's tile configs the support check can accept, and the BF16 floor.
+    ``limit`` (GPU): only the default config and the ``limit - 1`` others the performance model
+    predicts fastest in a program (``perf_model.gpu``, on the H200's or H100's constants by
+    ``device_kind``); None: every legal config."""
     specs = [("xla", "xla", None), (autotune.BF16_FLOOR, autotune.BF16_FLOOR, None)]
     if platform == "gpu":
         G = mgpu.MgpuConfig
@@ -185,9 +196,29 @@ def tuning_specs(m: int, n: int, k: int, platform: str) -> list[tuple[str, str, 
                 name += f"/c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""
                 name += f"/p{cfg.persistent}" if cfg.persistent else ""
                 specs.append((name, "pallas_mosaic_gpu", cfg))
+        if limit is not None:
+            specs = specs[:2] + _model_ranked(specs[2:], m, n, k, limit, device_kind)
     elif platform == "tpu":
         specs.append(("pallas_tpu", "pallas_tpu", None))
     return specs
+
+
+def _model_ranked(specs, m: int, n: int, k: int, limit: int, device_kind: str):
+    """The first spec (the default config) and the ``limit - 1`` others the performance model
+    predicts fastest as a GEMM inside a program, in the order given."""
+    from kernels_pallas.perf_model import compare, gpu
+
+    chip = compare.chip_of(device_kind) or "h100"
+
+    def predicted(cfg) -> float:
+        try:
+            return gpu.predict_matmul(chip, m, n, k, "fp8", config=cfg, in_program=True).time_s
+        except KeyError:  # no SASS profile of this variant's family: rank it last
+            return float("inf")
+
+    rest = sorted(range(1, len(specs)), key=lambda i: (predicted(specs[i][2]), i))
+    keep = {0, *rest[: max(limit - 1, 0)]}
+    return [s for i, s in enumerate(specs) if i in keep]
 
 
 def timed_program(impl: str, config, w_q: QArray, out_dtype):
@@ -209,7 +240,7 @@ def _autotuned(x2, w_q: QArray, out_dtype):
     if dev.platform not in ("gpu", "tpu"):
         return "auto", None
     m, (n, k) = _rows(x2), w_q.shape
-    specs = tuning_specs(m, n, k, dev.platform)
+    specs = tuning_specs(m, n, k, dev.platform, limit=TUNE_LIMIT, device_kind=dev.device_kind)
     shape = (m, n, k, str(w_q.values.dtype), str(out_dtype), isinstance(x2, QArray))
     key = autotune.key(dev.device_kind, jax.__version__, "fp8_matmul", shape)
 

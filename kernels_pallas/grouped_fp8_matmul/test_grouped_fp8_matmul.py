@@ -168,12 +168,17 @@ _GRID = [
 _GRID_XLA_METHODS = [_GRID[2], _GRID[4]]
 
 
-def _tol_bound(xq, wq, gs, config):
+def _tol_bound(xq, wq, gs, config, hopper_device=False):
     """Elementwise bound on |y - reference|: f32 summation order (1e-5 of Σ|x̂ s||ŵ s|) for the
-    exact paths; ``dequant_bf16`` adds two BF16 roundings (2^-9 each) of the operands."""
+    exact paths; ``dequant_bf16`` adds two BF16 roundings (2^-9 each) of the operands; the
+    Hopper kernel on a device its FP8 WGMMA accumulation (``hopper_fp8_numerics.DEVICE_REL``,
+    as the dense kernel's test: on an H200 the 1e-5 bound failed by 5-15x, inside 2^-11)."""
+    from kernels_pallas.fp8_matmul import hopper_fp8_numerics as hw
+
     mag = _float64_grouped(np.abs(_dq(xq)), np.abs(_dq(wq)), [int(s) for s in gs])
     bf16 = config is not None and config.method == "dequant_bf16"
     rel = 2 * 2.0**-9 + 2.0**-17 if bf16 else 1e-5
+    rel = hw.DEVICE_REL if hopper_device else rel
     return rel * mag + 1e-6 * np.max(mag)
 
 
@@ -204,7 +209,7 @@ def test_impl_matches_reference(impl, config, interpret, m, k, n, sizes, dtype, 
     assert y.shape == (m, sum(n) if isinstance(n, tuple) else n) and y.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(y)[sum(sizes) :], 0)
     err = np.abs(np.asarray(y, np.float64) - ref)
-    bound = _tol_bound(xq, wq, gs, config)
+    bound = _tol_bound(xq, wq, gs, config, impl == "pallas_mosaic_gpu" and not interpret)
     assert np.all(err <= bound), float(np.max(err / bound))
 
 

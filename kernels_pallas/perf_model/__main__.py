@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     goals = [*gpu_targets.targets(preds), gpu_rollout.target(steps), *tpu.targets(preds)]
     h100_64 = [p for p in steps if p.chip == "h100" and p.batch == 64]  # one per engine
     sections = {
+        "Calibration on a device (H200, 2026-12-04)": calibration_section(),
         "Design changes, before -> after (predicted)": change_table(changes),
         "Rollout decode step, W8A8 + FP8 KV vs BF16 (predicted)": "\n\n".join(
             (
@@ -62,6 +63,28 @@ def main(argv=None) -> int:
     )
     common.write_results(preds, args.out, extra, sections)
     return 0
+
+
+def calibration_section() -> str:
+    """The measured / modelled factors the predictions carry, and the rollout they predict."""
+    import contextlib
+    import io
+
+    from kernels_pallas.perf_model import calibration
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        calibration.main([])
+    return "\n\n".join((
+        "Every FP8-kernel prediction below is the SASS model x its family's factor (`gpu.py`, "
+        "`KERNEL_CALIBRATION`): CUPTI kernel time / modelled kernel time on the first device "
+        "run (`experiments/results/gpu_h200_2026-12-04`; `python -m "
+        "kernels_pallas.perf_model.calibration`). The baselines are not scaled.",
+        buf.getvalue().strip(),
+        "The rollout decode step, predicted from the kernel factors alone, beside the measured "
+        "one (`gpu_rollout.validation`):",
+        gpu_rollout.validation_table(),
+    ))  # fmt: skip
 
 
 def change_table(changes) -> str:

@@ -151,6 +151,46 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int,
                           engine)  # fmt: skip
 
 
+QWEN3_1P7B = DenseModel("Qwen3-1.7B", 28, 2048, 16, 8, 128, 6144, 151936)
+# the first device run's rollout (bench_rollout.py on one H200: random weights, static engine)
+MEASURED_ROLLOUT = "gpu_h200_2026-12-04/run1/bench_rollout.json"
+
+
+def validation(path: str | None = None) -> dict:
+    """The model against the measured rollout: the decode step of ``bench_rollout.py``'s GPU
+    run (Qwen3-1.7B shape, B = 32, 1K prompt + 4K response: mean context 3,072), raw (SASS
+    model alone) and calibrated (``gpu.KERNEL_CALIBRATION``, from the kernel benchmarks only),
+    beside the measured ms per step of the BF16 and the W8A8 + FP8 KV rows."""
+    import json
+    import os
+
+    path = path or os.path.join(os.path.dirname(gpu.SASS_JSON), MEASURED_ROLLOUT)
+    with open(path) as f:
+        rows = {r["variant"]: r for r in json.load(f)["rows"]}
+    bf16, fp8 = rows["bf16"], rows["w8a8_fp8kv"]
+    ctx = fp8["prompt_len"] + fp8["new_tokens"] // 2
+    chip = "h200"
+    with gpu.uncalibrated():
+        raw = decode_step(chip, QWEN3_1P7B, fp8["batch"], ctx)
+    cal = decode_step(chip, QWEN3_1P7B, fp8["batch"], ctx)
+    return dict(measured_fp8_ms=fp8["ms_per_step"], measured_bf16_ms=bf16["ms_per_step"],
+                measured_ratio=bf16["ms_per_step"] / fp8["ms_per_step"], raw=raw,
+                calibrated=cal)  # fmt: skip
+
+
+def validation_table() -> str:
+    v = validation()
+    rows = ["| decode step, Qwen3-1.7B shape, H200, B = 32, context 3,072 | FP8 (ms) | BF16 (ms) "
+            "| BF16 / FP8 |", "|---|---|---|---|",
+            f"| measured (bench_rollout.py, 2026-12-04) | {v['measured_fp8_ms']:.2f} "
+            f"| {v['measured_bf16_ms']:.2f} | {v['measured_ratio']:.2f}x |"]  # fmt: skip
+    for name in ("raw", "calibrated"):
+        p = v[name]
+        rows.append(f"| model, {'SASS alone' if name == 'raw' else 'calibrated'} "
+                    f"| {p.fp8_s * 1e3:.2f} | {p.bf16_s * 1e3:.2f} | {p.ratio:.2f}x |")  # fmt: skip
+    return "\n".join(rows)
+
+
 def paged_bookkeeping_change(chip: str = "h100") -> str:
     """Before -> after of the paged engine's step when release, admission and page growth went
     under a ``lax.cond`` (``generation.paged.engine.bookkeeping_due``): the launch counts of

@@ -2,6 +2,7 @@
 against hand-computed cycles, and the table's invariants (no device, no compiler)."""
 
 import json
+import os
 
 import pytest
 
@@ -244,8 +245,10 @@ def test_compare_predicts_the_decode_attention_rows():
 def test_swap_ab_up_to_128_rows_is_never_predicted_slower():
     """65-256-row decode batches: where ``swap_default`` takes the swap-AB tile, the model
     predicts it no slower than the prefill tile it replaces, on H100 and H200, standalone and in
-    a program, and Qwen3-8B o_proj / down_proj at M = 128 in a program gain >= 1.2x (K split
-    over the SMs that a 32-CTA prefill grid leaves idle)."""
+    a program, and Qwen3-8B o_proj / down_proj at M = 128 in a program gain >= 1.15x (K split
+    over the SMs that a 32-CTA prefill grid leaves idle; calibrated: the swap-AB tiles took
+    1.74x their modelled time on the H200, the prefill tiles 1.42x; the SASS model alone says
+    1.29x / 1.54x)."""
     rows = [(b, a) for change, b, a in gpu_targets.design_changes()
             if change.startswith("decode GEMM: swap-AB up to 128")]  # fmt: skip
     assert len(rows) >= 16
@@ -254,7 +257,7 @@ def test_swap_ab_up_to_128_rows_is_never_predicted_slower():
         assert after.time_s <= before.time_s * 1.001, (after.label, after.chip)
     gains = {(a.label, a.chip): b.time_s / a.time_s for b, a in rows}
     for label in ("Qwen3-8B q|o_proj M=128, in program", "Qwen3-8B down M=128, in program"):
-        assert gains[(label, "h100")] >= 1.2 and gains[(label, "h200")] >= 1.2, label
+        assert gains[(label, "h100")] >= 1.15 and gains[(label, "h200")] >= 1.15, label
 
 
 def test_nearest_profile_takes_the_next_row_tile_up_and_its_split():
@@ -281,9 +284,10 @@ def test_nearest_profile_takes_the_next_row_tile_up_and_its_split():
 
 def test_in_cluster_split_k_pays_the_sm_network_not_the_sum():
     """Two K chunks summed in their cluster (``cluster_k``): per wave, one SM-to-SM latency pair
-    and the one 64 x 16 f32 accumulator (4 KiB) each summing CTA receives at its 1/132 share of
-    the network; with XLA summing them instead, the 3 x N x 16 f32 partial bytes and the sum's
-    launch (standalone). Same K loop either way (its SASS profile)."""
+    and the one 64 x 32 f32 accumulator (8 KiB: 16 rows run in the smallest swap tile, 32) each
+    summing CTA receives at its 1/132 share of the network; with XLA summing them instead, the
+    3 x N x 32 f32 partial bytes and the sum's launch (standalone). Same K loop either way (its
+    SASS profile)."""
     import dataclasses
 
     from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
@@ -295,9 +299,9 @@ def test_in_cluster_split_k_pays_the_sm_network_not_the_sum():
                              config=dataclasses.replace(cfg, cluster_k=False))  # fmt: skip
     per_sm = gpu.DSMEM_BYTES_PER_S / 132
     assert ours.terms["extra_s"] == pytest.approx(
-        ours.terms["waves"] * (gpu.DSMEM_LATENCY_S + 64 * 16 * 4 / per_sm)
+        ours.terms["waves"] * (gpu.DSMEM_LATENCY_S + 64 * 32 * 4 / per_sm)
     )
-    assert xla.terms["extra_s"] == pytest.approx(3 * 4096 * 16 * 4 / 3.35e12 + gpu.LAUNCH_S,
+    assert xla.terms["extra_s"] == pytest.approx(3 * 4096 * 32 * 4 / 3.35e12 + gpu.LAUNCH_S,
                                                  rel=0.01)  # fmt: skip
     assert ours.terms["compute_s"] == pytest.approx(xla.terms["compute_s"])
     assert ours.time_s < xla.time_s
@@ -315,3 +319,35 @@ def test_compare_reads_the_rows_there_are_and_names_a_missing_file(tmp_path):
     want = compare.predicted_us("h200", row)
     assert f"| 9.0 | 12.0 | {want:.1f} | {9.0 / want:.2f} |" in lines[2]
     assert "bench_decode.json | (not read: FileNotFoundError)" in lines[3] and len(lines) == 4
+
+
+def test_calibration_factors_are_the_device_runs_medians():
+    """``gpu.KERNEL_CALIBRATION`` is what the stored H200 run gives (``calibration.factors``):
+    a constant edited without new data, or data without the constant, fails; the baselines'
+    stated efficiencies stay within 10% of that run's median; ``uncalibrated`` undoes it."""
+    from kernels_pallas.perf_model import calibration
+
+    paths = [os.path.join(calibration.DEFAULT_DIR, f) for f in calibration.DEFAULT_FILES]
+    got = calibration.factors(paths)
+    assert {k: v for k, v in got.items() if not k.startswith("baseline")} == \
+        gpu.KERNEL_CALIBRATION  # fmt: skip
+    assert all(0.9 <= v <= 1.1 for k, v in got.items() if k.startswith("baseline")), got
+    cal = gpu.predict_matmul("h200", 4096, 4096, 4096, "fp8")
+    with gpu.uncalibrated():
+        raw = gpu.predict_matmul("h200", 4096, 4096, 4096, "fp8")
+    kernel = lambda p: p.time_s - gpu.LAUNCH_S - p.terms["extra_s"]  # noqa: E731
+    assert kernel(cal) == pytest.approx(gpu.KERNEL_CALIBRATION["mm_prefill"] * kernel(raw))
+    assert cal.baseline_s == raw.baseline_s  # baselines are not scaled
+
+
+def test_calibrated_rollout_predicts_the_measured_one():
+    """The end-to-end check the calibration was not fitted to: the H200 rollout (Qwen3-1.7B
+    shape, static engine, B = 32, 1K prompt, 4K response) measured 1.25x BF16 per decode step;
+    the calibrated model, from the kernel benchmarks alone, is within 10% of it (the SASS model
+    alone said 1.63x)."""
+    from kernels_pallas.perf_model import gpu_rollout
+
+    v = gpu_rollout.validation()
+    assert v["measured_ratio"] == pytest.approx(1.245, abs=0.01)
+    assert v["calibrated"].ratio == pytest.approx(v["measured_ratio"], rel=0.1)
+    assert v["raw"].ratio > 1.5
