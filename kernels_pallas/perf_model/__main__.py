@@ -39,8 +39,8 @@ def main(argv=None) -> int:
     h100_64 = [p for p in steps if p.chip == "h100" and p.batch == 64]  # one per engine
     sections = {
         "Calibration on a device (H200, 2026-12-04)": calibration_section(),
-        "Design changes, before -> after (predicted)": change_table(changes),
-        "Rollout decode step, W8A8 + FP8 KV vs BF16 (predicted)": "\n\n".join(
+        "Design changes, before -> after (predicted, calibrated)": change_table(changes),
+        "Rollout decode step, W8A8 + FP8 KV vs BF16 (predicted, calibrated)": "\n\n".join(
             (
                 gpu_rollout.table(steps),
                 *map(gpu_rollout.breakdown, h100_64),
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
                 gpu_rollout.__doc__.strip(),
             )  # fmt: skip
         ),
-        "Issue-21 targets (predicted: H100, TPU v5e / v6e)": "\n".join(goals),
+        "Issue-21 targets (predicted, calibrated: H100, TPU v5e / v6e)": "\n".join(goals),
         "GPU model and its assumptions": gpu.__doc__.strip(),
     }
     print(common.table(preds))
