@@ -47,7 +47,6 @@ baselines' and scaled our FP8 kernels' times by measured factors (``KERNEL_CALIB
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 
@@ -92,41 +91,12 @@ QUANT_BW_EFF = 0.85  # XLA per-token quantization fusion (elementwise + row redu
 # latency twice (the store, the mbarrier wake-up).
 DSMEM_BYTES_PER_S = 3.3e12
 DSMEM_LATENCY_S = 2 * 180 / CHIPS["h100"].clock_hz
-# --- calibration: measured on a device -----------------------------------------------------
-# The first device run (one H200, jax 0.11.2, 2026-12-04: experiments/results/
-# gpu_h200_2026-12-04) found our FP8 kernels slower than the model above by these factors:
-# per family, the median of CUPTI kernel time / the predicted kernel time without its launch
-# (``python -m kernels_pallas.perf_model.calibration`` derives them from that run's files;
-# a test checks they match). The baselines' stated efficiencies held there (cuBLAS BF16 GEMMs
-# median 1.07x of the model over 19 shapes, the BF16-cache attention 0.98-1.08x), so they stay
-# unscaled. Where the model misses:
-# its per-step terms count issue slots and wgmma latency but not the stalls of each K step's
-# wgmma_wait before the scale promotion (prefill: ~1,100 FP8 TFLOP/s measured, ~1,570
-# modelled), nor the decode attention's FP8 -> f16 upcast latency (68% of HBM, 88% modelled).
-# The paged attention kernel (not measured) shares the dense kernel's loop: it takes
-# ``attn_fp8``. Every prediction, rollout and target below is calibrated by default;
-# ``uncalibrated()`` gives the SASS model alone.
-KERNEL_CALIBRATION = {
-    "mm_prefill": 1.42,  # 6 shapes at M = 4096: 0.81-1.50
-    "mm_decode": 1.74,  # 12 shapes at M = 16 / 64: 1.28-2.56
-    "attn_fp8": 1.39,  # 6 (3 shapes x static / dynamic scales): 1.32-1.59
-    "attn_fp8_unswapped": 1.83,  # 6: 1.70-1.99
-}
-_CALIBRATED = [True]
-
-
-@contextlib.contextmanager
-def uncalibrated():
-    """Predictions without ``KERNEL_CALIBRATION`` inside this block (the SASS model alone)."""
-    _CALIBRATED.append(False)
-    try:
-        yield
-    finally:
-        _CALIBRATED.pop()
-
-
-def calibration(family: str) -> float:
-    return KERNEL_CALIBRATION[family] if _CALIBRATED[-1] else 1.0
+# --- calibration: measured factors on our FP8 kernels' times (``calibration.py``)
+from kernels_pallas.perf_model.calibration import (  # noqa: E402, F401 (gpu.KERNEL_CALIBRATION)
+    KERNEL_CALIBRATION,
+    calibration,
+    uncalibrated,
+)
 
 
 def _tensor_flops_per_clk(chip, fp8: bool) -> float:
