@@ -50,6 +50,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+# the measured factors on our FP8 kernels' times (re-exported: gpu.KERNEL_CALIBRATION & co.)
+from kernels_pallas.perf_model.calibration import (  # noqa: F401
+    KERNEL_CALIBRATION,
+    calibration,
+    uncalibrated,
+)
 from kernels_pallas.perf_model.common import CHIPS, GPU_CHIPS, Case, Prediction
 from kernels_pallas.perf_model.sass_profiles import (  # noqa: F401  (gpu.load_profiles & co.)
     SASS_JSON,
@@ -91,12 +97,6 @@ QUANT_BW_EFF = 0.85  # XLA per-token quantization fusion (elementwise + row redu
 # latency twice (the store, the mbarrier wake-up).
 DSMEM_BYTES_PER_S = 3.3e12
 DSMEM_LATENCY_S = 2 * 180 / CHIPS["h100"].clock_hz
-# --- calibration: measured factors on our FP8 kernels' times (``calibration.py``)
-from kernels_pallas.perf_model.calibration import (  # noqa: E402, F401 (gpu.KERNEL_CALIBRATION)
-    KERNEL_CALIBRATION,
-    calibration,
-    uncalibrated,
-)
 
 
 def _tensor_flops_per_clk(chip, fp8: bool) -> float:
