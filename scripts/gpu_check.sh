@@ -24,8 +24,10 @@
 #   serve    experiments/serve_check.py: our block-FP8 export served by vLLM for a few prompts,
 #            when vLLM is installed there (skipped otherwise)
 #   perf_model  kernels_pallas/perf_model/compare.py: measured matmul and decode attention rows
-#            (swap-AB and unswapped) beside the model's predictions (issue 21); autotune  kernels_pallas/autotune.py: the on-device
-#            autotuner's chosen table (FP8 candidates vs the BF16 floor)
+#            (swap-AB and unswapped) and the rollout's decode step beside the model's predictions
+#            (issue 21)
+#   autotune kernels_pallas/autotune.py: the on-device autotuner's chosen table (FP8 candidates
+#            vs the BF16 floor)
 #   report   experiments/gpu_report.py: summary.md (targets next to measured numbers) + summary.json
 #
 # Output: $OUT when set (the device tool copies back what is written there), else
@@ -190,7 +192,7 @@ else
   # each measured matmul row (stages/perf_model.log), then the on-device autotuner's chosen
   # table (stages/autotune.log; cache: stages/autotune.json and ~/.cache/fp8rl_jax).
   run_stage perf_model 20 "$PY" -m kernels_pallas.perf_model.compare "$STAGES/bench_matmul.json" \
-    "$STAGES/bench_decode.json"
+    "$STAGES/bench_decode.json" "$STAGES/bench_rollout.json"
   FP8RL_AUTOTUNE_FILE="$STAGES/autotune.json" run_stage autotune 120 "$PY" -m kernels_pallas.autotune
   for f in perf_model autotune; do [ -f "$STAGES/$f.log" ] && cat "$STAGES/$f.log"; done
 fi

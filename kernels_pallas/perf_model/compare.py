@@ -13,6 +13,7 @@ on a device.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from kernels_pallas.perf_model import gpu
@@ -93,8 +94,18 @@ def rows_beside(paths: list[str]) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """Kernel rows of the matmul / decode benches beside the model; a ``bench_rollout`` JSON's
+    decode step beside the rollout model (``gpu_rollout.validation_table``)."""
+    from kernels_pallas.perf_model import gpu_rollout
+
     paths = list(argv if argv is not None else sys.argv[1:])
-    print("\n".join(rows_beside(paths)))
+    rollouts = [p for p in paths if os.path.basename(p).startswith("bench_rollout")]
+    print("\n".join(rows_beside([p for p in paths if p not in rollouts])))
+    for path in rollouts:
+        try:
+            print("\n" + gpu_rollout.validation_table(path))
+        except (OSError, ValueError) as e:  # a rollout stage cut before it wrote its rows
+            print(f"\n({path}: not read: {type(e).__name__})")
     return 0
 
 

@@ -152,37 +152,49 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int,
 
 
 QWEN3_1P7B = DenseModel("Qwen3-1.7B", 28, 2048, 16, 8, 128, 6144, 151936)
+BENCH_MODELS = {"qwen3-1.7b": QWEN3_1P7B}  # bench_rollout.py's GPU model names we can predict
 # the first device run's rollout (bench_rollout.py on one H200: random weights, static engine)
 MEASURED_ROLLOUT = "gpu_h200_2026-12-04/run1/bench_rollout.json"
 
 
-def validation(path: str | None = None) -> dict:
-    """The model against the measured rollout: the decode step of ``bench_rollout.py``'s GPU
-    run (Qwen3-1.7B shape, B = 32, 1K prompt + 4K response: mean context 3,072), raw (SASS
-    model alone) and calibrated (``gpu.KERNEL_CALIBRATION``, from the kernel benchmarks only),
-    beside the measured ms per step of the BF16 and the W8A8 + FP8 KV rows."""
+def validation(path: str | None = None) -> dict | None:
+    """The model against a measured rollout (``bench_rollout.py``'s JSON; default: the first
+    device run's, Qwen3-1.7B shape, B = 32, 1K prompt + 4K response on an H200): its decode
+    step at the mean context (prompt + response / 2), raw (SASS model alone) and calibrated
+    (``gpu.KERNEL_CALIBRATION``, from the kernel benchmarks only), beside the measured ms per
+    step of the BF16 and the W8A8 + FP8 KV rows. None where the file lacks either row, or its
+    model or device has no model here."""
     import json
     import os
 
+    from kernels_pallas.perf_model import compare
+
     path = path or os.path.join(os.path.dirname(gpu.SASS_JSON), MEASURED_ROLLOUT)
     with open(path) as f:
-        rows = {r["variant"]: r for r in json.load(f)["rows"]}
+        data = json.load(f)
+    meta = data.get("meta", {})
+    rows = {r["variant"]: r for r in data.get("rows", []) if r.get("ms_per_step")}
+    cfg, chip = BENCH_MODELS.get(meta.get("model")), compare.chip_of(meta.get("device_kind", ""))
+    if cfg is None or chip is None or not {"bf16", "w8a8_fp8kv"} <= set(rows):
+        return None
     bf16, fp8 = rows["bf16"], rows["w8a8_fp8kv"]
     ctx = fp8["prompt_len"] + fp8["new_tokens"] // 2
-    chip = "h200"
     with gpu.uncalibrated():
-        raw = decode_step(chip, QWEN3_1P7B, fp8["batch"], ctx)
-    cal = decode_step(chip, QWEN3_1P7B, fp8["batch"], ctx)
+        raw = decode_step(chip, cfg, fp8["batch"], ctx)
+    cal = decode_step(chip, cfg, fp8["batch"], ctx)
     return dict(measured_fp8_ms=fp8["ms_per_step"], measured_bf16_ms=bf16["ms_per_step"],
                 measured_ratio=bf16["ms_per_step"] / fp8["ms_per_step"], raw=raw,
-                calibrated=cal)  # fmt: skip
+                calibrated=cal, label=f"{cfg.name} shape, {chip}, B = {fp8['batch']}, "
+                f"context {ctx:,}")  # fmt: skip
 
 
-def validation_table() -> str:
-    v = validation()
-    rows = ["| decode step, Qwen3-1.7B shape, H200, B = 32, context 3,072 | FP8 (ms) | BF16 (ms) "
-            "| BF16 / FP8 |", "|---|---|---|---|",
-            f"| measured (bench_rollout.py, 2026-12-04) | {v['measured_fp8_ms']:.2f} "
+def validation_table(path: str | None = None) -> str:
+    v = validation(path)
+    if v is None:
+        return f"(no rollout the model can predict in {path})"
+    rows = [f"| decode step, {v['label']} | FP8 (ms) | BF16 (ms) | BF16 / FP8 |",
+            "|---|---|---|---|",
+            f"| measured (bench_rollout.py) | {v['measured_fp8_ms']:.2f} "
             f"| {v['measured_bf16_ms']:.2f} | {v['measured_ratio']:.2f}x |"]  # fmt: skip
     for name in ("raw", "calibrated"):
         p = v[name]

@@ -351,3 +351,15 @@ def test_calibrated_rollout_predicts_the_measured_one():
     assert v["measured_ratio"] == pytest.approx(1.245, abs=0.01)
     assert v["calibrated"].ratio == pytest.approx(v["measured_ratio"], rel=0.1)
     assert v["raw"].ratio > 1.5
+
+
+def test_compare_puts_a_measured_rollout_beside_the_rollout_model(capsys, tmp_path):
+    """``compare`` given a bench_rollout JSON prints its decode step beside the model's (raw and
+    calibrated); one its stage did not write is named, not a crash."""
+    from kernels_pallas.perf_model import calibration, compare
+
+    run = os.path.join(calibration.DEFAULT_DIR, "run1", "bench_rollout.json")
+    assert compare.main([run, str(tmp_path / "bench_rollout.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| measured (bench_rollout.py) | 3.56 | 4.43 | 1.25x |" in out
+    assert "| model, calibrated |" in out and "not read: FileNotFoundError" in out
