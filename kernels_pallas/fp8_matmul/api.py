@@ -26,7 +26,7 @@ from kernels_pallas import act_quantize, autotune
 from kernels_pallas.backend import Implementation, ImplTable, device_reason, target_device
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.fp8_matmul import pallas_tpu as tpu
-from kernels_pallas.fp8_matmul.mgpu_config import NUM_SMS
+from kernels_pallas.fp8_matmul.mgpu_config import NUM_SMS, SWAP_ROW_ALIGN
 from kernels_pallas.fp8_matmul.reference import check_operands
 from kernels_pallas.fp8_matmul.xla import XlaConfig, fp8_matmul_xla
 from kernels_pallas.qarray import QArray
@@ -172,8 +172,9 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
     if platform == "gpu":
         G = mgpu.MgpuConfig
         cfgs = [mgpu.default_config(m, n, k)]
+        rows = -(-m // SWAP_ROW_ALIGN) * SWAP_ROW_ALIGN  # the smallest legal swap tile for M
         if m <= 256:  # swap-AB: all rows as the wgmma N up to 128, tiles of 64 or 128 above
-            bms = [min(-(-m // 32) * 32, 128)] + ([64] if m > 64 else [])
+            bms = [min(rows, 128)] + ([64] if m > 64 else [])
             cfgs += [G(bm, bn, 4, True, split) for bm in bms for bn in (64, 128)
                      for split in (1, 2, 4, 8)]  # fmt: skip
             # the K chunks summed in the cluster (DSMEM), 3 stages where 4 do not fit
@@ -183,7 +184,7 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
                 fits = mgpu.supports(m, k, n, c4, fused=False, x_itemsize=1, out_itemsize=2)
                 cfgs.append(c4 if fits is None else c3)
         if m <= 256:
-            cfgs += [G(min(64, -(-m // 32) * 32), 64, 4, True), G(64, 128, 4)]
+            cfgs += [G(min(64, rows), 64, 4, True), G(64, 128, 4)]
         cfgs += [G(128, 256, 3, cluster_m=2), G(128, 256, 3), G(256, 128, 3)]
         cfgs += [G(128, 128, 4, cluster_m=2), G(128, 128, 4), G(128, 64, 4), G(64, 64, 6)]
         if m > 64:  # prefill: each tile also as a persistent grid of one CTA per SM (snake order)

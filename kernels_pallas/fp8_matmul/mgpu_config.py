@@ -15,7 +15,7 @@ _SWAP_MAX_M = 128
 # (block_m · 4 B) must be a multiple of 128 B, because TMA writes SMEM at 128-byte-aligned
 # addresses and the stages lie back to back (16-row tiles, 64-B stages, stopped an H200 with
 # CUDA_ERROR_MISALIGNED_ADDRESS; 32 rows and up ran; a compile cannot see it)
-_SWAP_ROW_ALIGN = 32
+SWAP_ROW_ALIGN = 32
 _SMEM_ALIGN = 1024  # Mosaic GPU rounds every SMEM scratch buffer up to this (SMEM_ALIGNMENT)
 _MAX_STAGES = 6  # deepest ring that compiled without spills for every tile shape tried
 _MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 - 1)
@@ -63,8 +63,8 @@ class MgpuConfig:
         if self.block_n == 256 and (self.swap_ab or self.block_m != 128):
             # 64 rows x 256 columns per warpgroup is the register limit (wg_subtiles)
             return "block_n=256 needs block_m=128 and no swap_ab"
-        if self.swap_ab and (self.block_m % _SWAP_ROW_ALIGN or self.block_m > _SWAP_MAX_M):
-            return f"swap_ab block_m must be a multiple of {_SWAP_ROW_ALIGN} (128-B TMA stages " \
+        if self.swap_ab and (self.block_m % SWAP_ROW_ALIGN or self.block_m > _SWAP_MAX_M):
+            return f"swap_ab block_m must be a multiple of {SWAP_ROW_ALIGN} (128-B TMA stages " \
                    f"of f32 x scales) up to {_SWAP_MAX_M}, got {self.block_m}"  # fmt: skip
         if not self.swap_ab and self.block_m not in (64, 128, 256):
             return f"block_m must be 64, 128 or 256, got {self.block_m}"
@@ -181,7 +181,7 @@ def decode_config(m: int, n: int, k: int) -> MgpuConfig:
     Qwen3-8B o_proj M = 64 1.19x -> 1.35x, gate|up M = 64 1.72x -> 1.87x, Qwen3-30B-A3B q_proj
     M = 16 1.01x -> 1.17x, no shape more than 4% slower. The on-device autotuner
     (``kernels_pallas.autotune``) times split 1-8 x 64/128 rows (standalone calls)."""
-    rows = min(-(-m // _SWAP_ROW_ALIGN) * _SWAP_ROW_ALIGN, _SWAP_MAX_M)
+    rows = min(-(-m // SWAP_ROW_ALIGN) * SWAP_ROW_ALIGN, _SWAP_MAX_M)
     m_tiles = -(-m // rows)
     steps = k // GROUP
 

@@ -31,6 +31,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from kernels_pallas.fp8_matmul.mgpu_config import SWAP_ROW_ALIGN
+
 # The dense kernel's building blocks: same tiles, same SMEM buffers, same K step.
 from kernels_pallas.fp8_matmul.pallas_mosaic_gpu import (
     _MAX_GRID,
@@ -61,13 +63,13 @@ __all__ = ["GROUP", "SMEM_BYTES", "MgpuConfig", "default_config", "grouped_fp8_m
 def default_config(m: int, ns: tuple[int, ...], k: int, num_groups: int, *, out_itemsize: int = 2):
     """Untuned defaults by the mean group size ``M / E``. Below 64 rows per group (decode):
     swap-AB tiles of a power of two >= twice the mean, in [32, 64] (32: the smallest
-    swap-AB tile, ``mgpu_config._SWAP_ROW_ALIGN``), so that most groups fit one
+    swap-AB tile, ``mgpu_config.SWAP_ROW_ALIGN``), so that most groups fit one
     or two tiles (a group spread over more tiles streams its weights once per tile); above:
     128x128 CTAs with two compute warpgroups (64-wide N tiles unless every stack's N % 128 == 0).
     The ring is as deep as fits the SMEM budget (<= 4 stages). ``ns``: N of each weight stack."""
     mean = m / max(num_groups, 1)
     if mean < 64:
-        bm = min(max(32, 1 << max(int(2 * mean) - 1, 1).bit_length()), 64)
+        bm = min(max(SWAP_ROW_ALIGN, 1 << max(int(2 * mean) - 1, 1).bit_length()), 64)
         cfg = MgpuConfig(block_m=bm, block_n=64, swap_ab=True)
     else:
         cfg = MgpuConfig(block_m=128, block_n=64 if any(n % 128 for n in ns) else 128)

@@ -85,7 +85,7 @@ def variants() -> dict:
         "mm_fused_128x128": (*mm(4096, "bf16", G(128, 128, 3)), two),
         "mm_swap_32x64": (*mm(32, "fp8", G(32, 64, 4, True)), mm_loads),
         "mm_swap_64x64": (*mm(64, "fp8", G(64, 64, 4, True)), mm_loads),
-        # split-K (32 rows: the smallest swap tile, mgpu_config._SWAP_ROW_ALIGN; 64-row tiles:
+        # split-K (32 rows: the smallest swap tile, mgpu_config.SWAP_ROW_ALIGN; 64-row tiles:
         # 2 for 64-CTA grids, 4-8 for k/v widths; decode_split_k)
         **{
             f"mm_swap_{m}x64_k{s}": (*mm(m, "fp8", G(m, 64, 4, True, s)), mm_loads)
