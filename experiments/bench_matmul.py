@@ -7,7 +7,8 @@ Rows per shape (M, N, K):
     ``auto`` uses: FP8 GEMMs batched over K blocks for M <= 32, BF16 dequantize + BF16 GEMM
     above; the exact reference on CPU) and the target's kernel (``pallas_mosaic_gpu`` on Hopper);
   * ``fp8:<kernel>+quant``: from BF16 x, as the model calls it (activation quantization timed:
-    once by XLA, then the QArray kernel, at every M);
+    once, by the ``act_quantize`` kernel on Hopper (by XLA elsewhere; on Hopper by XLA above
+    256 rows until 2026-12-04: the first H200 run's rows), then the QArray kernel, at every M);
   * at M <= 64, ``bf16+add`` and ``fp8:<kernel>+add``: the GEMM as the rollout program runs it,
     followed by its consumer (a residual add of a BF16 [M, N] ``r``), x already FP8 (quantized
     by its producer's kernel in the program): XLA fuses the split-K partials' sum into that

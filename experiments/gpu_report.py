@@ -29,7 +29,7 @@ PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "jax-cuda12
             "jax-cuda12-pjrt", "numpy", "ml_dtypes", "pytest")  # fmt: skip
 # issue 11's goals: GEMM speedups over BF16, decode attention fraction of HBM peak, rollout speedup
 GEMM_M4096, GEMM_DECODE, DECODE_BW, ROLLOUT = 1.5, 1.6, 0.70, 1.4
-BENCHES = ("matmul", "decode", "rollout", "moe", "engine", "host_sync")
+BENCHES = ("matmul", "quantize", "decode", "rollout", "moe", "engine", "host_sync")
 
 
 def nvidia_smi() -> dict:

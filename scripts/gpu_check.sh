@@ -13,6 +13,9 @@
 #   matmul   experiments/bench_matmul.py: fp8_matmul (Pallas kernel and XLA fallback) vs BF16
 #            jnp.dot, DeepSeek-V3 / Qwen3-8B layers, M in {4096, 16, 64, 8192}; at M 16 and 64
 #            also each GEMM with its residual-add consumer (the rollout program's form)
+#   quantize experiments/bench_quantize.py: per-token FP8 activation quantization (standalone,
+#            + RMSNorm, + SwiGLU), XLA's fusions vs the one-launch act_quantize kernels, M 16-16384
+#            (the kernels now run at every M: the prefill side had not been measured)
 #   decode   experiments/bench_decode.py: decode attention GB/s vs the HBM peak, FP8 and BF16 caches
 #   rollout  experiments/bench_rollout.py: tokens/s BF16 vs W8A8 vs W8A8 + FP8 KV, Qwen3-1.7B shape
 #            (random weights), 1K-token prompts, 4K-token responses, batch 32, no stop tokens
@@ -170,6 +173,8 @@ else
     -p no:cacheprovider "${xdist[@]}" --junitxml="$STAGES/pytest.xml" "${gpu_tests[@]}"
   run_stage matmul 240 "$PY" experiments/bench_matmul.py "${QUICK[@]}" \
     --out "$STAGES/bench_matmul.json"
+  run_stage quantize 45 "$PY" experiments/bench_quantize.py "${QUICK[@]}" \
+    --out "$STAGES/bench_quantize.json"
   run_stage decode 60 "$PY" experiments/bench_decode.py "${QUICK[@]}" \
     --out "$STAGES/bench_decode.json"
   run_stage rollout 240 "$PY" experiments/bench_rollout.py "${QUICK[@]}" \

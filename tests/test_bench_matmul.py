@@ -47,9 +47,9 @@ def test_consumer_arms_only_at_decode_rows():
 def test_compare_predicts_the_consumer_arms_as_the_rollout_program(n, saved):
     """``+add``: the GEMM in the program (x FP8; a split tile's partial sum fused into the add,
     so no fusion launch of its own) plus the add's fusion (hand-computed: 3 x M x N x 2 bytes
-    at the quantize fusion's efficiency, one launch)."""
+    at an elementwise fusion's efficiency, one launch)."""
     m, k = 16, 4096
-    add = 3 * m * n * 2 / (3.35e12 * gpu.QUANT_BW_EFF) + gpu.LAUNCH_S
+    add = 3 * m * n * 2 / (3.35e12 * gpu.ELEMENTWISE_BW_EFF) + gpu.LAUNCH_S
     assert gpu.add_fusion_s("h100", m, n) == pytest.approx(add)
     row = lambda impl: dict(m=m, n=n, k=k, impl=impl)
     fp8, fp8_add = (compare.predicted_us("h100", row(i)) for i in

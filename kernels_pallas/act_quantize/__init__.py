@@ -4,7 +4,6 @@ producers of the FP8 GEMMs' inputs (``fused.py``: RMSNorm, SwiGLU, decode attent
 references in ``reference.py``; dispatch in ``api.py``)."""
 
 from kernels_pallas.act_quantize.api import (
-    KERNEL_MAX_ROWS,
     fp8_input_dtype,
     rmsnorm_quantize,
     swiglu_quantize,
@@ -12,7 +11,6 @@ from kernels_pallas.act_quantize.api import (
 from kernels_pallas.act_quantize.pallas_triton import quantize_activations_triton, supports
 
 __all__ = [
-    "KERNEL_MAX_ROWS",
     "fp8_input_dtype",
     "quantize_activations_triton",
     "rmsnorm_quantize",

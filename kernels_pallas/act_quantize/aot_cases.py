@@ -1,5 +1,5 @@
-"""Ahead-of-time compile cases of the activation-quantization kernels at real decode shapes
-(``scripts/aot_check.py``): the standalone one-launch quantization and the producer-fused
+"""Ahead-of-time compile cases of the activation-quantization kernels at real decode and prefill
+shapes (``scripts/aot_check.py``): the standalone one-launch quantization and the producer-fused
 kernels (RMSNorm, SwiGLU from the fused gate|up output or two arrays, decode attention's chunk
 combine), for H100, at the widths of Qwen3-8B, Qwen3-30B-A3B and Llama-3-70B."""
 
@@ -14,7 +14,8 @@ from kernels_pallas.aot import AotCase
 from kernels_pallas.decode_attention.mgpu_swap import swap_n
 
 BF16, F32 = jnp.bfloat16, jnp.float32
-ROWS = (16, 64, 256)  # decode batches up to KERNEL_MAX_ROWS
+ROWS = (16, 64, 256)  # decode batches: 16-row programs
+PREFILL_ROWS = 4096  # 64-row programs (``pallas_triton.row_block``)
 # (model, hidden D, ffn F, heads H, KV heads K)
 MODELS = (
     ("Qwen3-8B", 4096, 12288, 32, 8),
@@ -72,6 +73,12 @@ def cases() -> list[AotCase]:
             _sds((16, f), BF16), _sds((16, f), BF16))  # fmt: skip
         add(f"{model} quantize (standalone) M=16 K={d}",
             lambda x: quantize_activations_triton(x, rows=16), _sds((16, d), BF16))  # fmt: skip
+        m = PREFILL_ROWS
+        add(f"{model} rmsnorm+quantize M={m} D={d}", _rmsnorm, _sds((m, d), BF16), _sds((d,), BF16))
+        add(f"{model} swiglu+quantize (gate|up) M={m} F={f}", _swiglu, _sds((m, 2 * f), BF16))
+        for kk in (d, f):
+            add(f"{model} quantize (standalone) M={m} K={kk}", quantize_activations_triton,
+                _sds((m, kk), BF16))  # fmt: skip
         for b, j in ((16, 16), (16, 2), (64, 4), (256, 1)):
             v = _sds((k,), F32)
             if j == 1:

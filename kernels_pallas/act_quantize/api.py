@@ -1,8 +1,9 @@
 """The producers of FP8 GEMM inputs, quantized: one kernel launch on Hopper, XLA elsewhere.
 
-``impl``: "auto" runs the fused Triton kernel (``fused.py``) on a Hopper target for decode rows
-(<= ``KERNEL_MAX_ROWS``, where launches dominate) when it takes the operands, else the reference
-(pure jnp: XLA fuses it with its neighbours, the prefill case); "xla" the reference always;
+``impl``: "auto" runs the fused Triton kernel (``fused.py``) on a Hopper target when it takes the
+operands, at every row count (decode: one launch instead of XLA's two to four; prefill: the
+inputs read once instead of twice), else the reference (pure jnp, which XLA fuses with its
+neighbours); "xla" the reference always;
 "pallas_triton" the kernel or an error naming why not. On CPU "auto" is the reference: the same
 ops as the unfused producer and quantization.
 """
@@ -21,11 +22,10 @@ from kernels_pallas.act_quantize.reference import (
 from kernels_pallas.backend import target_device
 from kernels_pallas.qarray import QArray
 
-KERNEL_MAX_ROWS = 256  # decode batches; above, XLA's fusion (bandwidth, not launches, decides)
 IMPLS = ("auto", "xla", "pallas_triton")
 
 
-def use_kernel(op: str, impl: str, rows: int, reason: str | None) -> bool:
+def use_kernel(op: str, impl: str, reason: str | None) -> bool:
     """Whether ``op`` runs its fused kernel (module docstring); ``reason``: the kernel's support
     check (None: it takes the operands)."""
     if impl not in IMPLS:
@@ -34,10 +34,7 @@ def use_kernel(op: str, impl: str, rows: int, reason: str | None) -> bool:
         if reason is not None:
             raise ValueError(f"{op}: impl 'pallas_triton' cannot run these operands: {reason}")
         return True
-    return (
-        impl == "auto" and reason is None and rows <= KERNEL_MAX_ROWS
-        and target_device().is_hopper
-    )  # fmt: skip
+    return impl == "auto" and reason is None and target_device().is_hopper
 
 
 def _rows(x) -> int:
@@ -55,7 +52,7 @@ def rmsnorm_quantize(x, w, eps: float, dtype=jnp.float8_e4m3fn, *, impl: str = "
     """``quantize_activations(rms_norm(x, w, eps))`` (1x128 groups): x ``[..., D]`` -> QArray."""
     d = x.shape[-1]
     reason = fused.rmsnorm_supports((_rows(x), d), w.shape)
-    if not use_kernel("rmsnorm_quantize", impl, _rows(x), reason):
+    if not use_kernel("rmsnorm_quantize", impl, reason):
         return rmsnorm_quantize_reference(x, w, eps, dtype)
     q = fused.rmsnorm_quantize_triton(x.reshape(-1, d), w, float(eps), dtype, interpret=interpret)
     return _with_lead(q, x.shape[:-1])
@@ -72,7 +69,7 @@ def swiglu_quantize(gate_up=None, *, gate=None, up=None, dtype=jnp.float8_e4m3fn
     first = gate if gate_up is None else gate_up
     lead, n = first.shape[:-1], first.shape[-1]
     reason = fused.swiglu_supports((_rows(first), n), fused=gate_up is not None)
-    if not use_kernel("swiglu_quantize", impl, _rows(first), reason):
+    if not use_kernel("swiglu_quantize", impl, reason):
         if gate_up is not None:
             gate, up = split_gate_up(gate_up, GROUP)
         return swiglu_quantize_reference(gate, up, dtype)

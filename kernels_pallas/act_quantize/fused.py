@@ -21,8 +21,11 @@ to the activations' dtype where XLA rounds it: in interpret mode the kernels equ
 references bit for bit (16-bit inputs; f32 RMSNorm input moves the scale's last bit with the
 row sum's order). On a GPU, Triton's ``rsqrt``, ``exp`` and ``exp2`` may differ from XLA's in
 the last f32 bit, so the device tests bound the difference by one BF16 rounding instead.
-Every function here takes rows in multiples of 16 (decode batches); callers fall back to the
-reference (XLA) otherwise (``api.py``).
+Every function here takes rows in multiples of 16, decode batches and prefill alike (callers fall
+back to the reference, XLA, otherwise: ``api.py``). At prefill sizes launches no longer decide,
+bytes do, and each kernel reads its inputs once where XLA's fusions of the references read them
+twice (RMSNorm: a norm fusion and a quantize fusion over x; SwiGLU: an amax fusion and a cast
+fusion over gate and up; the deviceless H100 compile at M = 4096).
 """
 
 from __future__ import annotations
@@ -34,7 +37,14 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels_pallas.act_quantize.pallas_triton import GROUP, ROWS, div_xla, pltriton, quantize_rows
+from kernels_pallas.act_quantize.pallas_triton import (
+    GROUP,
+    ROWS,
+    div_xla,
+    pltriton,
+    quantize_rows,
+    row_block,
+)
 from kernels_pallas.qarray import QArray, fp8_dtype
 
 F32 = jnp.float32
@@ -134,7 +144,7 @@ def swiglu_supports(gate_shape: tuple[int, ...], fused: bool) -> str | None:
 
 
 def _swiglu_kernel(g_ref, u_ref, q_ref, s_ref, *, out_dtype, dtype, interpret: bool):
-    g = g_ref[:, 0, 0, :].astype(F32)  # [ROWS, GROUP]
+    g = g_ref[:, 0, 0, :].astype(F32)  # [row_block, GROUP]
     u = u_ref[:, 0, 0, :].astype(F32)
     # jax.nn.silu in the inputs' dtype: g / (1 + exp(-g)) rounded after every op, as XLA does
     den = _rounded(1.0 + _rounded(jnp.exp(-g), out_dtype), out_dtype)
@@ -165,14 +175,15 @@ def swiglu_quantize_triton(gate, up=None, dtype=jnp.float8_e4m3fn, *,
     else:
         operands = [a.reshape(m, blocks, 1, GROUP) for a in (gate, up)]
         g_spec = u_spec = lambda i, j: (i, j, 0, 0)
-    block = (ROWS, 1, 1, GROUP)
+    r = row_block(m)
+    block = (r, 1, 1, GROUP)
     values, scales_GM = pl.pallas_call(
         functools.partial(_swiglu_kernel, out_dtype=gate.dtype, dtype=dtype, interpret=interpret),
-        grid=(m // ROWS, blocks),
+        grid=(m // r, blocks),
         in_specs=[pl.BlockSpec(block, g_spec), pl.BlockSpec(block, u_spec)],
         out_specs=[
-            pl.BlockSpec((ROWS, GROUP), lambda i, j: (i, j)),
-            pl.BlockSpec((1, ROWS), lambda i, j: (j, i)),
+            pl.BlockSpec((r, GROUP), lambda i, j: (i, j)),
+            pl.BlockSpec((1, r), lambda i, j: (j, i)),
         ],
         out_shape=[jax.ShapeDtypeStruct((m, f), dtype), jax.ShapeDtypeStruct((blocks, m), F32)],
         interpret=interpret,

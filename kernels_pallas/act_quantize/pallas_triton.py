@@ -13,11 +13,17 @@ simplifier turns a division by a constant into that product on every backend),
 ``div.full.f32`` on NVIDIA GPUs, IEEE on the CPU). An H200 run with IEEE ``div.rn.f32`` here
 differed from XLA in 40% of the scales and 0.04-0.09% of the codes (values on a rounding tie).
 
-One program quantizes ``ROWS`` rows x one 128-column group: Triton blocks are powers of two and
-the decode row tiles (``mgpu_config.decode_config``) are multiples of 32. Pallas' Triton backend,
-not Mosaic GPU: Mosaic GPU's layouts reduce rows of 64-row register tiles, and a decode step
-has 1-64 rows (padding them to 64 would be one more launch). jax 0.12 deprecates the Triton
-backend; where it is gone ``supports`` says so and ``fp8_matmul`` quantizes with XLA again.
+One program quantizes ``row_block(rows)`` rows x one 128-column group: 16 for decode batches
+(more programs for few rows; Triton blocks are powers of two and the decode row tiles,
+``mgpu_config.decode_config``, are multiples of 32), 64 above (16 KB of BF16 per program). At
+every M it reads x once: XLA compiles ``quantize_activations`` into an amax fusion and a cast
+fusion that both read x (and a third for the scales), 1.7x the bytes of this kernel (the
+deviceless H100 compile at M = 4096; on the H200 they took 31 us at [4096, 4096], 83 us at
+[4096, 12288], 2.7-3.0 TB/s over those bytes: ``experiments/results/gpu_h200_2026-12-04``).
+Pallas' Triton backend, not Mosaic GPU: Mosaic GPU's layouts reduce rows of 64-row register
+tiles, and a decode step has 1-64 rows (padding them to 64 would be one more launch). jax 0.12
+deprecates the Triton backend; where it is gone ``supports`` says so and ``fp8_matmul``
+quantizes with XLA again.
 """
 
 from __future__ import annotations
@@ -36,8 +42,20 @@ except ImportError:  # pragma: no cover - a jax without the Pallas Triton backen
 from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_dtype, fp8_max
 from kernels_pallas.quantize import inverse_fp8_max
 
-ROWS = 16
+ROWS = 16  # the row multiple every kernel of this package takes
+DECODE_ROWS = 256  # up to here, ROWS rows per program: decode batches, where programs are few
 GROUP = 128
+
+
+def row_block(rows: int) -> int:
+    """Rows per program for ``rows`` (a multiple of ``ROWS``): ``ROWS`` up to ``DECODE_ROWS``,
+    else the largest of 64 and 32 that divides ``rows`` (fewer, larger programs: a Triton
+    program's start-up is paid per block), else ``ROWS``."""
+    if rows > DECODE_ROWS:
+        for r in (64, 32):
+            if rows % r == 0:
+                return r
+    return ROWS
 
 
 def div_xla(a: jax.Array, b: jax.Array, interpret: bool) -> jax.Array:
@@ -109,14 +127,14 @@ def quantize_activations_triton(
         raise ValueError(f"quantize_activations_triton: {reason}")
     dtype = fp8_dtype(dtype)
     x_pad = x_MK if rows == m else jnp.pad(x_MK, ((0, rows - m), (0, 0)))
-    groups = k // GROUP
+    groups, r = k // GROUP, row_block(rows)
     values, scales_GR = pl.pallas_call(
         functools.partial(_kernel, dtype=dtype, interpret=interpret),
-        grid=(rows // ROWS, groups),
-        in_specs=[pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g))],
+        grid=(rows // r, groups),
+        in_specs=[pl.BlockSpec((r, GROUP), lambda i, g: (i, g))],
         out_specs=[
-            pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g)),
-            pl.BlockSpec((1, ROWS), lambda i, g: (g, i)),
+            pl.BlockSpec((r, GROUP), lambda i, g: (i, g)),
+            pl.BlockSpec((1, r), lambda i, g: (g, i)),
         ],
         out_shape=[
             jax.ShapeDtypeStruct((rows, k), dtype),

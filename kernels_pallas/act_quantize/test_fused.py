@@ -53,6 +53,7 @@ def _rows(key, m, n, dtype, spread=3.0):
         (32, 1024, jnp.bfloat16, jnp.float32, E4M3),  # an f32 norm weight
         (16, 512, jnp.float16, jnp.float16, E5M2),
         (48, 128, jnp.float32, jnp.float32, E4M3),
+        (272, 128, jnp.bfloat16, jnp.bfloat16, E4M3),  # prefill rows (one program per row)
     ],
 )
 def test_rmsnorm_quantize_equals_reference(m, d, x_dtype, w_dtype, fp8):
@@ -82,7 +83,12 @@ def test_rmsnorm_worked_row():
 
 
 @pytest.mark.parametrize(
-    "m,f,dtype,fp8", [(16, 256, jnp.bfloat16, E4M3), (32, 384, jnp.float16, E5M2)]
+    "m,f,dtype,fp8",
+    [
+        (16, 256, jnp.bfloat16, E4M3),
+        (32, 384, jnp.float16, E5M2),
+        (320, 128, jnp.bfloat16, E4M3),  # prefill rows: 64-row programs
+    ],
 )
 def test_swiglu_quantize_equals_reference_fused_and_split(m, f, dtype, fp8):
     y = _rows(jax.random.key(f), m, 2 * f, dtype, spread=1.0)  # gate|up, 128-column blocks
@@ -266,7 +272,7 @@ def test_gpu_lowering_is_one_triton_launch(name, fn, shapes):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [16, 64])
+@pytest.mark.parametrize("m", [16, 64, 4096])
 def test_on_the_device_within_one_bf16_rounding(m):
     """On a GPU: each kernel against its reference compiled by XLA on the same device, within
     the quantization step of one BF16 rounding of the producer's output."""

@@ -3,9 +3,8 @@
 Implementations (``backend.ImplTable``; ``impl="auto"`` takes the target's kernel when its
 support check passes, else ``xla`` with one log line; an explicit impl that cannot run raises):
   * ``xla``: ``xla.fp8_matmul_xla`` (any shape; the exact reference on CPU, fast paths on GPU);
-  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16/F32 x quantized once first: by
-    the one-launch ``act_quantize`` kernel for decode rows, by XLA above; or in-kernel with an
-    explicit non-swap config);
+  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16/F32 x quantized once first, by
+    the one-launch ``act_quantize`` kernel; or in-kernel with an explicit non-swap config);
   * ``impl="auto"`` with ``FP8RL_AUTOTUNE=1`` on a GPU/TPU: the fastest candidate timed on the
     device (``kernels_pallas.autotune``), cached per device kind, jax version and shape;
   * ``pallas_tpu``: the Mosaic TPU kernel.
@@ -42,8 +41,8 @@ def _rows(x) -> int:
 def fused_default(m: int, n: int, k: int) -> bool:
     """Whether raw BF16/F16 x [M, K] takes the fused (in-kernel quantization) kernel by default.
 
-    Never: x is quantized once per 1x128 group (one ``act_quantize`` launch for decode rows,
-    ``quantize_activations`` by XLA above) and the QArray kernel runs, at every M. The fused
+    Never: x is quantized once per 1x128 group (one ``act_quantize`` launch) and the QArray
+    kernel runs, at every M. The fused
     kernel re-quantizes its x slice in every CTA (N/128 times over): its K loop is 725 SASS
     instructions per warp against 128 for the QArray kernel (``perf_model_sass.json``),
     issue-bound at a predicted 0.57-0.66x the quantize-once time on H100 at every shape of
@@ -59,7 +58,7 @@ def _fused(x, config, n: int = 0, k: int = 0) -> bool:
     non-swap 64/128 config asks)."""
     if isinstance(x, QArray) or x.dtype not in _RAW_16BIT:
         return False
-    if config is not None:  # wide tiles, clusters: no fused variant, XLA quantizes x for them
+    if config is not None:  # wide tiles, clusters: no fused variant, act_quantize quantizes x
         return not config.swap_ab and len(config.wg_subtiles) == 1 and config.cluster_m == 1
     return fused_default(_rows(x), n, k)
 
@@ -119,16 +118,13 @@ def _run_xla(x, w_q, *, config, out_dtype, interpret):
                           platform=platform)  # fmt: skip
 
 
-# Raw x of up to this many rows (decode batches) is quantized by the one-launch Triton kernel;
-# above, by XLA (prefill: bandwidth, not launches, decides, and XLA fuses with the producer).
-KERNEL_QUANT_MAX_ROWS = act_quantize.KERNEL_MAX_ROWS
-
-
 def _mgpu_quantized(x, w_q: QArray, cfg, interpret: bool) -> QArray:
-    """x as the Hopper kernel reads it: a QArray as given; raw decode rows quantized in one
-    launch (``act_quantize``), padded to the CTA row tile; else ``quantize_activations``."""
-    if isinstance(x, QArray) or _rows(x) > KERNEL_QUANT_MAX_ROWS:
-        return _quantized(x, w_q)
+    """x as the Hopper kernel reads it: a QArray as given; raw x quantized by the one-launch
+    ``act_quantize`` kernel (padded to the CTA row tile), which reads x once where XLA's
+    ``quantize_activations`` reads it twice in two to three launches; by XLA where the kernel
+    cannot run (no Triton backend, an 8-row tile)."""
+    if isinstance(x, QArray):
+        return x
     tile = cfg.block_m * cfg.cluster_m
     rows = -(-_rows(x) // tile) * tile
     if act_quantize.supports(x.shape, rows) is not None:  # e.g. an 8-row tile
@@ -306,7 +302,7 @@ def fp8_matmul(
 
     ``x``: a QArray [..., K] with (128,) groups or a plain array [..., K], quantized per token in
     groups of the weight's K block once, by ``quantize_activations`` or its one-launch kernel
-    (``act_quantize``, Hopper, <= 256 rows: same bits), in-kernel only with an explicit non-swap
+    (``act_quantize`` on Hopper: same bits), in-kernel only with an explicit non-swap
     ``MgpuConfig`` (``fused_default``); leading axes are flattened into M.
     ``w_q``: a QArray [N, K] (``quantize_weight``). ``impl``: "auto" | "xla" |
     "pallas_mosaic_gpu" | "pallas_tpu"; ``config``: the implementation's tile config

@@ -85,6 +85,9 @@ def family(row: dict) -> str | None:
 
 def ratios(paths: list[str], chip: str | None = None) -> dict[str, list[float]]:
     """family -> measured / predicted kernel time (the uncalibrated model, launch excluded)."""
+    # the imported module's switch, which gpu.py reads (run as ``python -m``, this file is
+    # ``__main__``, a second copy whose ``uncalibrated`` gpu.py would not see)
+    from kernels_pallas.perf_model import calibration as imported
     from kernels_pallas.perf_model import compare, gpu
 
     out = collections.defaultdict(list)
@@ -96,7 +99,7 @@ def ratios(paths: list[str], chip: str | None = None) -> dict[str, list[float]]:
             fam, meas = family(row), row.get("median_us")
             if fam is None or meas is None:
                 continue
-            with uncalibrated():
+            with imported.uncalibrated():
                 pred = compare.predicted_us(c, row)
             if pred is not None:
                 out[fam].append(meas / (pred - gpu.LAUNCH_S * 1e6))
@@ -106,6 +109,36 @@ def ratios(paths: list[str], chip: str | None = None) -> dict[str, list[float]]:
 def factors(paths: list[str]) -> dict[str, float]:
     """family -> the median ratio, rounded to 2 digits (``KERNEL_CALIBRATION``'s values)."""
     return {k: round(statistics.median(v), 2) for k, v in ratios(paths).items()}
+
+
+def quantize_check(paths: list[str], chip: str | None = None) -> list[dict]:
+    """XLA's quantization of BF16 x measured (at M > 256, where ``fp8_matmul`` quantized with
+    XLA until the act_quantize kernel took every M: the ``+quant`` row minus the kernel's row of
+    the same shape) beside ``gpu.quantize_s`` for XLA and for the kernel, and the GEMM from BF16
+    x over cuBLAS BF16: measured (with XLA's quantization) and predicted with the kernel's (the
+    measured GEMM plus the modelled quantization)."""
+    from kernels_pallas.perf_model import compare, gpu
+
+    out = []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        c = chip or compare.chip_of(data.get("meta", {}).get("device_kind", ""))
+        rows = {(r["m"], r["n"], r["k"], r.get("impl")): r for r in data.get("rows", [])
+                if "m" in r and r.get("median_us") is not None}  # fmt: skip
+        for (m, n, k, impl), r in rows.items():
+            base, bf16 = (rows.get((m, n, k, i)) for i in ("fp8:pallas_mosaic_gpu", "bf16"))
+            if impl != "fp8:pallas_mosaic_gpu+quant" or m <= 256 or None in (base, bf16):
+                continue
+            kernel_us = gpu.quantize_s(c, m, k) * 1e6
+            out.append(dict(
+                label=f"{r.get('model', '')} {r.get('layer', '')} M={m} K={k}".strip(),
+                measured_us=r["median_us"] - base["median_us"],
+                xla_us=gpu.quantize_s(c, m, k, "xla") * 1e6, kernel_us=kernel_us,
+                speedup_measured=bf16["median_us"] / r["median_us"],
+                speedup_predicted=bf16["median_us"] / (base["median_us"] + kernel_us),
+            ))  # fmt: skip
+    return out
 
 
 def main(argv=None) -> int:
@@ -118,6 +151,13 @@ def main(argv=None) -> int:
         have = KERNEL_CALIBRATION.get(fam, "-")
         print(f"| {fam} | {len(v)} | {statistics.median(v):.2f} | {min(v):.2f} | {max(v):.2f} "
               f"| {have} |")  # fmt: skip
+    print("\n| BF16 x quantized (M > 256) | XLA: measured us | XLA: model | act_quantize: model "
+          "| GEMM + quant / BF16: measured (XLA) | predicted (act_quantize) |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for q in quantize_check(paths):
+        print(f"| {q['label']} | {q['measured_us']:.1f} | {q['xla_us']:.1f} | "
+              f"{q['kernel_us']:.1f} | {q['speedup_measured']:.2f}x | "
+              f"{q['speedup_predicted']:.2f}x |")  # fmt: skip
     return 0
 
 

@@ -90,7 +90,11 @@ BF16_GEMM_BW_EFF = 0.80  # memory-bound BF16 GEMM (decode M <= 64): Marlin (Fran
 # arXiv 2408.11743) reports cuBLAS FP16 small-batch GEMMs close to but below the HBM roofline
 BF16_ATTN_BW_EFF = 0.85  # BF16-cache decode attention: FlashInfer / FlashMLA-class kernels
 # reach 85-90% of HBM (FlashMLA: 3000 GB/s of 3350 on H800)
-QUANT_BW_EFF = 0.85  # XLA per-token quantization fusion (elementwise + row reduce)
+ELEMENTWISE_BW_EFF = 0.85  # an XLA elementwise fusion (the residual add after a projection)
+QUANT_BW_EFF = 0.70  # per-token quantization (the act_quantize kernel, XLA's fusions): the H200's
+# device copy measured 3,369 of 4,800 GB/s (gpu_h200_2026-12-04/run1/bench_decode), and XLA's
+# quantization at M = 4096 ran at 2.7-3.0 TB/s over its bytes (``calibration.quantize_check``)
+XLA_QUANT_LAUNCHES = 3  # amax fusion, scale + transpose fusion, cast fusion (the H100 compile)
 # The SM-to-SM network (``MgpuConfig.cluster_k``: split-K chunks summed in the cluster): Luo et
 # al. 2024 (arXiv 2402.13499) measure ~180 cycles of latency and ~3.3 TB/s over the whole GPU for
 # 2-CTA clusters; one SM receiving gets its 1/132 share (the safe side), and a sum pays the
@@ -192,16 +196,19 @@ def bf16_gemm_s(chip: str, m: int, n: int, k: int) -> float:
 
 def add_fusion_s(chip: str, m: int, n: int) -> float:
     """An XLA elementwise fusion over a BF16 [M, N] output and one [M, N] operand (the residual
-    add that consumes a projection): two reads and a write, at the quantize fusion's
-    efficiency, one launch."""
-    return 3 * m * n * 2 / (CHIPS[chip].hbm_bytes_per_s * QUANT_BW_EFF) + LAUNCH_S
+    add that consumes a projection): two reads and a write, one launch."""
+    return 3 * m * n * 2 / (CHIPS[chip].hbm_bytes_per_s * ELEMENTWISE_BW_EFF) + LAUNCH_S
 
 
-def quantize_s(chip: str, m: int, k: int) -> float:
-    """Per-token 1x128 quantization as one launch (``act_quantize`` up to 256 rows, an XLA
-    fusion above): read BF16, write FP8 + scales."""
-    nbytes = m * k * 3 + m * (k // 128) * 4
-    return nbytes / (CHIPS[chip].hbm_bytes_per_s * QUANT_BW_EFF) + LAUNCH_S
+def quantize_s(chip: str, m: int, k: int, impl: str = "kernel") -> float:
+    """Per-token 1x128 quantization of BF16 x [M, K]. ``impl="kernel"``: ``act_quantize``'s one
+    launch, x read once, FP8 values and scales written; ``"xla"``: ``quantize_activations`` as
+    XLA compiles it (``XLA_QUANT_LAUNCHES``: x read by the amax fusion and again by the cast
+    fusion, the scales written, read and written transposed)."""
+    x, q, sc = m * k * 2, m * k, m * (k // 128) * 4
+    nbytes, launches = (x + q + sc, 1) if impl == "kernel" else (2 * x + q + 3 * sc,
+                                                                 XLA_QUANT_LAUNCHES)  # fmt: skip
+    return nbytes / (CHIPS[chip].hbm_bytes_per_s * QUANT_BW_EFF) + launches * LAUNCH_S
 
 
 def _variant_name(cfg, fused: bool) -> str:
@@ -265,9 +272,10 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
 
 def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: str = "default",
                    label: str = "", split_k: int | None = None, config=None,
-                   in_program: bool = False) -> Prediction:  # fmt: skip
+                   in_program: bool = False, quant: str = "kernel") -> Prediction:  # fmt: skip
     """fp8_matmul on a Hopper GPU. ``x``: how activations arrive ("bf16" pays quantization:
-    the one-launch ``act_quantize`` kernel up to 256 rows, XLA's fusion above). ``mode``:
+    the one-launch ``act_quantize`` kernel, or with ``quant="xla"`` XLA's fusions, what
+    ``fp8_matmul`` ran above 256 rows until the kernel took every M). ``mode``:
     "default" (what ``api.fp8_matmul`` dispatches today), "fused" (in-kernel quantization),
     "qarray" (quantize once, then the QArray kernel). ``in_program``: inside a program whose
     launches are counted (``gpu_rollout``), so no launch for the output's epilogue fusion."""
@@ -283,11 +291,13 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
         cfg = dataclasses.replace(cfg, split_k=split_k)
     t, epilogue, terms, name = matmul_kernel(chip, m, n, k, cfg, fused,
                                              epilogue_launch=not in_program)  # fmt: skip
-    quant = quantize_s(chip, m, k) if (x == "bf16" and not fused) else 0.0
+    quant_impl = quant
+    quant = quantize_s(chip, m, k, quant_impl) if (x == "bf16" and not fused) else 0.0
     out_b = 2
     hbm = (m * k * (2 if fused else 1) + n * k + m * n * out_b + (n // 128) * (k // 128) * 4
            + (0 if fused else m * (k // 128) * 4))  # fmt: skip
-    impl = name + ("" if not quant else " + quantize kernel" if m <= 256 else " + XLA quantize")
+    impl = name + ("" if not quant else " + quantize kernel" if quant_impl == "kernel"
+                   else " + XLA quantize")  # fmt: skip
     base = f"XLA BF16 jnp.dot ({BF16_GEMM_EFF:.0%} of peak / {BF16_GEMM_BW_EFF:.0%} of HBM)"
     scale = calibration("mm_decode" if cfg.swap_ab else "mm_prefill")
     return finish("fp8_matmul", label or f"M={m} N={n} K={k}", chip, impl, t, terms, hbm,

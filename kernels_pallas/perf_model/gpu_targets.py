@@ -41,6 +41,14 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                 after = predict_matmul(chip, m, n, k, "bf16", mode="qarray", label=label)
                 out.append(("x quantized once (QArray kernel for every M)", before, after))
     for model, layer, n, k, ms in MATMUL_LAYERS:
+        for m in (m for m in ms if m > 256):
+            for chip in GPU_CHIPS:
+                label = f"{model} {layer} M={m}"
+                before = predict_matmul(chip, m, n, k, "bf16", label=label, quant="xla")
+                after = predict_matmul(chip, m, n, k, "bf16", label=label)
+                out.append(("x quantized by act_quantize at every M (one read of x)", before,
+                            after))  # fmt: skip
+    for model, layer, n, k, ms in MATMUL_LAYERS:
         for m in (m for m in ms if m <= 64):
             for chip in GPU_CHIPS:
                 label = f"{model} {layer} M={m}"
