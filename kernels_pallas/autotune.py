@@ -121,6 +121,7 @@ def tune(candidates: list[Candidate], timer: Callable[[Candidate], float] = devi
     floor = times.get(next((c.name for c in candidates if c.impl == BF16_FLOOR), ""))
     return dict(
         choice=best, impl=fp8[best].impl, config=repr(fp8[best].config), times_s=times,
+        candidates=[c.name for c in candidates],  # in the order given (the default first)
         errors=errors, fp8_slower_than_bf16=floor is not None and times[best] > floor,
     )  # fmt: skip
 
@@ -136,9 +137,53 @@ def lookup_or_tune(k: str, make_candidates: Callable[[], list[Candidate]], *, ti
     return record
 
 
+def _attention_table() -> None:
+    """Tune the decode attention kernels (``attention_autotune``) at the rollout's shapes:
+    Qwen3-8B widths, FP8 caches with per-head scales, the dense kernel at B = 32 over 8K slots
+    and the paged one at B = 64 over 64 pages of 64 slots; one row each: the choice beside the
+    default tiling (the first candidate)."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernels_pallas.decode_attention import decode_attention
+    from kernels_pallas.paged_attention import paged_attention
+
+    f8, bf16 = jnp.float8_e4m3fn, jnp.bfloat16
+    scale = jnp.ones((8,), jnp.float32)
+    kw = dict(k_scale=scale, v_scale=scale, sm_scale=128**-0.5)
+    print("| op | shape | choice | its time (us) | default | default (us) | default / choice |")
+    print("|---|---|---|---|---|---|---|")
+    cases = [
+        ("decode_attention", "B=32 S=8192 H/K=32/8 fp8",
+         lambda: decode_attention(jnp.ones((32, 32, 128), bf16), jnp.ones((32, 8192, 8, 128), f8),
+                                  jnp.ones((32, 8192, 8, 128), f8), jnp.full((32,), 8192), **kw)),
+        ("paged_attention", "B=64 pages 64x64 H/K=32/8 fp8",
+         lambda: paged_attention(jnp.ones((64, 32, 128), bf16), jnp.ones((4096, 64, 8, 128), f8),
+                                 jnp.ones((4096, 64, 8, 128), f8), jnp.full((64,), 4096),
+                                 jnp.arange(4096, dtype=jnp.int32).reshape(64, 64), **kw)),
+    ]  # fmt: skip
+    for op, label, call in cases:
+        before = set(load(cache_paths()))
+        try:
+            jax.block_until_ready(call())  # tunes on first use
+        except Exception as e:  # noqa: BLE001 - one failed op must not end the stage
+            print(f"| {op} | {label} | failed: {type(e).__name__}: {str(e)[:200]} | | | | |")
+            continue
+        recs = load(cache_paths())
+        new = [k for k in recs if op in k and k not in before] or [k for k in recs if op in k]
+        if not new:
+            print(f"| {op} | {label} | (not tuned) | | | | |")
+            continue
+        rec = recs[new[0]]
+        t, first = rec["times_s"], rec["candidates"][0]
+        print(f"| {op} | {label} | {rec['choice']} | {t[rec['choice']] * 1e6:.1f} | {first} | "
+              f"{t[first] * 1e6:.1f} | {t[first] / t[rec['choice']]:.2f}x |")  # fmt: skip
+
+
 def main() -> int:
-    """``python -m kernels_pallas.autotune``: tune fp8_matmul at the target shapes on this
-    device (``gpu_check.sh``'s autotune stage) and print the chosen table."""
+    """``python -m kernels_pallas.autotune``: tune the decode attention kernels and fp8_matmul at
+    the target shapes on this device (``gpu_check.sh``'s autotune stage) and print the chosen
+    tables (attention first: most of a long rollout's decode step)."""
     import jax
     import jax.numpy as jnp
 
@@ -149,6 +194,9 @@ def main() -> int:
     if jax.devices()[0].platform not in ("gpu", "tpu"):
         print(f"autotune: no GPU/TPU ({jax.devices()[0].platform}): nothing to tune")
         return 0
+    if jax.devices()[0].platform == "gpu":
+        _attention_table()
+        print()
     # Qwen3-8B gate|up at decode and prefill sizes, k/v_proj at decode (the split-K case); one
     # row is printed per shape as it is tuned, so a stage cut by its budget keeps what it did.
     shapes = [(16, 12288, 4096), (64, 12288, 4096), (16, 1024, 4096), (4096, 12288, 4096)]

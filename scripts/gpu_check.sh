@@ -29,8 +29,10 @@
 #   perf_model  kernels_pallas/perf_model/compare.py: measured matmul and decode attention rows
 #            (swap-AB and unswapped) and the rollout's decode step beside the model's predictions
 #            (issue 21)
-#   autotune kernels_pallas/autotune.py: the on-device autotuner's chosen table (FP8 candidates
-#            vs the BF16 floor)
+#   autotune kernels_pallas/autotune.py: the on-device autotuner's chosen tables: the decode
+#            attention kernels' tilings (dense and paged, FP8 cache: chunks, stages, swap-AB;
+#            ~6 candidates each) beside the default, then fp8_matmul's (FP8 candidates vs the
+#            BF16 floor); every candidate's time is in stages/autotune.json
 #   report   experiments/gpu_report.py: summary.md (targets next to measured numbers) + summary.json
 #
 # Output: $OUT when set (the device tool copies back what is written there), else
@@ -198,7 +200,7 @@ else
   # table (stages/autotune.log; cache: stages/autotune.json and ~/.cache/fp8rl_jax).
   run_stage perf_model 20 "$PY" -m kernels_pallas.perf_model.compare "$STAGES/bench_matmul.json" \
     "$STAGES/bench_decode.json" "$STAGES/bench_rollout.json"
-  FP8RL_AUTOTUNE_FILE="$STAGES/autotune.json" run_stage autotune 120 "$PY" -m kernels_pallas.autotune
+  FP8RL_AUTOTUNE_FILE="$STAGES/autotune.json" run_stage autotune 160 "$PY" -m kernels_pallas.autotune
   for f in perf_model autotune; do [ -f "$STAGES/$f.log" ] && cat "$STAGES/$f.log"; done
 fi
 # serve: our block-FP8 export loaded and run by vLLM (only where vLLM is installed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas import attention_autotune
 from kernels_pallas.backend import Impl, Implementation, ImplTable
 from kernels_pallas.decode_attention import pallas_mosaic_gpu as mgpu
 from kernels_pallas.decode_attention import pallas_tpu as tpu
@@ -84,16 +85,22 @@ def decode_attention(
     FP8 with static scales ([] or [K]) or dynamic ones ([B, K, S]). The kernels read only the
     cache tiles that hold live slots. ``impl="auto"`` runs the target's kernel where its support
     check passes, else the XLA reference (one log line); ``config`` (``DecodeBlocks``, None: the
-    per-shape default) sets the kernels' tiling. ``quant_out`` (an FP8 dtype) returns the
-    output quantized for an FP8 o_proj: a QArray ``[B, H·C]``, per token in 1x128 groups, of the
-    output in q's dtype; the Hopper kernel does it in the launch that combines its chunks
-    (``act_quantize.fused.combine_quantize_triton``).
+    per-shape default, or with ``FP8RL_AUTOTUNE=1`` on a Hopper GPU the fastest tiling timed
+    there: ``kernels_pallas.attention_autotune``) sets the kernels' tiling. ``quant_out`` (an
+    FP8 dtype) returns the output quantized for an FP8 o_proj: a QArray ``[B, H·C]``, per token
+    in 1x128 groups, of the output in q's dtype; the Hopper kernel does it in the launch that
+    combines its chunks (``act_quantize.fused.combine_quantize_triton``).
     """
     _check(q_BHC, k_BSKC, v_BSKC, lengths_B, starts_B, k_scale, v_scale)
     kw = dict(starts_B=starts_B, k_scale=k_scale, v_scale=v_scale, sm_scale=float(sm_scale))
+    quant_out = None if quant_out is None else fp8_dtype(quant_out)
+    if attention_autotune.enabled_for(impl, config, interpret):
+        config = attention_autotune.dense_config(
+            q_BHC, k_BSKC, v_BSKC, k_scale=k_scale, v_scale=v_scale, sm_scale=float(sm_scale),
+            quant_out=quant_out, run=decode_attention,
+        )  # fmt: skip
     chosen = TABLE.select(
         impl, q_BHC, k_BSKC, v_BSKC, lengths_B, **kw, config=config, interpret=interpret
     )
-    quant_out = None if quant_out is None else fp8_dtype(quant_out)
     return chosen.run(q_BHC, k_BSKC, v_BSKC, lengths_B, **kw, config=config, quant_out=quant_out,
                       interpret=interpret)  # fmt: skip

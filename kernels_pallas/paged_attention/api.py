@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas import attention_autotune
 from kernels_pallas.backend import Impl, Implementation, ImplTable
 from kernels_pallas.decode_attention.common import quantize_output
 from kernels_pallas.paged_attention.common import PagedBlocks
@@ -90,12 +91,19 @@ def paged_attention(
     FP8 with static scales ([] or [K]) or dynamic ones ([X, K, Y], one per cached vector). The
     kernels read only the pages a row holds; ``xla`` reads a window of the table covering the
     longest row. ``impl="auto"`` runs the target's kernel where its support check passes, else
-    ``xla`` (one log line); ``config`` (``PagedBlocks``) sets the tiling. ``quant_out``: as
+    ``xla`` (one log line); ``config`` (``PagedBlocks``; None: the default, or with
+    ``FP8RL_AUTOTUNE=1`` on a Hopper GPU the fastest tiling timed there:
+    ``kernels_pallas.attention_autotune``) sets the tiling. ``quant_out``: as
     ``decode_attention``'s (a QArray ``[B, H·C]`` for an FP8 o_proj).
     """
     _check(q_BHC, k_pages_XYKC, v_pages_XYKC, lengths_B, page_table_BW, k_scale, v_scale)
     kw = dict(k_scale=k_scale, v_scale=v_scale, sm_scale=float(sm_scale))
     args = (q_BHC, k_pages_XYKC, v_pages_XYKC, lengths_B, page_table_BW)
-    chosen = TABLE.select(impl, *args, **kw, config=config, interpret=interpret)
     quant_out = None if quant_out is None else fp8_dtype(quant_out)
+    if attention_autotune.enabled_for(impl, config, interpret):
+        config = attention_autotune.paged_config(
+            q_BHC, k_pages_XYKC, v_pages_XYKC, page_table_BW, k_scale=k_scale, v_scale=v_scale,
+            sm_scale=float(sm_scale), quant_out=quant_out, run=paged_attention,
+        )  # fmt: skip
+    chosen = TABLE.select(impl, *args, **kw, config=config, interpret=interpret)
     return chosen.run(*args, **kw, config=config, quant_out=quant_out, interpret=interpret)

@@ -1,0 +1,157 @@
+"""On-device autotuning of the Hopper decode attention kernels' tiling (dense and paged).
+
+In a long-response rollout the decode attention is most of a step (the performance model:
+~60% of the FP8 decode step of a Qwen3-8B rollout at a 4K context), and the first H200 run
+measured the FP8-cache kernel at 58-68% of HBM against 83-91% for the BF16 one, at default
+tilings chosen by rules written without a device (``resolve_blocks``, ``default_splits``: chunks
+to fill one wave of 2 CTAs per SM, 3 pipeline stages on an FP8 cache, swap-AB). With
+``FP8RL_AUTOTUNE=1`` on a Hopper GPU, the first call of ``decode_attention`` or
+``paged_attention`` with ``impl="auto"`` and no config at a shape times a few tilings around the
+default and caches the fastest, as ``fp8_matmul`` does (``kernels_pallas.autotune``: the same
+cache files, keyed by device kind, jax version, op and shape). Candidates (``blocks``): the
+default; its chunk count halved, doubled and quadrupled (more CTAs in flight per SM: the FP8
+kernel's 71 KB of SMEM lets 3 share an SM); the other pipeline depth; the unswapped kernel. Each
+is timed on random operands of the call's shape, dtypes and scale kind with every slot live
+(full rows: at trace time the lengths are not known), through the same output path
+(``quant_out``). Splitting changes the order of the softmax's sums: outputs move by rounding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from kernels_pallas import autotune
+from kernels_pallas.backend import target_device
+
+OPS = ("decode_attention", "paged_attention")
+
+
+def split_choices(default: int, limit: int) -> list[int]:
+    """The default chunk count first, then half, double and four times it, within [1, limit]."""
+    out = [default, max(1, default // 2), 2 * default, 4 * default]
+    return list(dict.fromkeys(min(max(1, s), limit) for s in out))
+
+
+def blocks(default, limit: int, stages: tuple[int, ...]) -> list:
+    """Candidate configs around ``default`` (a resolved ``DecodeBlocks`` or ``PagedBlocks``: its
+    ``num_splits``, ``num_stages`` and ``swap_ab`` set): the default first, then its chunk
+    counts (``split_choices`` up to ``limit``), the other pipeline depths, the other
+    ``swap_ab``; no duplicates."""
+    rep = dataclasses.replace
+    out = [default]
+    out += [rep(default, num_splits=j) for j in split_choices(default.num_splits, limit)]
+    out += [rep(default, num_stages=st) for st in stages]
+    out.append(rep(default, swap_ab=not default.swap_ab))
+    return list(dict.fromkeys(out))
+
+
+def name(cfg) -> str:
+    return f"J={cfg.num_splits}/st{cfg.num_stages}/{'swap' if cfg.swap_ab else 'unswapped'}"
+
+
+def enabled_for(impl: str, config, interpret: bool) -> bool:
+    """Whether a call tunes its tiling: autotuning on, ``impl="auto"``, no config, a real
+    Hopper GPU (not interpret mode, not a deviceless compile for one)."""
+    if impl != "auto" or config is not None or interpret or not autotune.enabled():
+        return False
+    t = target_device()
+    return t.is_hopper and jax.devices()[0].platform == "gpu"
+
+
+def _operands(*shaped):
+    """A function making random arrays shaped like ``shaped`` (arrays or ShapeDtypeStructs) on
+    its first call and returning the same ones after: built only if a candidate is timed."""
+    made = []
+
+    def get():
+        if not made:
+            keys = jax.random.split(jax.random.key(0), len(shaped))
+            made.extend(jax.random.normal(kk, a.shape, jnp.float32).astype(a.dtype)
+                        for kk, a in zip(keys, shaped, strict=True))  # fmt: skip
+        return made
+
+    return get
+
+
+def _scale_like(sc):
+    return None if sc is None else jnp.ones(jnp.shape(sc), jnp.float32)
+
+
+def tuned(op: str, shape: tuple, cands: list, run_with) -> object | None:
+    """The fastest of ``cands`` (configs) at ``shape``, from the cache or timed now with
+    ``run_with(cfg)`` (a zero-argument callable that runs the op once); None if none ran."""
+    dev = target_device()
+    k = autotune.key(dev.device_kind, jax.__version__, op, shape)
+
+    def candidates():
+        return [autotune.Candidate(name(c), "pallas_mosaic_gpu", c, run_with(c)) for c in cands]
+
+    try:  # the timer looked up now (tests inject one)
+        record = autotune.lookup_or_tune(k, candidates, timer=autotune.device_timer)
+    except RuntimeError:  # no candidate ran: the default path decides
+        return None
+    return {name(c): c for c in cands}.get(record["choice"])
+
+
+def dense_config(q, k, v, *, k_scale, v_scale, sm_scale, quant_out, run):
+    """The tuned ``DecodeBlocks`` for ``decode_attention`` at this call's shape (``run``: the
+    op itself, called with ``impl`` and ``config``), or None."""
+    from kernels_pallas.decode_attention import pallas_mosaic_gpu as mgpu
+
+    b, s, n_kv, c = k.shape
+    default = mgpu.resolve_blocks(None, q, k)
+    limit = max(1, s // default.block_s)
+    operands = _operands(q, k, v)
+    lengths = jnp.full((b,), s, jnp.int32)
+    kw = dict(k_scale=_scale_like(k_scale), v_scale=_scale_like(v_scale), sm_scale=sm_scale,
+              quant_out=quant_out)  # fmt: skip
+    ok = lambda cfg: mgpu.supports(q, k, v, lengths, starts_B=None, k_scale=kw["k_scale"],
+                                   v_scale=kw["v_scale"], sm_scale=sm_scale, config=cfg,
+                                   interpret=False) is None  # noqa: E731  # fmt: skip
+    cands = [cfg for cfg in blocks(default, limit, mgpu._STAGES) if ok(cfg)]  # noqa: SLF001
+
+    def run_with(cfg):
+        fn = jax.jit(lambda q_, k_, v_: run(q_, k_, v_, lengths, impl="pallas_mosaic_gpu",
+                                            config=cfg, **kw))  # fmt: skip
+        return lambda: jax.block_until_ready(fn(*operands()))
+
+    shape = (*q.shape, *k.shape, str(q.dtype), str(k.dtype), _scale_kind(k_scale), str(quant_out))
+    return tuned("decode_attention", shape, cands, run_with)
+
+
+def paged_config(q, k_pages, v_pages, table, *, k_scale, v_scale, sm_scale, quant_out, run):
+    """The tuned ``PagedBlocks`` for ``paged_attention`` at this call's shape, or None."""
+    from kernels_pallas.paged_attention import pallas_mosaic_gpu as mgpu
+    from kernels_pallas.paged_attention.common import PagedBlocks
+
+    b, w = table.shape
+    x, y, n_kv, c = k_pages.shape
+    default = PagedBlocks(num_splits=mgpu.default_splits(b, w, n_kv), num_stages=2, swap_ab=True)
+    operands = _operands(q, k_pages, v_pages)
+    table_r = (jnp.arange(b * w, dtype=jnp.int32) % x).reshape(b, w)  # distinct pages per row
+    lengths = jnp.full((b,), w * y, jnp.int32)
+    kw = dict(k_scale=_scale_like(k_scale), v_scale=_scale_like(v_scale), sm_scale=sm_scale,
+              quant_out=quant_out)  # fmt: skip
+    ok = lambda cfg: mgpu.supports(q, k_pages, v_pages, lengths, table_r, k_scale=kw["k_scale"],
+                                   v_scale=kw["v_scale"], sm_scale=sm_scale, config=cfg,
+                                   interpret=False) is None  # noqa: E731  # fmt: skip
+    cands = [cfg for cfg in blocks(default, w, mgpu._STAGES) if ok(cfg)]  # noqa: SLF001
+
+    def run_with(cfg):
+        fn = jax.jit(
+            lambda q_, k_, v_: run(
+                q_, k_, v_, lengths, table_r, impl="pallas_mosaic_gpu", config=cfg, **kw
+            )
+        )
+        return lambda: jax.block_until_ready(fn(*operands()))
+
+    shape = (*q.shape, *k_pages.shape, w, str(q.dtype), str(k_pages.dtype),
+             _scale_kind(k_scale), str(quant_out))  # fmt: skip
+    return tuned("paged_attention", shape, cands, run_with)
+
+
+def _scale_kind(sc) -> str:
+    return "none" if sc is None else f"scale{jnp.ndim(sc)}d"

@@ -1,0 +1,145 @@
+"""Decode attention autotuning: candidates, choice and cache with an injected timer (CPU, the
+Hopper target as an abstract device: the support checks run, nothing is timed on a GPU)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AbstractDevice, AbstractMesh
+
+from kernels_pallas import attention_autotune as at
+from kernels_pallas import autotune
+from kernels_pallas.decode_attention import DecodeBlocks
+from kernels_pallas.decode_attention import pallas_mosaic_gpu as dense
+from kernels_pallas.paged_attention.common import PagedBlocks
+
+F8 = jnp.float8_e4m3fn
+_H100 = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", platform="gpu", num_cores=132)
+
+
+def _on_h100():
+    return jax.sharding.use_abstract_mesh(AbstractMesh((), (), abstract_device=_H100))
+
+
+def test_split_choices_and_blocks_around_the_default():
+    assert at.split_choices(4, 64) == [4, 2, 8, 16]
+    assert at.split_choices(1, 64) == [1, 2, 4]  # half of 1 is 1: no duplicate
+    assert at.split_choices(8, 12) == [8, 4, 12]  # clipped to the tiles a row has
+    d = DecodeBlocks(block_s=64, num_splits=2, num_stages=3, swap_ab=True)
+    got = [at.name(c) for c in at.blocks(d, 64, (2, 3))]
+    assert got == ["J=2/st3/swap", "J=1/st3/swap", "J=4/st3/swap", "J=8/st3/swap",
+                   "J=2/st2/swap", "J=2/st3/unswapped"]  # fmt: skip
+    p = PagedBlocks(num_splits=1, num_stages=2, swap_ab=True)
+    assert [at.name(c) for c in at.blocks(p, 8, (2, 3))] == [
+        "J=1/st2/swap",
+        "J=2/st2/swap",
+        "J=4/st2/swap",
+        "J=1/st3/swap",
+        "J=1/st2/unswapped",
+    ]
+
+
+def test_off_by_default_in_interpret_mode_and_without_a_gpu(monkeypatch):
+    monkeypatch.delenv("FP8RL_AUTOTUNE", raising=False)
+    assert not at.enabled_for("auto", None, False)
+    monkeypatch.setenv("FP8RL_AUTOTUNE", "1")
+    assert not at.enabled_for("auto", None, True)  # interpret mode
+    assert not at.enabled_for("auto", DecodeBlocks(num_splits=2), False)  # a config given
+    assert not at.enabled_for("xla", None, False)
+    with _on_h100():  # a deviceless compile for an H100: nothing to time on
+        assert not at.enabled_for("auto", None, False)
+
+
+def _timer(times, calls):
+    def timer(c):
+        calls.append(c.name)
+        return times.get(c.name, 1.0)
+
+    return timer
+
+
+def test_dense_config_times_the_legal_candidates_once_and_caches_the_fastest(monkeypatch,
+                                                                             tmp_path):  # fmt: skip
+    """Qwen3-8B widths, B = 32, 8K slots, an FP8 cache with per-head scales: the default
+    (chunks for one wave of 2 x 132 CTAs: 1) and the candidates around it, all legal on H100;
+    the injected timer makes 2 chunks fastest; a second call reads the cache."""
+    run_file = tmp_path / "autotune.json"
+    monkeypatch.setenv("FP8RL_AUTOTUNE_FILE", str(run_file))
+    monkeypatch.setattr(autotune, "USER_CACHE", str(tmp_path / "user.json"))
+    calls = []
+    monkeypatch.setattr(autotune, "device_timer", _timer({"J=2/st3/swap": 0.5}, calls))
+    q = jax.ShapeDtypeStruct((32, 32, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((32, 8192, 8, 128), F8)
+    kw = dict(k_scale=jnp.ones((8,)), v_scale=jnp.ones((8,)), sm_scale=0.088, quant_out=F8)
+
+    def run(*a, **k):
+        raise AssertionError("the injected timer runs nothing")
+
+    with _on_h100():
+        assert dense.resolve_blocks(None, q, k).num_splits == 1
+        got = at.dense_config(q, k, k, **kw, run=run)
+        assert calls == ["J=1/st3/swap", "J=2/st3/swap", "J=4/st3/swap", "J=1/st2/swap",
+                         "J=1/st3/unswapped"]  # fmt: skip
+        assert got == DecodeBlocks(block_s=64, num_splits=2, num_stages=3, swap_ab=True)
+        assert at.dense_config(q, k, k, **kw, run=run) == got
+    assert len(calls) == 5  # the second call read the cache
+    rec = next(iter(json.loads(run_file.read_text()).values()))
+    assert rec["choice"] == "J=2/st3/swap" and len(rec["times_s"]) == 5
+    assert rec["candidates"] == calls[:5]  # in order, the default first
+
+
+def test_paged_config_keys_by_pool_and_table(monkeypatch, tmp_path):
+    monkeypatch.setenv("FP8RL_AUTOTUNE_FILE", str(tmp_path / "autotune.json"))
+    monkeypatch.setattr(autotune, "USER_CACHE", str(tmp_path / "user.json"))
+    calls = []
+    monkeypatch.setattr(autotune, "device_timer", _timer({"J=1/st3/swap": 0.1}, calls))
+    q = jax.ShapeDtypeStruct((64, 32, 128), jnp.bfloat16)
+    pages = jax.ShapeDtypeStruct((4096, 64, 8, 128), F8)
+    kw = dict(k_scale=jnp.ones((8,)), v_scale=jnp.ones((8,)), sm_scale=0.088, quant_out=None)
+    with _on_h100():
+        small = at.paged_config(q, pages, pages, jnp.zeros((64, 64), jnp.int32), **kw, run=None)
+        assert small == PagedBlocks(num_splits=1, num_stages=3, swap_ab=True)
+        n = len(calls)
+        at.paged_config(q, pages, pages, jnp.zeros((64, 128), jnp.int32), **kw, run=None)
+    assert len(calls) == 2 * n  # a wider table is another shape: tuned again
+
+
+def test_no_candidate_runs_leaves_the_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("FP8RL_AUTOTUNE_FILE", str(tmp_path / "autotune.json"))
+    monkeypatch.setattr(autotune, "USER_CACHE", str(tmp_path / "user.json"))
+
+    def failing(c):
+        raise RuntimeError("no GPU")
+
+    monkeypatch.setattr(autotune, "device_timer", failing)
+    q = jax.ShapeDtypeStruct((8, 32, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((8, 1024, 8, 128), jnp.bfloat16)
+    kw = dict(k_scale=None, v_scale=None, sm_scale=0.088, quant_out=None)
+    with _on_h100():
+        assert at.dense_config(q, k, k, **kw, run=None) is None
+
+
+@pytest.mark.parametrize("op", at.OPS)
+def test_the_ops_ask_for_a_tuned_config_only_when_enabled(monkeypatch, op):
+    """``impl="auto"`` without a config asks ``attention_autotune`` when ``enabled_for`` says
+    so (on CPU the XLA path then runs: the config does not change the result)."""
+    import numpy as np
+
+    from kernels_pallas.decode_attention import decode_attention
+    from kernels_pallas.paged_attention import paged_attention
+
+    asked = []
+    monkeypatch.setattr(at, "dense_config", lambda *a, **k: asked.append("dense"))
+    monkeypatch.setattr(at, "paged_config", lambda *a, **k: asked.append("paged"))
+    q = jax.random.normal(jax.random.key(0), (2, 4, 64), jnp.bfloat16)
+    kv = jax.random.normal(jax.random.key(1), (2, 128, 2, 64), jnp.bfloat16)
+    lengths = jnp.array([100, 128], jnp.int32)
+    table = jnp.arange(4, dtype=jnp.int32).reshape(2, 2)
+    call = (lambda: decode_attention(q, kv, kv, lengths, sm_scale=0.125)) if op == at.OPS[0] \
+        else (lambda: paged_attention(q, kv, kv, lengths, table, sm_scale=0.125))  # fmt: skip
+    want = np.asarray(call())
+    assert asked == []  # off by default
+    monkeypatch.setattr(at, "enabled_for", lambda *a: True)
+    np.testing.assert_array_equal(np.asarray(call()), want)
+    assert asked == ["dense" if op == at.OPS[0] else "paged"]
