@@ -99,7 +99,10 @@ def _tile_step(st: Static, q_smem, kb_smem, vb_smem, p_smem, bounds, idx, k_smem
     m_new = jnp.maximum(m_i, s.max(axis=0))
     alpha = jnp.exp2(m_i - m_new)
     p = jnp.exp2(s - lax.broadcast_in_dim(m_new, shape, [1]))
-    l_i = l_i * alpha + p.sum(axis=0)
+    # l stays a [block_s, N] tile of partial sums (``attend`` sums its rows once, at the end):
+    # a column sum per tile would cross the warpgroup's four warps (SMEM and a barrier), on the
+    # tile's serial path; the max above must (P's columns share one scale across all slots).
+    l_i = l_i * lax.broadcast_in_dim(alpha, shape, [1]) + p
     if st.dynamic:
         p = p * _row(scales[1], shape)
     acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
@@ -117,7 +120,8 @@ def _tile_step(st: Static, q_smem, kb_smem, vb_smem, p_smem, bounds, idx, k_smem
 
 def attend(st: Static, q_src, specs, srcs, bounds, n_tiles, c: int):
     """The chunk's online softmax over its ``n_tiles`` tiles (the TMA pipeline over ``specs``
-    of ``srcs``: K, V and the dynamic scales) -> (``Oᵀ`` [C, N], m [N], l [N]), f32."""
+    of ``srcs``: K, V and the dynamic scales) -> (``Oᵀ`` [C, N], m [N], l [N]), f32. The row
+    sums l are carried as a [block_s, N] tile (``_tile_step``) and summed over its rows here."""
     n, bs, dt = q_src.shape[0], st.bs, st.mma_dtype
 
     def compute(q_smem, kb_smem, vb_smem, p_smem, q_barrier):
@@ -127,13 +131,14 @@ def attend(st: Static, q_src, specs, srcs, bounds, n_tiles, c: int):
         init = (
             plgpu.layout_cast(jnp.zeros((c, n), jnp.float32), plgpu.Layout.WGMMA),
             plgpu.layout_cast(jnp.full((n,), -jnp.inf, jnp.float32), col),
-            plgpu.layout_cast(jnp.zeros((n,), jnp.float32), col),
+            plgpu.layout_cast(jnp.zeros((bs, n), jnp.float32), plgpu.Layout.WGMMA),
         )
         step = functools.partial(_tile_step, st, q_smem, kb_smem, vb_smem, p_smem, bounds)
-        return plgpu.emit_pipeline(
+        acc, m_i, l_tile = plgpu.emit_pipeline(
             step, grid=(n_tiles,), in_specs=specs, max_concurrent_steps=st.stages,
             init_carry=init,
         )(*srcs)  # fmt: skip
+        return acc, m_i, l_tile.sum(axis=0)
 
     # 16-bit caches feed wgmma straight from the pipeline buffers: no upcast copies. FP8: V
     # upcast into one buffer (its transpose as the A operand needs SMEM: an 8-bit register
