@@ -18,7 +18,9 @@ B · (A - 1) tokens. Reported: end-to-end tokens/s (B · A / e2e_s), decode toke
 step, and speedups over ``bf16`` (issue 11's target: ``w8a8_fp8kv`` >= 1.4x BF16 tokens/s).
 
 Models: ``qwen3-1.7b`` (28 layers, D 2048, 16/8 heads of 128, F 6144, vocab 151936: the GPU
-default, 1K-token prompts, 4K-token responses, batch 32), ``tiny`` (``--quick``: the code paths on
+default, 1K-token prompts, 4K-token responses, batch 32), ``qwen3-8b`` (36 layers, D 4096, 32/8
+heads, F 12288: issue 21's rollout target shape, batch 64: 16 GB of BF16 weights and 24-48 GB
+of cache on an H200; ``--model qwen3-8b``), ``tiny`` (``--quick``: the code paths on
 CPU in seconds), ``llama-small`` (CPU default). On CPU FP8 is emulated (dequantize, then dot):
 the numbers say nothing about FP8 speed. ``--hf`` adds our generate vs ``transformers`` generate
 (f32, CPU; needs ``.hfvenv``) at batch 1 and 16 on ``llama-small``.
@@ -62,12 +64,13 @@ from fp8rl_jax.models import (  # noqa: E402
     init_weights,
     save_hf_checkpoint,
 )
-from fp8rl_jax.models.presets import QWEN3_1P7B  # noqa: E402
+from fp8rl_jax.models.presets import QWEN3_1P7B, QWEN3_8B  # noqa: E402
 from fp8rl_jax.quant import QuantRecipe  # noqa: E402
 from fp8rl_jax.rl import calibrate_program  # noqa: E402
 
 MODELS = {
     "qwen3-1.7b": QWEN3_1P7B,
+    "qwen3-8b": QWEN3_8B,  # issue 21's rollout target shape (``--model qwen3-8b`` on a GPU)
     "tiny": ModelConfig(
         vocab_size=256, hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
         intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=True,
@@ -79,7 +82,8 @@ MODELS = {
     ),
 }  # fmt: skip
 # (batch, prompt tokens, response tokens) per model
-SHAPES = {"qwen3-1.7b": (32, 1024, 4096), "tiny": (2, 16, 8), "llama-small": (16, 32, 64)}
+SHAPES = {"qwen3-1.7b": (32, 1024, 4096), "qwen3-8b": (64, 1024, 4096), "tiny": (2, 16, 8),
+          "llama-small": (16, 32, 64)}  # fmt: skip
 _KV8 = dict(kv_cache_dtype="float8_e4m3fn")
 VARIANTS = {  # name -> RolloutConfig fields; the first is the baseline
     "bf16": dict(quant=None),

@@ -64,6 +64,14 @@
 # rollout 65-80 s per variant (compiles 17-38 s + 10-23 s, a 4K-token rollout 15-18 s); host_sync
 # 6 s; autotune > 85 s for one shape before its candidates were cut to the model's best 6
 # (api.TUNE_LIMIT). All stages need ~14 minutes: one call (<= 10 minutes) runs a subset.
+# What the next lease should run (what the first one did not: the quantize stage, the pruned
+# fp8_matmul and the attention autotuners, the grouped kernel's device tests, Qwen3-8B's rollout),
+# as two calls of ~6.5 minutes:
+#   GPU_CHECK_BUDGET_S=400 GPU_CHECK_STAGES="pytest quantize autotune matmul"
+#     GPU_CHECK_BUDGETS="pytest=90 quantize=45 autotune=160 matmul=90" GPU_CHECK_ARGS_matmul="--ms 4096"
+#   GPU_CHECK_BUDGET_S=380 GPU_CHECK_STAGES="rollout decode perf_model"
+#     GPU_CHECK_BUDGETS="rollout=300 decode=50 perf_model=20"
+#     GPU_CHECK_ARGS_rollout="--model qwen3-8b --variants bf16 w8a8_fp8kv"
 set -uo pipefail # no -e: a failed stage must not stop the others
 
 cd "$(dirname "$0")/.." || exit 2

@@ -152,7 +152,7 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int,
 
 
 QWEN3_1P7B = DenseModel("Qwen3-1.7B", 28, 2048, 16, 8, 128, 6144, 151936)
-BENCH_MODELS = {"qwen3-1.7b": QWEN3_1P7B}  # bench_rollout.py's GPU model names we can predict
+BENCH_MODELS = {"qwen3-1.7b": QWEN3_1P7B, "qwen3-8b": QWEN3_8B}  # bench_rollout.py GPU models
 # the first device run's rollout (bench_rollout.py on one H200: random weights, static engine)
 MEASURED_ROLLOUT = "gpu_h200_2026-12-04/run1/bench_rollout.json"
 

@@ -379,6 +379,27 @@ def test_calibrated_rollout_predicts_the_measured_one():
     assert v["raw"].ratio > 1.5
 
 
+def test_a_qwen3_8b_rollout_file_is_predicted_at_its_own_shape(tmp_path):
+    """``bench_rollout.py --model qwen3-8b`` (issue 21's target shape): the model predicts its
+    decode step at the file's batch and mean context, the Qwen3-8B widths."""
+    import json
+
+    from kernels_pallas.perf_model import gpu_rollout
+
+    row = dict(batch=64, prompt_len=1024, new_tokens=4096, ms_per_step=10.0)
+    data = dict(
+        meta=dict(model="qwen3-8b", device_kind="NVIDIA H200"),
+        rows=[dict(row, variant="bf16", ms_per_step=14.0), dict(row, variant="w8a8_fp8kv")],
+    )
+    path = tmp_path / "bench_rollout.json"
+    path.write_text(json.dumps(data))
+    v = gpu_rollout.validation(str(path))
+    assert v["measured_ratio"] == pytest.approx(1.4)
+    want = gpu_rollout.decode_step("h200", gpu_rollout.QWEN3_8B, 64, 1024 + 2048)
+    assert v["calibrated"].ratio == pytest.approx(want.ratio)
+    assert v["label"] == "Qwen3-8B shape, h200, B = 64, context 3,072"
+
+
 def test_compare_puts_a_measured_rollout_beside_the_rollout_model(capsys, tmp_path):
     """``compare`` given a bench_rollout JSON prints its decode step beside the model's (raw and
     calibrated); one its stage did not write is named, not a crash."""
