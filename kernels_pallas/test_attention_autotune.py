@@ -51,24 +51,35 @@ def test_off_by_default_in_interpret_mode_and_without_a_gpu(monkeypatch):
         assert not at.enabled_for("auto", None, False)
 
 
-def _timer(times, calls):
-    def timer(c):
-        calls.append(c.name)
-        return times.get(c.name, 1.0)
-
-    return timer
-
-
-def test_dense_config_times_the_legal_candidates_once_and_caches_the_fastest(monkeypatch,
-                                                                             tmp_path):  # fmt: skip
-    """Qwen3-8B widths, B = 32, 8K slots, an FP8 cache with per-head scales: the default
-    (chunks for one wave of 2 x 132 CTAs: 1) and the candidates around it, all legal on H100;
-    the injected timer makes 2 chunks fastest; a second call reads the cache."""
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    """The tuning records go to this test's files (the run file is returned), and
+    ``inject(times)`` replaces the device timer (seconds by candidate name, 1.0 if absent, or an
+    exception to raise) and returns the names it was called with, in order."""
     run_file = tmp_path / "autotune.json"
     monkeypatch.setenv("FP8RL_AUTOTUNE_FILE", str(run_file))
     monkeypatch.setattr(autotune, "USER_CACHE", str(tmp_path / "user.json"))
     calls = []
-    monkeypatch.setattr(autotune, "device_timer", _timer({"J=2/st3/swap": 0.5}, calls))
+
+    def inject(times):
+        def timer(c):
+            calls.append(c.name)
+            if isinstance(times, Exception):
+                raise times
+            return times.get(c.name, 1.0)
+
+        monkeypatch.setattr(autotune, "device_timer", timer)
+        return calls
+
+    return run_file, inject
+
+
+def test_dense_config_times_the_legal_candidates_once_and_caches_the_fastest(cache):
+    """Qwen3-8B widths, B = 32, 8K slots, an FP8 cache with per-head scales: the default
+    (chunks for one wave of 2 x 132 CTAs: 1) and the candidates around it, all legal on H100;
+    the injected timer makes 2 chunks fastest; a second call reads the cache."""
+    run_file, inject = cache
+    calls = inject({"J=2/st3/swap": 0.5})
     q = jax.ShapeDtypeStruct((32, 32, 128), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((32, 8192, 8, 128), F8)
     kw = dict(k_scale=jnp.ones((8,)), v_scale=jnp.ones((8,)), sm_scale=0.088, quant_out=F8)
@@ -89,11 +100,8 @@ def test_dense_config_times_the_legal_candidates_once_and_caches_the_fastest(mon
     assert rec["candidates"] == calls[:5]  # in order, the default first
 
 
-def test_paged_config_keys_by_pool_and_table(monkeypatch, tmp_path):
-    monkeypatch.setenv("FP8RL_AUTOTUNE_FILE", str(tmp_path / "autotune.json"))
-    monkeypatch.setattr(autotune, "USER_CACHE", str(tmp_path / "user.json"))
-    calls = []
-    monkeypatch.setattr(autotune, "device_timer", _timer({"J=1/st3/swap": 0.1}, calls))
+def test_paged_config_keys_by_pool_and_table(cache):
+    calls = cache[1]({"J=1/st3/swap": 0.1})
     q = jax.ShapeDtypeStruct((64, 32, 128), jnp.bfloat16)
     pages = jax.ShapeDtypeStruct((4096, 64, 8, 128), F8)
     kw = dict(k_scale=jnp.ones((8,)), v_scale=jnp.ones((8,)), sm_scale=0.088, quant_out=None)
@@ -105,14 +113,8 @@ def test_paged_config_keys_by_pool_and_table(monkeypatch, tmp_path):
     assert len(calls) == 2 * n  # a wider table is another shape: tuned again
 
 
-def test_no_candidate_runs_leaves_the_default(monkeypatch, tmp_path):
-    monkeypatch.setenv("FP8RL_AUTOTUNE_FILE", str(tmp_path / "autotune.json"))
-    monkeypatch.setattr(autotune, "USER_CACHE", str(tmp_path / "user.json"))
-
-    def failing(c):
-        raise RuntimeError("no GPU")
-
-    monkeypatch.setattr(autotune, "device_timer", failing)
+def test_no_candidate_runs_leaves_the_default(cache):
+    cache[1](RuntimeError("no GPU"))
     q = jax.ShapeDtypeStruct((8, 32, 128), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((8, 1024, 8, 128), jnp.bfloat16)
     kw = dict(k_scale=None, v_scale=None, sm_scale=0.088, quant_out=None)
