@@ -170,9 +170,9 @@ def _attention_table() -> None:
             print(f"| {op} | {label} | failed: {type(e).__name__}: {str(e)[:200]} | | | | |")
             continue
         recs = load(cache_paths())
-        new = [k for k in recs if op in k and k not in before] or [k for k in recs if op in k]
-        if not new:
-            print(f"| {op} | {label} | (not tuned) | | | | |")
+        new = [k for k in recs if f"|{op}|" in k and k not in before]
+        if not new:  # read from a cache file written before this run, or nothing ran
+            print(f"| {op} | {label} | (no new record: see {cache_paths()}) | | | | |")
             continue
         rec = recs[new[0]]
         t, first = rec["times_s"], rec["candidates"][0]

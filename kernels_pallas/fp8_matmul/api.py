@@ -42,12 +42,11 @@ def fused_default(m: int, n: int, k: int) -> bool:
     """Whether raw BF16/F16 x [M, K] takes the fused (in-kernel quantization) kernel by default.
 
     Never: x is quantized once per 1x128 group (one ``act_quantize`` launch) and the QArray
-    kernel runs, at every M. The fused
-    kernel re-quantizes its x slice in every CTA (N/128 times over): its K loop is 725 SASS
-    instructions per warp against 128 for the QArray kernel (``perf_model_sass.json``),
-    issue-bound at a predicted 0.57-0.66x the quantize-once time on H100 at every shape of
-    ``perf_model.gpu.MATMUL_LAYERS`` (M 65-8192). It stays available with an explicit
-    non-swap ``MgpuConfig`` and raw x.
+    kernel runs, at every M. The fused kernel re-quantizes its x slice in every CTA (N/128
+    times over): its K loop is 725 SASS instructions per warp against 128 for the QArray kernel
+    (``perf_model_sass.json``), issue-bound at a predicted 0.57-0.66x the quantize-once time on
+    H100 at every shape of ``perf_model.gpu.MATMUL_LAYERS`` (M 65-8192). It stays available
+    with an explicit non-swap ``MgpuConfig`` and raw x.
     """
     del m, n, k
     return False

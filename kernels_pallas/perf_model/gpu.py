@@ -291,17 +291,16 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
         cfg = dataclasses.replace(cfg, split_k=split_k)
     t, epilogue, terms, name = matmul_kernel(chip, m, n, k, cfg, fused,
                                              epilogue_launch=not in_program)  # fmt: skip
-    quant_impl = quant
-    quant = quantize_s(chip, m, k, quant_impl) if (x == "bf16" and not fused) else 0.0
+    quant_s = quantize_s(chip, m, k, quant) if (x == "bf16" and not fused) else 0.0
     out_b = 2
     hbm = (m * k * (2 if fused else 1) + n * k + m * n * out_b + (n // 128) * (k // 128) * 4
            + (0 if fused else m * (k // 128) * 4))  # fmt: skip
-    impl = name + ("" if not quant else " + quantize kernel" if quant_impl == "kernel"
+    impl = name + ("" if not quant_s else " + quantize kernel" if quant == "kernel"
                    else " + XLA quantize")  # fmt: skip
     base = f"XLA BF16 jnp.dot ({BF16_GEMM_EFF:.0%} of peak / {BF16_GEMM_BW_EFF:.0%} of HBM)"
     scale = calibration("mm_decode" if cfg.swap_ab else "mm_prefill")
     return finish("fp8_matmul", label or f"M={m} N={n} K={k}", chip, impl, t, terms, hbm,
-                   2 * m * n * k, base, bf16_gemm_s(chip, m, n, k), quant + epilogue,
+                   2 * m * n * k, base, bf16_gemm_s(chip, m, n, k), quant_s + epilogue,
                    scale)  # fmt: skip
 
 
