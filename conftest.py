@@ -14,7 +14,11 @@ with LLVM at -O0 (``--xla_backend_optimization_level=0``, appended to ``XLA_FLAG
 user set a level): it changes code generation only, not the HLO or IEEE semantics (XLA:CPU does
 not enable fast math). Measured on tests/test_rollout.py, cold cache, the two runs side by side
 on one 2-core machine under load ~30: 791 s at -O0 vs 1027 s at the default -O3 (its first,
-compile-bound test 390 s vs 594 s).
+compile-bound test 390 s vs 594 s). The same variable carries
+``kernels_pallas.backend.GPU_INTERPRET_XLA_FLAG`` (XLA:CPU's sequential thunk schedule), without
+which a Mosaic GPU kernel interpreted on CPU can hang the pool its barrier callbacks run on.
+A test still running after pyproject's ``timeout`` (pytest-timeout) fails with every thread's
+stack instead of holding CI to its limit.
 """
 
 import os
@@ -41,6 +45,13 @@ if _RUN_CACHE in os.environ:
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ[_RUN_CACHE])
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+# Mosaic GPU kernels interpreted on CPU can hang XLA:CPU's thread pool unless one scheduler flag
+# is set before the first computation (``backend.GPU_INTERPRET_XLA_FLAG`` says why); imported
+# here, after the cache variables above, which jax reads when it is imported.
+from kernels_pallas.backend import prepare_gpu_interpret  # noqa: E402
+
+prepare_gpu_interpret()
 
 
 def pytest_unconfigure(config):

@@ -38,7 +38,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments import bench_common as bc  # noqa: E402
-from kernels_pallas.backend import default_impl  # noqa: E402
+from kernels_pallas.backend import default_impl, prepare_gpu_interpret  # noqa: E402
 from kernels_pallas.decode_attention import DecodeBlocks, decode_attention  # noqa: E402
 
 GPU_SHAPES = (  # (model, B, S, H, K)
@@ -206,6 +206,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--interpret", action="store_true", help="add the Hopper kernel, interpreted")
     ap.add_argument("--out", default=None, help="JSON path (default results/bench_decode_<dev>)")
     args = ap.parse_args(argv)
+    if args.interpret:  # before the first computation (backend.GPU_INTERPRET_XLA_FLAG)
+        prepare_gpu_interpret()
     dev = jax.devices()[0]
     on_gpu = dev.platform == "gpu"
     shapes, c = (

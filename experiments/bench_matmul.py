@@ -49,6 +49,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments import bench_common as bc  # noqa: E402
+from kernels_pallas.backend import prepare_gpu_interpret  # noqa: E402
 from kernels_pallas.fp8_matmul import default_impl, fp8_matmul  # noqa: E402
 from kernels_pallas.quantize import quantize_activations, quantize_weight  # noqa: E402
 
@@ -181,6 +182,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--interpret", action="store_true", help="add the Hopper kernel, interpreted")
     ap.add_argument("--out", default=None, help="JSON path (default results/bench_matmul_<dev>)")
     args = ap.parse_args(argv)
+    if args.interpret:  # before the first computation (backend.GPU_INTERPRET_XLA_FLAG)
+        prepare_gpu_interpret()
     on_gpu = jax.devices()[0].platform == "gpu"
     layers, ms = (GPU_LAYERS, GPU_M) if on_gpu and not args.quick else (CPU_LAYERS, CPU_M)
     if args.quick:

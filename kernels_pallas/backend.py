@@ -72,6 +72,41 @@ def device_reason(kind: str, interpret: bool) -> str | None:
     return None
 
 
+# Mosaic GPU interpret mode runs each emulated warpgroup (and each CTA of a cluster) as its own
+# jitted program on its own Python thread, their barriers as host callbacks that block until the
+# other threads arrive. XLA:CPU's concurrency-optimized thunk schedule runs such callbacks on its
+# intra-op pool (one thread per core): once every pool thread blocks in a barrier, the programs
+# that would release them wait for a pool thread, and the process hangs (test_cluster_k's
+# 3-chunk f32 case hung on every run pinned to one core, and once in the suite on 2 cores). With
+# this scheduler off, the callbacks run on their program's own thread: the same runs pass.
+GPU_INTERPRET_XLA_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def prepare_gpu_interpret() -> bool:
+    """Add ``GPU_INTERPRET_XLA_FLAG`` to ``XLA_FLAGS`` (unless the user set that flag), so that
+    Mosaic GPU kernels interpreted on CPU cannot hang. XLA reads ``XLA_FLAGS`` once, when a
+    process's first computation creates its backend: call this before that (tests: conftest.py;
+    scripts: after parsing their arguments). True if the flag is (now) in effect; False, with a
+    warning, when a backend already exists without it."""
+    import os
+
+    from jax._src import xla_bridge
+
+    name = GPU_INTERPRET_XLA_FLAG.split("=")[0]
+    flags = os.environ.get("XLA_FLAGS", "")
+    if name in flags:
+        return True
+    if xla_bridge.backends_are_initialized():
+        log.warning(
+            "Mosaic GPU interpret mode may hang: jax's backend started without %s "
+            "(set it in XLA_FLAGS before the first computation)",
+            GPU_INTERPRET_XLA_FLAG,
+        )
+        return False
+    os.environ["XLA_FLAGS"] = f"{flags} {GPU_INTERPRET_XLA_FLAG}".strip()
+    return True
+
+
 def default_impl() -> str:
     """The kernel ``auto`` prefers on this target, before support checks: Mosaic GPU on Hopper,
     Mosaic TPU on TPU, the XLA implementation elsewhere."""
