@@ -82,7 +82,7 @@ def _has_tpu() -> bool:
 
 # The test files that take longest, heaviest first (seconds per file on 2 idle CPU cores, cold
 # compile cache, `--durations=0` of the full run at the commit that last changed this list:
-# reliability 230, trainer_sharded 207, ..., paged_rl_step 26; the other ~40 files take less).
+# reliability 108, trainer_sharded 85, ..., paged_rl_step 15; the other ~50 files take less).
 # xdist's ``--dist loadfile`` hands files to the workers in collection order, and by default
 # re-sorts them by test count, which sent the files of two or three slow end-to-end tests last:
 # one worker ran them for minutes while the other sat idle. Here the run starts with the
@@ -91,27 +91,29 @@ def _has_tpu() -> bool:
 HEAVY_FILES = (
     "tests/test_reliability.py",
     "tests/test_trainer_sharded.py",
+    "kernels_pallas/fp8_matmul/test_fp8_matmul.py",
+    "tests/test_sharding_mesh.py",
     "tests/test_chunked_logprobs.py",
     "tests/test_train_dapo.py",
-    "tests/test_sharding_mesh.py",
-    "kernels_pallas/fp8_matmul/test_fp8_matmul.py",
-    "tests/test_train_precision.py",
-    "tests/test_generation.py",
-    "tests/test_models.py",
     "tests/test_train_hf.py",
-    "tests/test_trainer.py",
-    "tests/test_notebook.py",
-    "tests/test_rl_step.py",
-    "tests/test_paged_engine.py",
+    "tests/test_fused_projections.py",
+    "tests/test_train_precision.py",
     "kernels_pallas/fp8_train_matmul/test_fp8_train_matmul.py",
+    "tests/test_models.py",
+    "tests/test_notebook.py",
+    "tests/test_generation.py",
+    "kernels_pallas/decode_attention/test_decode_attention.py",
+    "tests/test_paged_engine.py",
+    "tests/test_trainer.py",
     "kernels_pallas/grouped_fp8_matmul/test_grouped_fp8_matmul.py",
     "tests/test_repro_long.py",
     "tests/test_router_replay.py",
+    "kernels_pallas/act_quantize/test_fused.py",
+    "tests/test_rl_step.py",
     "tests/test_models_moe.py",
-    "kernels_pallas/decode_attention/test_decode_attention.py",
     "tests/test_rl_step_ppo.py",
     "tests/test_paged_sharded.py",
-    "tests/test_moe_parallel.py",
+    "kernels_pallas/grouped_matmul/test_grouped_matmul.py",
     "tests/test_paged_rl_step.py",
 )
 

@@ -1,5 +1,6 @@
 """Autotuning: choice, caching and the BF16 floor with an injected timer (CPU, no device)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -130,9 +131,16 @@ def test_the_device_times_the_default_and_the_models_fastest_configs():
     every = api.tuning_specs(m, n, k, "gpu")
     kept = api.tuning_specs(m, n, k, "gpu", limit=4, device_kind="NVIDIA H200")
     assert [s[0] for s in kept[:2]] == ["xla", BF16_FLOOR] and len(kept) == 6
-    assert kept[2][2] == mgpu.default_config(m, n, k) == every[2][2]
+    default = mgpu.default_config(m, n, k)
+    assert kept[2][2] == default == every[2][2] and default.max_concurrent_steps == 4
+    # decode: the default's deep-ring twin is always timed too (api.DEEP_RING_STAGES)
+    deep = dataclasses.replace(default, max_concurrent_steps=api.DEEP_RING_STAGES)
+    assert kept[3][2] == deep == every[3][2] and kept[3][0] == "pallas_mosaic_gpu:32x128x6s/k8"
     t = lambda cfg: gpu.predict_matmul("h200", m, n, k, "fp8", config=cfg,  # noqa: E731
                                        in_program=True).time_s  # fmt: skip
-    others = sorted(t(s[2]) for s in every[3:] if s[2] != every[2][2])
-    assert sorted(t(s[2]) for s in kept[3:]) == others[:3]
+    others = sorted(t(s[2]) for s in every[4:] if s[2] not in (default, deep))
+    assert sorted(t(s[2]) for s in kept[4:]) == others[:2]
     assert len(every) > len(kept)
+    # prefill: no twin (its ring is as deep as the SMEM allows), one pinned spec
+    prefill = api.tuning_specs(4096, 4096, 4096, "gpu", limit=4, device_kind="NVIDIA H200")
+    assert len(prefill) == 6 and not any(s[2] is not None and s[2].swap_ab for s in prefill[:3])

@@ -154,6 +154,15 @@ def _run_tpu(x, w_q, *, config, out_dtype, interpret):
 # the first shape; 6 (with XLA and the BF16 floor, 8 candidates) take ~27 s per shape at that
 # rate. The model ranks, the device decides.
 TUNE_LIMIT = 6
+# The decode (swap-AB) default's twin with this many ring stages, always timed beside it. The
+# first device run measured the decode tiles at 1.3-2.8 TB/s of the H200's 4.8, 1.28-2.56x the
+# model's time. They run 1 CTA per SM (registers) with 4 stages: 50-99 KB of TMA loads in flight
+# per SM, which at ~1.2 us of loaded HBM latency is 40-80 GB/s per SM (Little's law), 1.1-2.2x an
+# SM's 36 GB/s share of the peak: a thin margin that a deeper ring widens. 6 stages (the deepest
+# ``mgpu_config`` allows) compile with 0 spills and the same registers on every swap tile (SASS:
+# 8 more loop instructions), and SMEM is free at 1 CTA per SM. The default stays 4 stages until a
+# device measures the difference.
+DEEP_RING_STAGES = 6
 
 
 def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None,
@@ -167,6 +176,10 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
     if platform == "gpu":
         G = mgpu.MgpuConfig
         cfgs = [mgpu.default_config(m, n, k)]
+        if cfgs[0].swap_ab:  # the default decode tile with the deepest ring (DEEP_RING_STAGES)
+            deep = dataclasses.replace(cfgs[0], max_concurrent_steps=DEEP_RING_STAGES)
+            if mgpu.supports(m, k, n, deep, fused=False, x_itemsize=1, out_itemsize=2) is None:
+                cfgs.append(deep)
         rows = -(-m // SWAP_ROW_ALIGN) * SWAP_ROW_ALIGN  # the smallest legal swap tile for M
         if m <= 256:  # swap-AB: all rows as the wgmma N up to 128, tiles of 64 or 128 above
             bms = [min(rows, 128)] + ([64] if m > 64 else [])
@@ -194,15 +207,17 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
                 name += f"/p{cfg.persistent}" if cfg.persistent else ""
                 specs.append((name, "pallas_mosaic_gpu", cfg))
         if limit is not None:
-            specs = specs[:2] + _model_ranked(specs[2:], m, n, k, limit, device_kind)
+            pinned = 2 if len(cfgs) > 1 and cfgs[1].max_concurrent_steps == DEEP_RING_STAGES else 1
+            specs = specs[:2] + _model_ranked(specs[2:], m, n, k, limit, device_kind, pinned)
     elif platform == "tpu":
         specs.append(("pallas_tpu", "pallas_tpu", None))
     return specs
 
 
-def _model_ranked(specs, m: int, n: int, k: int, limit: int, device_kind: str):
-    """The first spec (the default config) and the ``limit - 1`` others the performance model
-    predicts fastest as a GEMM inside a program, in the order given."""
+def _model_ranked(specs, m: int, n: int, k: int, limit: int, device_kind: str, pinned: int = 1):
+    """The first ``pinned`` specs (the default config, and for decode its deep-ring twin) and
+    the ``limit - pinned`` others the performance model predicts fastest as a GEMM inside a
+    program, in the order given."""
     from kernels_pallas.perf_model import compare, gpu
 
     chip = compare.chip_of(device_kind) or "h100"
@@ -213,8 +228,8 @@ def _model_ranked(specs, m: int, n: int, k: int, limit: int, device_kind: str):
         except KeyError:  # no SASS profile of this variant's family: rank it last
             return float("inf")
 
-    rest = sorted(range(1, len(specs)), key=lambda i: (predicted(specs[i][2]), i))
-    keep = {0, *rest[: max(limit - 1, 0)]}
+    rest = sorted(range(pinned, len(specs)), key=lambda i: (predicted(specs[i][2]), i))
+    keep = {*range(pinned), *rest[: max(limit - pinned, 0)]}
     return [s for i, s in enumerate(specs) if i in keep]
 
 
