@@ -124,12 +124,14 @@ def dense_config(q, k, v, *, k_scale, v_scale, sm_scale, quant_out, run):
 
 def paged_config(q, k_pages, v_pages, table, *, k_scale, v_scale, sm_scale, quant_out, run):
     """The tuned ``PagedBlocks`` for ``paged_attention`` at this call's shape, or None."""
+    from kernels_pallas.decode_attention import pallas_mosaic_gpu as dense
     from kernels_pallas.paged_attention import pallas_mosaic_gpu as mgpu
     from kernels_pallas.paged_attention.common import PagedBlocks
 
     b, w = table.shape
     x, y, n_kv, c = k_pages.shape
-    default = PagedBlocks(num_splits=mgpu.default_splits(b, w, n_kv), num_stages=2, swap_ab=True)
+    default = PagedBlocks(num_splits=mgpu.default_splits(b, w, n_kv),
+                          num_stages=dense.default_stages(k_pages.dtype), swap_ab=True)  # fmt: skip
     operands = _operands(q, k_pages, v_pages)
     table_r = (jnp.arange(b * w, dtype=jnp.int32) % x).reshape(b, w)  # distinct pages per row
     lengths = jnp.full((b,), w * y, jnp.int32)

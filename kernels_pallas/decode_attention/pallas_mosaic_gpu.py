@@ -294,6 +294,12 @@ def smem_bytes(blocks: common.DecodeBlocks, c: int, kv_dtype, dynamic: bool, gro
     return max(loop, out) + 1024  # barriers and alignment
 
 
+def default_stages(kv_dtype) -> int:
+    """K/V tiles in flight when a config leaves ``num_stages`` unset (dense and paged kernels):
+    3 on an FP8 cache, 2 on a 16-bit one; both keep SMEM within two CTAs per SM."""
+    return 3 if jnp.dtype(kv_dtype).itemsize == 1 else 2
+
+
 def resolve_blocks(config: common.DecodeBlocks | None, q_BHC, k_BSKC) -> common.DecodeBlocks:
     """``config`` with its None fields set: block_s 64, 3 stages for FP8 caches (2 for 16-bit:
     both keep SMEM within two CTAs per SM), chunks to fill one wave of 2 x 132 CTAs, swap-AB."""
@@ -301,7 +307,7 @@ def resolve_blocks(config: common.DecodeBlocks | None, q_BHC, k_BSKC) -> common.
     config = config or common.DecodeBlocks()
     b, s, n_kv, _ = k_BSKC.shape
     bs = config.block_s or 64
-    stages = config.num_stages or (3 if jnp.dtype(k_BSKC.dtype).itemsize == 1 else 2)
+    stages = config.num_stages or default_stages(k_BSKC.dtype)
     splits = common.resolve_splits(config.num_splits, b * n_kv, NUM_SMS * _CTAS_PER_SM, s // bs)
     swap = common.swap_ab_on(config)
     return common.DecodeBlocks(block_s=bs, num_splits=splits, num_stages=stages, swap_ab=swap)

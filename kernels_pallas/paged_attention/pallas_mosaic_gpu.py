@@ -171,7 +171,8 @@ def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_sc
         return f"page_size {y} is not a kernel block size {PAGE_SIZES} (a tile is one page)"
     if k_scale is not None and jnp.ndim(k_scale) == 3:
         return "dynamic (per-slot) page scales are not supported by the Mosaic GPU kernel yet"
-    stages = 2 if config is None or config.num_stages is None else config.num_stages
+    stages = (config.num_stages if config is not None else None) or \
+        dense.default_stages(k_pages.dtype)  # fmt: skip
     if stages not in _STAGES:
         return f"num_stages {stages} not in {_STAGES}"
     return None
@@ -183,6 +184,6 @@ def run(q, k, v, lengths_B, table, *, config: PagedBlocks | None, interpret, qua
     splits = config.num_splits or default_splits(q.shape[0], table.shape[1], k.shape[2])
     return paged_attention_mgpu(
         q, k, v, lengths_B, table, **kw, num_splits=splits,
-        stages=config.num_stages or 2, quant_out=quant_out, interpret=interpret,
-        swap_ab=common.swap_ab_on(config),
+        stages=config.num_stages or dense.default_stages(k.dtype), quant_out=quant_out,
+        interpret=interpret, swap_ab=common.swap_ab_on(config),
     )  # fmt: skip

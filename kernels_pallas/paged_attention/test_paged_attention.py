@@ -240,3 +240,27 @@ def test_mosaic_gpu_default_splits_fill_a_wave():
     assert mgpu.default_splits(8, 512, 8) == 4
     assert mgpu.default_splits(32, 512, 8) == 1
     assert mgpu.default_splits(1, 8, 8) == 2  # 8 pages: at least 4 per chunk
+
+
+@pytest.mark.parametrize("dtype,stages", [(F8, 3), (jnp.bfloat16, 2)])
+def test_mosaic_gpu_default_stages_are_the_dense_kernels(monkeypatch, dtype, stages):
+    """Unset num_stages: the dense kernel's rule (3 pages in flight on an FP8 pool, 2 on a 16-bit
+    one: the configuration the first H200 run measured for the dense FP8 kernel, 71 KB of SMEM,
+    two CTAs per SM), in the support check, the run and the autotuner's default candidate."""
+    from kernels_pallas import attention_autotune
+    from kernels_pallas.paged_attention import pallas_mosaic_gpu as mgpu
+
+    seen = {}
+    monkeypatch.setattr(mgpu, "paged_attention_mgpu", lambda *a, **kw: seen.update(kw))
+    c = _case(0, [6, 9], dtype, "static" if dtype == F8 else "none")
+    mgpu.run(c["q"], c["k"], c["v"], c["lengths"], c["table"], config=None, interpret=True,
+             k_scale=c["ks"], v_scale=c["vs"], sm_scale=0.25)  # fmt: skip
+    assert seen["stages"] == stages
+    tuned = {}
+    monkeypatch.setattr(attention_autotune, "tuned",
+                        lambda op, shape, cands, run_with: tuned.update(c=cands))  # fmt: skip
+    monkeypatch.setattr(mgpu, "supports", lambda *a, **kw: None)
+    attention_autotune.paged_config(c["q"], c["k"], c["v"], c["table"], k_scale=c["ks"],
+                                    v_scale=c["vs"], sm_scale=0.25, quant_out=None,
+                                    run=None)  # fmt: skip
+    assert tuned["c"][0].num_stages == stages

@@ -333,7 +333,7 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
     if op == "paged_attention":
         from kernels_pallas.paged_attention import pallas_mosaic_gpu as paged
 
-        bs, stages = 64, 2
+        bs, stages = 64, dense.default_stages(kv_dtype)
         splits = splits if splits is not None else paged.default_splits(b, s // bs, n_kv)
         name = "paged_fp8" if fp8 else "decode_bf16"
     else:
