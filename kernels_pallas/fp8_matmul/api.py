@@ -176,10 +176,11 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
     if platform == "gpu":
         G = mgpu.MgpuConfig
         cfgs = [mgpu.default_config(m, n, k)]
-        if cfgs[0].swap_ab:  # the default decode tile with the deepest ring (DEEP_RING_STAGES)
-            deep = dataclasses.replace(cfgs[0], max_concurrent_steps=DEEP_RING_STAGES)
-            if mgpu.supports(m, k, n, deep, fused=False, x_itemsize=1, out_itemsize=2) is None:
-                cfgs.append(deep)
+        # the default decode tile with the deepest ring (DEEP_RING_STAGES), pinned beside it
+        deep = dataclasses.replace(cfgs[0], max_concurrent_steps=DEEP_RING_STAGES)
+        twin = cfgs[0].swap_ab and mgpu.supports(m, k, n, deep, fused=False, x_itemsize=1,
+                                                 out_itemsize=2) is None  # fmt: skip
+        cfgs += [deep] if twin else []
         rows = -(-m // SWAP_ROW_ALIGN) * SWAP_ROW_ALIGN  # the smallest legal swap tile for M
         if m <= 256:  # swap-AB: all rows as the wgmma N up to 128, tiles of 64 or 128 above
             bms = [min(rows, 128)] + ([64] if m > 64 else [])
@@ -207,8 +208,7 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
                 name += f"/p{cfg.persistent}" if cfg.persistent else ""
                 specs.append((name, "pallas_mosaic_gpu", cfg))
         if limit is not None:
-            pinned = 2 if len(cfgs) > 1 and cfgs[1].max_concurrent_steps == DEEP_RING_STAGES else 1
-            specs = specs[:2] + _model_ranked(specs[2:], m, n, k, limit, device_kind, pinned)
+            specs = specs[:2] + _model_ranked(specs[2:], m, n, k, limit, device_kind, 1 + twin)
     elif platform == "tpu":
         specs.append(("pallas_tpu", "pallas_tpu", None))
     return specs
