@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 from collections.abc import Callable
 from typing import Any, Literal
@@ -88,9 +89,7 @@ def prepare_gpu_interpret() -> bool:
     process's first computation creates its backend: call this before that (tests: conftest.py;
     scripts: after parsing their arguments). True if the flag is (now) in effect; False, with a
     warning, when a backend already exists without it."""
-    import os
-
-    from jax._src import xla_bridge
+    from jax._src import xla_bridge  # private: the one place that knows whether a backend exists
 
     name = GPU_INTERPRET_XLA_FLAG.split("=")[0]
     flags = os.environ.get("XLA_FLAGS", "")

@@ -301,8 +301,8 @@ def default_stages(kv_dtype) -> int:
 
 
 def resolve_blocks(config: common.DecodeBlocks | None, q_BHC, k_BSKC) -> common.DecodeBlocks:
-    """``config`` with its None fields set: block_s 64, 3 stages for FP8 caches (2 for 16-bit:
-    both keep SMEM within two CTAs per SM), chunks to fill one wave of 2 x 132 CTAs, swap-AB."""
+    """``config`` with its None fields set: block_s 64, ``default_stages``, chunks to fill one
+    wave of 2 x 132 CTAs, swap-AB."""
     del q_BHC
     config = config or common.DecodeBlocks()
     b, s, n_kv, _ = k_BSKC.shape

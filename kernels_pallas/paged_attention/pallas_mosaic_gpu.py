@@ -171,8 +171,7 @@ def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_sc
         return f"page_size {y} is not a kernel block size {PAGE_SIZES} (a tile is one page)"
     if k_scale is not None and jnp.ndim(k_scale) == 3:
         return "dynamic (per-slot) page scales are not supported by the Mosaic GPU kernel yet"
-    stages = (config.num_stages if config is not None else None) or \
-        dense.default_stages(k_pages.dtype)  # fmt: skip
+    stages = (config or PagedBlocks()).num_stages or dense.default_stages(k_pages.dtype)
     if stages not in _STAGES:
         return f"num_stages {stages} not in {_STAGES}"
     return None
