@@ -8,7 +8,8 @@ allocation to f32), each for two length patterns: ``full`` (every slot live) and
 (lengths uniform in [S/8, S], starts in [0, 64): left padding). The same compiled program runs
 both patterns (lengths are arguments). Where the Hopper kernel runs, ``pallas_mosaic_gpu:unswapped``
 (``DecodeBlocks(swap_ab=False)``: the query group padded to a 64-row wgmma M tile) is timed
-beside the default swap-AB kernel.
+beside the default swap-AB kernel, and on FP8 caches ``pallas_mosaic_gpu:bs128`` (``DecodeBlocks(
+block_s=128)``: 128-slot tiles, one CTA per SM; the attention autotuner's wide candidate).
 
 Bytes = the live KV the op must read (``Σ_b (length_b - start_b) · K · C · 2 · itemsize``, plus
 the dynamic scales) + q and o (BF16): issue 11's definition. GB/s = bytes / time (CUPTI kernel
@@ -95,11 +96,13 @@ def _live_bytes(starts, lengths, h, k, c, cache) -> int:
 
 
 UNSWAPPED = ":unswapped"  # impl suffix: the Hopper kernel with DecodeBlocks(swap_ab=False)
+WIDE = ":bs128"  # impl suffix: swap-AB over 128-slot tiles (the autotuner's wide FP8 candidate)
+_SUFFIXES = {UNSWAPPED: DecodeBlocks(swap_ab=False), WIDE: DecodeBlocks(block_s=128)}
 
 
 def _attend(sets, starts, lengths, *, impl, c, interpret):
-    config = DecodeBlocks(swap_ab=False) if impl.endswith(UNSWAPPED) else None
-    impl = impl.removesuffix(UNSWAPPED)
+    config = next((cfg for sfx, cfg in _SUFFIXES.items() if impl.endswith(sfx)), None)
+    impl = impl.split(":")[0]
     return [
         decode_attention(
             st["q"],
@@ -129,8 +132,9 @@ def copy_bandwidth(runs: int) -> float:
 
 def _timed_impls(cache: str, impls: list[str]) -> list[str]:
     """The impls timed on a cache kind: the XLA reference only on ``BASELINE_CACHES``, unless it
-    is the only impl (CPU)."""
-    return [i for i in impls if i != "xla" or cache in BASELINE_CACHES or impls == ["xla"]]
+    is the only impl (CPU); the 128-slot tiles on FP8 caches only."""
+    keep = [i for i in impls if i != "xla" or cache in BASELINE_CACHES or impls == ["xla"]]
+    return [i for i in keep if not (i.endswith(WIDE) and cache == "bf16")]
 
 
 def bench_shape(model, b, s, h, k, c, impls, runs, interpret, pk, copy_bw) -> list[dict]:
@@ -216,8 +220,9 @@ def main(argv=None) -> dict:
     impls = list(dict.fromkeys([default_impl(), "xla"]))
     if args.interpret and "pallas_mosaic_gpu" not in impls:
         impls.insert(0, "pallas_mosaic_gpu")
-    if "pallas_mosaic_gpu" in impls:  # the swap-AB kernel's before, timed in the same run
-        impls.insert(1, "pallas_mosaic_gpu" + UNSWAPPED)
+    if "pallas_mosaic_gpu" in impls:  # the swap-AB kernel's before, timed in the same run,
+        impls.insert(1, "pallas_mosaic_gpu" + UNSWAPPED)  # and its 128-slot FP8 tiles
+        impls.insert(2, "pallas_mosaic_gpu" + WIDE)
     runs = args.runs or (20 if on_gpu else 5)
     pk = bc.peaks(dev.device_kind)
     copy_bw = copy_bandwidth(runs)

@@ -10,7 +10,9 @@ to fill one wave of 2 CTAs per SM, 3 pipeline stages on an FP8 cache, swap-AB). 
 default and caches the fastest, as ``fp8_matmul`` does (``kernels_pallas.autotune``: the same
 cache files, keyed by device kind, jax version, op and shape). Candidates (``blocks``): the
 default; its chunk count halved, doubled and quadrupled (more CTAs in flight per SM: the FP8
-kernel's 71 KB of SMEM lets 3 share an SM); the other pipeline depth; the unswapped kernel. Each
+kernel's 71 KB of SMEM lets 3 share an SM); the other pipeline depth; the unswapped kernel;
+on a dense FP8 cache, 128-slot tiles (twice the bytes per serial tile step at one CTA per SM:
+the model cannot rank them, it puts both at the HBM bound the device did not reach). Each
 is timed on random operands of the call's shape, dtypes and scale kind with every slot live
 (full rows: at trace time the lengths are not known), through the same output path
 (``quant_out``). Splitting changes the order of the softmax's sums: outputs move by rounding.
@@ -35,21 +37,25 @@ def split_choices(default: int, limit: int) -> list[int]:
     return list(dict.fromkeys(min(max(1, s), limit) for s in out))
 
 
-def blocks(default, limit: int, stages: tuple[int, ...]) -> list:
+def blocks(default, limit: int, stages: tuple[int, ...], block_sizes: tuple[int, ...] = ()) -> list:
     """Candidate configs around ``default`` (a resolved ``DecodeBlocks`` or ``PagedBlocks``: its
     ``num_splits``, ``num_stages`` and ``swap_ab`` set): the default first, then its chunk
     counts (``split_choices`` up to ``limit``), the other pipeline depths, the other
-    ``swap_ab``; no duplicates."""
+    ``swap_ab``, then (dense only) the default at each other tile size of ``block_sizes``; no
+    duplicates."""
     rep = dataclasses.replace
     out = [default]
     out += [rep(default, num_splits=j) for j in split_choices(default.num_splits, limit)]
     out += [rep(default, num_stages=st) for st in stages]
     out.append(rep(default, swap_ab=not default.swap_ab))
+    out += [rep(default, block_s=bs) for bs in block_sizes]
     return list(dict.fromkeys(out))
 
 
 def name(cfg) -> str:
-    return f"J={cfg.num_splits}/st{cfg.num_stages}/{'swap' if cfg.swap_ab else 'unswapped'}"
+    bs = getattr(cfg, "block_s", None)
+    tile = f"/bs{bs}" if bs not in (None, 64) else ""
+    return f"J={cfg.num_splits}/st{cfg.num_stages}/{'swap' if cfg.swap_ab else 'unswapped'}{tile}"
 
 
 def enabled_for(impl: str, config, interpret: bool) -> bool:
@@ -111,7 +117,9 @@ def dense_config(q, k, v, *, k_scale, v_scale, sm_scale, quant_out, run):
     ok = lambda cfg: mgpu.supports(q, k, v, lengths, starts_B=None, k_scale=kw["k_scale"],
                                    v_scale=kw["v_scale"], sm_scale=sm_scale, config=cfg,
                                    interpret=False) is None  # noqa: E731  # fmt: skip
-    cands = [cfg for cfg in blocks(default, limit, mgpu._STAGES) if ok(cfg)]  # noqa: SLF001
+    # 128-slot tiles (twice the bytes per serial step, one CTA per SM) at the default chunks
+    wide = tuple(bs for bs in mgpu.block_sizes(k.dtype, True, q.shape[1] // n_kv) if bs > 64)
+    cands = [cfg for cfg in blocks(default, limit, mgpu._STAGES, wide) if ok(cfg)]  # noqa: SLF001
 
     def run_with(cfg):
         fn = jax.jit(lambda q_, k_, v_: run(q_, k_, v_, lengths, impl="pallas_mosaic_gpu",

@@ -30,6 +30,9 @@ def test_split_choices_and_blocks_around_the_default():
     got = [at.name(c) for c in at.blocks(d, 64, (2, 3))]
     assert got == ["J=2/st3/swap", "J=1/st3/swap", "J=4/st3/swap", "J=8/st3/swap",
                    "J=2/st2/swap", "J=2/st3/unswapped"]  # fmt: skip
+    wide = [at.name(c) for c in at.blocks(d, 64, (2, 3), (128,))]
+    assert wide == [*got, "J=2/st3/swap/bs128"]  # the default's twin at 128 slots, last
+    assert at.blocks(d, 64, (2, 3), (128,))[-1] == DecodeBlocks(128, 2, 3, True)
     p = PagedBlocks(num_splits=1, num_stages=2, swap_ab=True)
     assert [at.name(c) for c in at.blocks(p, 8, (2, 3))] == [
         "J=1/st2/swap",
@@ -76,8 +79,9 @@ def cache(monkeypatch, tmp_path):
 
 def test_dense_config_times_the_legal_candidates_once_and_caches_the_fastest(cache):
     """Qwen3-8B widths, B = 32, 8K slots, an FP8 cache with per-head scales: the default
-    (chunks for one wave of 2 x 132 CTAs: 1) and the candidates around it, all legal on H100;
-    the injected timer makes 2 chunks fastest; a second call reads the cache."""
+    (chunks for one wave of 2 x 132 CTAs: 1) and the candidates around it, all legal on H100
+    (the 128-slot FP8 tile too: a query group of 4 is wgmma N = 8); the injected timer makes 2
+    chunks fastest; a second call reads the cache."""
     run_file, inject = cache
     calls = inject({"J=2/st3/swap": 0.5})
     q = jax.ShapeDtypeStruct((32, 32, 128), jnp.bfloat16)
@@ -91,13 +95,32 @@ def test_dense_config_times_the_legal_candidates_once_and_caches_the_fastest(cac
         assert dense.resolve_blocks(None, q, k).num_splits == 1
         got = at.dense_config(q, k, k, **kw, run=run)
         assert calls == ["J=1/st3/swap", "J=2/st3/swap", "J=4/st3/swap", "J=1/st2/swap",
-                         "J=1/st3/unswapped"]  # fmt: skip
+                         "J=1/st3/unswapped", "J=1/st3/swap/bs128"]  # fmt: skip
         assert got == DecodeBlocks(block_s=64, num_splits=2, num_stages=3, swap_ab=True)
         assert at.dense_config(q, k, k, **kw, run=run) == got
-    assert len(calls) == 5  # the second call read the cache
+    assert len(calls) == 6  # the second call read the cache
     rec = next(iter(json.loads(run_file.read_text()).values()))
-    assert rec["choice"] == "J=2/st3/swap" and len(rec["times_s"]) == 5
-    assert rec["candidates"] == calls[:5]  # in order, the default first
+    assert rec["choice"] == "J=2/st3/swap" and len(rec["times_s"]) == 6
+    assert rec["candidates"] == calls[:6]  # in order, the default first
+
+
+def test_dense_wide_fp8_tile_only_for_narrow_query_groups(cache):
+    """128-slot FP8 tiles take wgmma N <= 16 (K's upcast tile is 64 registers): a group of 32
+    queries per KV head (N = 32) gets no 128-slot candidate; the timer can pick the wide tile
+    where it is offered."""
+    calls = cache[1]({"J=1/st3/swap/bs128": 0.1})
+    k = jax.ShapeDtypeStruct((32, 8192, 8, 128), F8)
+    kw = dict(k_scale=jnp.ones((8,)), v_scale=jnp.ones((8,)), sm_scale=0.088, quant_out=None)
+    with _on_h100():
+        assert dense.block_sizes(F8, True, 32) == (64,)
+        q32 = jax.ShapeDtypeStruct((32, 256, 128), jnp.bfloat16)
+        at.dense_config(q32, k, k, **kw, run=None)
+        assert calls and not any(c.endswith("bs128") for c in calls)
+        calls.clear()
+        q16 = jax.ShapeDtypeStruct((32, 128, 128), jnp.bfloat16)  # N = 16: the widest at 128
+        got = at.dense_config(q16, k, k, **kw, run=None)
+    assert calls[-1] == "J=1/st3/swap/bs128"
+    assert got == DecodeBlocks(block_s=128, num_splits=1, num_stages=3, swap_ab=True)
 
 
 def test_paged_config_keys_by_pool_and_table(cache):

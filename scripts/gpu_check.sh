@@ -17,6 +17,7 @@
 #            + RMSNorm, + SwiGLU), XLA's fusions vs the one-launch act_quantize kernels, M 16-16384
 #            (the kernels now run at every M: the prefill side had not been measured)
 #   decode   experiments/bench_decode.py: decode attention GB/s vs the HBM peak, FP8 and BF16 caches
+#            (the swap-AB default, unswapped, and on FP8 the 128-slot tiles: :bs128)
 #   rollout  experiments/bench_rollout.py: tokens/s BF16 vs W8A8 vs W8A8 + FP8 KV, Qwen3-1.7B shape
 #            (random weights), 1K-token prompts, 4K-token responses, batch 32, no stop tokens
 #   host_sync  experiments/bench_host_sync.py: per iteration, a fori vs a data-bounded while vs
@@ -65,12 +66,13 @@
 # 6 s; autotune > 85 s for one shape before its candidates were cut to the model's best 6
 # (api.TUNE_LIMIT). All stages need ~14 minutes: one call (<= 10 minutes) runs a subset.
 # What the next lease should run (what the first one did not: the quantize stage, the pruned
-# fp8_matmul and the attention autotuners, the grouped kernel's device tests, Qwen3-8B's rollout),
+# fp8_matmul and the attention autotuners, the grouped kernel's device tests, Qwen3-8B's rollout,
+# the 128-slot FP8 attention tiles: decode's :bs128 arm, ~+10 s, and a dense autotune candidate),
 # as two calls of ~6.5 minutes:
 #   GPU_CHECK_BUDGET_S=400 GPU_CHECK_STAGES="pytest quantize autotune matmul"
 #     GPU_CHECK_BUDGETS="pytest=90 quantize=45 autotune=160 matmul=90" GPU_CHECK_ARGS_matmul="--ms 4096"
-#   GPU_CHECK_BUDGET_S=380 GPU_CHECK_STAGES="rollout decode perf_model"
-#     GPU_CHECK_BUDGETS="rollout=300 decode=50 perf_model=20"
+#   GPU_CHECK_BUDGET_S=390 GPU_CHECK_STAGES="rollout decode perf_model"
+#     GPU_CHECK_BUDGETS="rollout=300 decode=60 perf_model=20"
 #     GPU_CHECK_ARGS_rollout="--model qwen3-8b --variants bf16 w8a8_fp8kv"
 set -uo pipefail # no -e: a failed stage must not stop the others
 

@@ -56,7 +56,9 @@ def get_config():
     # Rollout KV memory follows the tokens (issue 20): the paged engine, one engine and page pool
     # per batch shard, the pool sized from a per-device budget (experiments/plan.py checks it).
     c.rollout.engine = "paged"
-    c.rollout.paged.page_size = 64  # tokens per page: the H100 paged decode kernel's tile
+    # tokens per page = the H100 paged kernel's tile; 128 also compiles (FP8 pages: swap-AB with
+    # query groups <= 16), one CTA per SM: set it where the device measures it faster
+    c.rollout.paged.page_size = 64
     c.rollout.paged.kv_memory_bytes = 16 * 2**30  # per device: 233K FP8 tokens of Qwen3-8B
 
     c.rl.group_size = 16

@@ -51,6 +51,9 @@ VARIANTS = (
     ("pallas_mosaic_gpu", "h100", "f16", "f16", 64, None),
     ("pallas_mosaic_gpu", "h100", "f16", "bf16", 128, DecodeBlocks(128, 2, 3)),
     ("pallas_mosaic_gpu", "h100", "e5m2_static", "bf16", 64, DecodeBlocks(64, 2, 3)),
+    # swap-AB on FP8 at 128 slots per tile (query groups up to 16: wgmma N <= 16)
+    ("pallas_mosaic_gpu", "h100", "fp8_static", "bf16", 128, DecodeBlocks(128, 1, 3)),
+    ("pallas_mosaic_gpu", "h100", "fp8_dynamic", "bf16", 128, DecodeBlocks(128, 4, 2)),
     # the unswapped kernel (the query group padded to a 64-row M tile): both block sizes and
     # stage counts, FP8 and 16-bit caches, split and not
     ("pallas_mosaic_gpu", "h100", "fp8_static", "bf16", 128, DecodeBlocks(64, 1, 3, False)),
@@ -111,4 +114,9 @@ def cases() -> list[AotCase]:
     # the widest query group the swap-AB kernel takes (wgmma N = 64: one KV head, 64 queries)
     label = f"B={_B} S={_S} H/K=64/1 C={HEAD_DIM} fp8_static cache, widest swap-AB group"
     out.append(_case("pallas_mosaic_gpu", "h100", label, _operands(_B, _S, 64, 1, "fp8_static")))
+    # the widest group at 128 FP8 slots per tile (wgmma N = 16: Llama-3-70B's group 8 on two
+    # KV heads per tensor shard is 8; 16 queries per KV head)
+    label = f"B={_B} S={_S} H/K=128/8 C={HEAD_DIM} fp8_static cache, bs=128, widest FP8 group"
+    args = _operands(_B, _S, 128, 8, "fp8_static")
+    out.append(_case("pallas_mosaic_gpu", "h100", label, args, DecodeBlocks(128, 1, 3)))
     return out

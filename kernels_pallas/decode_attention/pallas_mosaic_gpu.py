@@ -276,6 +276,10 @@ _HEAD_DIMS = (64, 128)
 # the widest group (N = 64); unswapped <= 185 at 64 and at 128 (16-bit caches).
 _BLOCK_S = (64, 128)
 _BLOCK_S_FP8 = (64,)  # unswapped FP8 at 128 (upcast tiles in registers): 244-255, the spill edge
+# Swap-AB FP8 at 128 slots (twice the bytes per serial tile step, one CTA per SM): K's upcast
+# [128, 128] f16 tile is 64 registers, so only narrow query groups fit (wgmma N <= 16).
+_BLOCK_S_FP8_SWAP = (64, 128)
+_SWAP_N_FP8_WIDE = 16
 _STAGES = (2, 3)
 NUM_SMS = 132  # H100 SXM / H200
 _CTAS_PER_SM = 2  # SMEM <= ~113 KiB and <= 255 registers x 128 threads allow two
@@ -318,6 +322,15 @@ def _window_fits(n_kv: int, group: int) -> bool:
     return all((kh * group) % 8 + group <= _TILE_M for kh in range(n_kv))
 
 
+def block_sizes(kv_dtype, swap: bool, group: int) -> tuple[int, ...]:
+    """The ``block_s`` values proven to compile for a cache dtype, kernel and query group."""
+    if jnp.dtype(kv_dtype).itemsize > 1:
+        return _BLOCK_S
+    if swap and mgpu_swap.swap_n(group) <= _SWAP_N_FP8_WIDE:
+        return _BLOCK_S_FP8_SWAP
+    return _BLOCK_S_FP8
+
+
 def group_reason(n_kv: int, group: int, swap: bool) -> str | None:
     """Why the query group does not fit the kernel's MMA tile (None: it does)."""
     if swap and mgpu_swap.swap_n(group) > mgpu_swap.MAX_N:
@@ -346,7 +359,7 @@ def supports(q_BHC, k_BSKC, v_BSKC, lengths_B, *, starts_B, k_scale, v_scale, sm
     bl = resolve_blocks(config, q_BHC, k_BSKC)
     if (reason := group_reason(n_kv, group, bl.swap_ab)) is not None:
         return reason
-    block_s = _BLOCK_S_FP8 if jnp.dtype(k_BSKC.dtype).itemsize == 1 else _BLOCK_S
+    block_s = block_sizes(k_BSKC.dtype, bl.swap_ab, group)
     if bl.block_s not in block_s or bl.num_stages not in _STAGES:
         return f"block_s {bl.block_s}, num_stages {bl.num_stages} not in {block_s}, {_STAGES}"
     if s % bl.block_s:

@@ -290,9 +290,21 @@ def test_mosaic_gpu_unswapped_kernel_matches_reference(interpret, case):
     _check_case("pallas_mosaic_gpu", interpret, case, swap_ab=False)
 
 
-def _check_case(impl, interpret, case, swap_ab=None):
+@pytest.mark.parametrize("case", ["fp8-head-g4-split", "fp8-dynamic-g4-split3"])
+@pytest.mark.parametrize(
+    "interpret",
+    [pytest.param(True, id="interpret"), pytest.param(False, id="device", marks=pytest.mark.gpu)],
+)
+def test_mosaic_gpu_wide_fp8_tiles_match_reference(interpret, case):
+    """Swap-AB over 128-slot FP8 tiles (the attention autotuner's wide candidate): the same
+    rows (ragged, split, dead tiles poisoned) in units of 128 slots."""
+    _check_case("pallas_mosaic_gpu", interpret, case, block_s=128)
+
+
+def _check_case(impl, interpret, case, swap_ab=None, block_s=None):
     kv, rows, n_kv, group, splits = CASES[case]
     bs, c, kv16, _ = KERNELS[impl]
+    bs = block_s or bs
     kv = kv or kv16
     scale_up = 1 if interpret else 16  # on a device: longer caches, same patterns, C = 128
     c = c if interpret else 128
@@ -365,6 +377,13 @@ def test_mosaic_gpu_support_check():
         assert "wgmma N 64" in _reason("pallas_mosaic_gpu", *_sds(4, 128, 2, 72, 128, F8))
         args, kw = _sds(4, 128, 8, 4, 128, F8)
         assert "block_s" in _reason("pallas_mosaic_gpu", args, kw, DecodeBlocks(block_s=256))
+        # 128 FP8 slots per tile: swap-AB with wgmma N <= 16 only (K's upcast tile in registers)
+        wide = DecodeBlocks(block_s=128)
+        assert _reason("pallas_mosaic_gpu", args, kw, wide) is None  # group 4: N = 8
+        assert _reason("pallas_mosaic_gpu", *_sds(4, 128, 8, 16, 128, F8), wide) is None
+        assert "block_s 128" in _reason("pallas_mosaic_gpu", *_sds(4, 128, 8, 24, 128, F8), wide)
+        unswapped = DecodeBlocks(block_s=128, swap_ab=False)
+        assert "block_s 128" in _reason("pallas_mosaic_gpu", args, kw, unswapped)
     # Not interpreting and no Hopper target (this CPU): the kernel cannot compile.
     assert "Hopper" in _reason("pallas_mosaic_gpu", *_sds(4, 128, 8, 4, 128, F8))
 
@@ -442,5 +461,6 @@ def test_aot_cases_cover_everything_the_support_checks_accept():
         if mod is da_mgpu:
             want |= {("swap", sw, b, 2) for sw in (True, False) for b in mod._BLOCK_S}
             want |= {("swap", sw, b, 1) for sw in (True, False) for b in mod._BLOCK_S_FP8}
+            want |= {("swap", True, b, 1) for b in mod._BLOCK_S_FP8_SWAP}
             want |= {("group", mgpu_swap.MAX_N)}
         assert want <= seen[impl], want - seen[impl]

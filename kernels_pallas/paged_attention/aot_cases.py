@@ -5,7 +5,7 @@ page tables of W entries (the per-sequence budget), GQA with head_dim 128, for e
 of ``CACHES`` (BF16, FP8 static per-KV-head scales, FP8 dynamic per-slot page scales). The
 Mosaic TPU kernel runs on v5e and v6e; the XLA implementation (the window ladder) on H100. The
 Mosaic GPU kernel runs on H100 with pages of 64 slots (BF16 and FP8 static pages: it has no
-dynamic page scales yet), at ``GPU_SHAPES``.
+dynamic page scales yet), at ``GPU_SHAPES``, and with pages of 128 slots in ``VARIANTS``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ VARIANTS = (
     # the unswapped Hopper kernel (the query group padded to a 64-row M tile)
     ("pallas_mosaic_gpu", "h100", "bf16", 64, PagedBlocks(num_splits=2, swap_ab=False)),
     ("pallas_mosaic_gpu", "h100", "fp8_static", 64, PagedBlocks(1, 3, swap_ab=False)),
+    # pages of 128 slots: FP8 (swap-AB, query groups up to 16), 16-bit (both kernels)
+    ("pallas_mosaic_gpu", "h100", "fp8_static", 128, None),
+    ("pallas_mosaic_gpu", "h100", "fp8_static", 128, PagedBlocks(num_splits=4, num_stages=2)),
+    ("pallas_mosaic_gpu", "h100", "bf16", 128, None),
+    ("pallas_mosaic_gpu", "h100", "bf16", 128, PagedBlocks(num_splits=2, swap_ab=False)),
 )
 
 

@@ -27,7 +27,9 @@ from kernels_pallas.decode_attention import pallas_mosaic_gpu as dense
 from kernels_pallas.paged_attention.common import PagedBlocks
 
 _TILE_M = dense._TILE_M  # noqa: SLF001
-PAGE_SIZES = (64,)  # the dense kernel's block_s proven for FP8 and 16-bit caches
+# The dense kernel's block sizes (a tile is one page); 128-slot FP8 pages take the swap-AB kernel
+# with a query group of at most 16 (``dense.block_sizes``: the support check says per call).
+PAGE_SIZES = (64, 128)
 _STAGES = (2, 3)
 
 
@@ -164,11 +166,15 @@ def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_sc
         return f"q dtype {q_BHC.dtype} not supported"
     if c not in dense._HEAD_DIMS:  # noqa: SLF001
         return f"head_dim {c} not in {dense._HEAD_DIMS}"  # noqa: SLF001
-    swap = common.swap_ab_on(config)
-    if (reason := dense.group_reason(n_kv, q_BHC.shape[1] // n_kv, swap)) is not None:
+    swap, group = common.swap_ab_on(config), q_BHC.shape[1] // n_kv
+    if (reason := dense.group_reason(n_kv, group, swap)) is not None:
         return reason
-    if y not in PAGE_SIZES:
-        return f"page_size {y} is not a kernel block size {PAGE_SIZES} (a tile is one page)"
+    if y not in (sizes := dense.block_sizes(k_pages.dtype, swap, group)):
+        kernel = f"{'swap-AB' if swap else 'unswapped'} kernel on {k_pages.dtype} pages"
+        return (
+            f"page_size {y} is not a kernel block size {sizes} (a tile is one page; {kernel}, "
+            f"query group {group})"
+        )
     if k_scale is not None and jnp.ndim(k_scale) == 3:
         return "dynamic (per-slot) page scales are not supported by the Mosaic GPU kernel yet"
     stages = (config or PagedBlocks()).num_stages or dense.default_stages(k_pages.dtype)

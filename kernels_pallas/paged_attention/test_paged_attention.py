@@ -148,14 +148,14 @@ def _tpu_case(seed, lengths, dtype, scales, y=128, c=128, n_kv=1):
 _H100 = "NVIDIA H100 80GB HBM3"
 
 
-def _kernel_case(impl, seed, dtype, scales):
+def _kernel_case(impl, seed, dtype, scales, y=64):
     """Each kernel's block layout: TPU pages of 128 slots, head dim 128, 2 KV heads (one unit of
     two side by side: ``decode_attention.pallas_tpu.head_pairs``) of 2 queries, rows of 0, 1,
-    129 (two pages), 384 (all) slots; Mosaic GPU pages of 64 slots, head dim 64, 4 queries per
-    KV head, rows of 0, 1, 65, 192 (all) slots."""
+    129 (two pages), 384 (all) slots; Mosaic GPU pages of ``y`` slots (64 unless asked), head
+    dim 64, 4 queries per KV head, rows of 0, 1, y + 1, 3y (all) slots."""
     if impl == "pallas_tpu":
         return _tpu_case(seed, [0, 1, 129, 384], dtype, scales, n_kv=2)
-    c = _tpu_case(seed, [0, 1, 65, 192], dtype, scales, y=64, c=64)
+    c = _tpu_case(seed, [0, 1, y + 1, 3 * y], dtype, scales, y=y, c=64)
     c["q"] = jnp.concatenate([c["q"]] * 2, axis=1)[:, :4]  # 4 query heads over 1 KV head
     return c
 
@@ -196,8 +196,34 @@ def test_mosaic_gpu_unswapped_interpret_matches_reference(dtype, scales, splits,
     _check_kernel("pallas_mosaic_gpu", dtype, scales, PagedBlocks(splits, swap_ab=False), tol)
 
 
-def _check_kernel(impl, dtype, scales, config, tol):
-    c = _kernel_case(impl, 3 if impl == "pallas_tpu" else 5, dtype, scales)
+@pytest.mark.parametrize("dtype,scales,splits,tol", [(F8, "static", 2, 5e-3)])
+def test_mosaic_gpu_pages_of_128_slots_match_reference(dtype, scales, splits, tol):
+    """FP8 pages of 128 slots: one page per tile of the swap-AB kernel (a query group of 4)."""
+    _check_kernel("pallas_mosaic_gpu", dtype, scales, PagedBlocks(splits), tol, y=128)
+
+
+def test_mosaic_gpu_support_check_page_sizes():
+    """128-slot FP8 pages need the swap-AB kernel and a query group of at most 16; 16-bit pages
+    take 64 or 128 with either kernel; other sizes are refused with the allowed ones named."""
+    from kernels_pallas.paged_attention import pallas_mosaic_gpu as mgpu
+
+    def reason(dtype, y, group, config=None):
+        q = jax.ShapeDtypeStruct((2, 2 * group, 128), jnp.bfloat16)
+        pages = jax.ShapeDtypeStruct((16, y, 2, 128), dtype)
+        ks = jnp.ones((2,)) if dtype == F8 else None
+        with _on_target("pallas_mosaic_gpu"):
+            return mgpu.supports(q, pages, pages, None, None, k_scale=ks, v_scale=ks,
+                                 sm_scale=0.1, config=config, interpret=True)  # fmt: skip
+
+    assert reason(F8, 128, 4) is None and reason(F8, 128, 16) is None
+    assert "(64,)" in reason(F8, 128, 32)  # wgmma N = 32: K's upcast tile does not fit
+    assert "unswapped" in reason(F8, 128, 4, PagedBlocks(swap_ab=False))
+    assert reason(jnp.bfloat16, 128, 4, PagedBlocks(swap_ab=False)) is None
+    assert "page_size 32" in reason(jnp.bfloat16, 32, 4)
+
+
+def _check_kernel(impl, dtype, scales, config, tol, y=64):
+    c = _kernel_case(impl, 3 if impl == "pallas_tpu" else 5, dtype, scales, y)
     want = _run(c)
     with _on_target(impl):
         got = _run(c, paged_attention, impl=impl, interpret=True, config=config)

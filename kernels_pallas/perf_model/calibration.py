@@ -12,7 +12,9 @@ Families (the rows ``compare.predicted_us`` models, the kernel alone: no ``+quan
   ``mm_prefill``: ``fp8:pallas_mosaic_gpu`` at M > 256 (the QArray kernel's prefill tiles);
   ``mm_decode``: the same at M <= 256 (swap-AB tiles);
   ``attn_fp8``: decode attention on an FP8 cache (static and dynamic scales), the swap-AB kernel;
-  ``attn_fp8_unswapped``: the same, the unswapped kernel.
+  ``attn_fp8_unswapped``: the same, the unswapped kernel;
+  ``attn_fp8_bs128``: the swap-AB kernel over 128-slot tiles (``bench_decode``'s ``:bs128``
+  arm; not measured yet: its predictions take ``attn_fp8``'s factor).
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def family(row: dict) -> str | None:
             return None
         if row["cache"] == "bf16":
             return "baseline: attn_bf16 (our kernel, BF16_ATTN_BW_EFF)"
+        if impl.endswith(":bs128"):  # the wide tile's own family: not (yet) a calibration
+            return "attn_fp8_bs128"
         return "attn_fp8_unswapped" if impl.endswith(":unswapped") else "attn_fp8"
     if impl == "fp8:pallas_mosaic_gpu":
         return "mm_prefill" if row["m"] > 256 else "mm_decode"

@@ -314,12 +314,14 @@ def bf16_attention_s(chip: str, b: int, s: int, n_kv: int, d: int) -> float:
 
 def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: int,
                       cache: str = "fp8", *, splits: int | None = None, label: str = "",
-                      in_program: bool = False, swap_ab: bool = True) -> Prediction:  # fmt: skip
+                      in_program: bool = False, swap_ab: bool = True,
+                      block_s: int | None = None) -> Prediction:  # fmt: skip
     """Decode attention (dense, or paged with 64-slot pages) over full rows of ``s`` slots;
     ``in_program``: the chunks' XLA combine is a launch the program's count holds. ``swap_ab``
     (the kernels' default): the query group is the wgmma N (``mgpu_swap.swap_n``), its MMAs
     ``[block_s, N]``, K upcast in registers and Pᵀ [N, block_s] f16 through SMEM; else a
-    64-row M tile."""
+    64-row M tile. ``block_s`` (dense only; None: the default 64): 128 is the autotuner's wide
+    FP8 candidate (profile ``decode_fp8_bs128``; the 64-slot kernel's calibration factor)."""
     import jax
     import jax.numpy as jnp
 
@@ -337,10 +339,11 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
         splits = splits if splits is not None else paged.default_splits(b, s // bs, n_kv)
         name = "paged_fp8" if fp8 else "decode_bf16"
     else:
-        bl = dense.resolve_blocks(DecodeBlocks(num_splits=splits), None, k_sds)
+        bl = dense.resolve_blocks(DecodeBlocks(block_s, splits), None, k_sds)
         bs, stages, splits = bl.block_s, bl.num_stages, bl.num_splits
         name = "decode_fp8" if fp8 else "decode_bf16"
     name += "" if swap_ab else "_unswapped"
+    name += "_bs128" if fp8 and swap_ab and bs == 128 else ""
     prof = nearest_profile(name, load_profiles())
     kv_b = 1 if fp8 else 2
     rows = mgpu_swap.swap_n(h // n_kv) if swap_ab else 64  # the query side of every MMA

@@ -134,6 +134,16 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                 )
                 change = "decode attention: swap-AB (the query group as wgmma N)"
                 out.append((change, before, after))
+    for model, b, s, h, n_kv in ATTENTION_SHAPES:  # a candidate the autotuner times, not a default
+        for chip in GPU_CHIPS:
+            label = f"{model} B={b} S={s} H/K={h}/{n_kv} fp8 cache"
+            before, after = (
+                predict_attention(chip, "decode_attention", b, s, h, n_kv, 128, label=label,
+                                  block_s=bs)
+                for bs in (None, 128)
+            )  # fmt: skip
+            change = "decode attention, autotuner candidate: 128-slot FP8 tiles (1 CTA per SM)"
+            out.append((change, before, after))
     return out
 
 

@@ -41,8 +41,8 @@ def variants() -> dict:
                                config=cfg)  # fmt: skip
         return fn, mac._operands(m, 4096, 4096, x_kind)
 
-    def dec(cache, swap_ab=None):
-        cfg = DecodeBlocks(swap_ab=swap_ab)
+    def dec(cache, swap_ab=None, block_s=None):
+        cfg = DecodeBlocks(block_s=block_s, swap_ab=swap_ab)
         fn = functools.partial(dac._call, impl="pallas_mosaic_gpu", config=cfg)
         return fn, dac._operands(32, 8192, 32, 8, cache)
 
@@ -117,6 +117,7 @@ def variants() -> dict:
         "mm_swap_128x64_k4": (*mm(128, "fp8", G(128, 64, 4, True, 4)), mm_loads),
         # decode attention: swap-AB (the default), and unswapped (the query group padded to 64)
         "decode_fp8": (*dec("fp8_static"), two),
+        "decode_fp8_bs128": (*dec("fp8_static", block_s=128), two),  # the autotuner's candidate
         "decode_bf16": (*dec("bf16"), two),
         "paged_fp8": (*paged("fp8_static"), two),
         "decode_fp8_unswapped": (*dec("fp8_static", False), two),
