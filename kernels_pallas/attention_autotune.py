@@ -11,8 +11,9 @@ default and caches the fastest, as ``fp8_matmul`` does (``kernels_pallas.autotun
 cache files, keyed by device kind, jax version, op and shape). Candidates (``blocks``): the
 default; its chunk count halved, doubled and quadrupled (more CTAs in flight per SM: the FP8
 kernel's 71 KB of SMEM lets 3 share an SM); the other pipeline depth; the unswapped kernel;
-on a dense FP8 cache, 128-slot tiles (twice the bytes per serial tile step at one CTA per SM:
-the model cannot rank them, it puts both at the HBM bound the device did not reach). Each
+for the dense kernel, 128-slot tiles where the support check takes them (FP8 caches: query
+groups up to 16), twice the bytes per serial tile step at one CTA per SM: the model cannot rank
+them, it puts both tiles at the HBM bound the device did not reach. Each
 is timed on random operands of the call's shape, dtypes and scale kind with every slot live
 (full rows: at trace time the lengths are not known), through the same output path
 (``quant_out``). Splitting changes the order of the softmax's sums: outputs move by rounding.

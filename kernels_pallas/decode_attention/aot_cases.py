@@ -114,8 +114,7 @@ def cases() -> list[AotCase]:
     # the widest query group the swap-AB kernel takes (wgmma N = 64: one KV head, 64 queries)
     label = f"B={_B} S={_S} H/K=64/1 C={HEAD_DIM} fp8_static cache, widest swap-AB group"
     out.append(_case("pallas_mosaic_gpu", "h100", label, _operands(_B, _S, 64, 1, "fp8_static")))
-    # the widest group at 128 FP8 slots per tile (wgmma N = 16: Llama-3-70B's group 8 on two
-    # KV heads per tensor shard is 8; 16 queries per KV head)
+    # the widest query group the 128-slot FP8 tile takes (16 queries per KV head: wgmma N = 16)
     label = f"B={_B} S={_S} H/K=128/8 C={HEAD_DIM} fp8_static cache, bs=128, widest FP8 group"
     args = _operands(_B, _S, 128, 8, "fp8_static")
     out.append(_case("pallas_mosaic_gpu", "h100", label, args, DecodeBlocks(128, 1, 3)))
