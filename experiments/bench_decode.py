@@ -9,7 +9,9 @@ allocation to f32), each for two length patterns: ``full`` (every slot live) and
 both patterns (lengths are arguments). Where the Hopper kernel runs, ``pallas_mosaic_gpu:unswapped``
 (``DecodeBlocks(swap_ab=False)``: the query group padded to a 64-row wgmma M tile) is timed
 beside the default swap-AB kernel, and on FP8 caches ``pallas_mosaic_gpu:bs128`` (``DecodeBlocks(
-block_s=128)``: 128-slot tiles, one CTA per SM; the attention autotuner's wide candidate).
+block_s=128)``: 128-slot tiles, one CTA per SM) and ``pallas_mosaic_gpu:st5`` (``DecodeBlocks(
+num_stages=5)``: 4 tiles in flight per CTA while it computes on a fifth, two CTAs per SM), the
+attention autotuner's wide and deep candidates.
 
 Bytes = the live KV the op must read (``Σ_b (length_b - start_b) · K · C · 2 · itemsize``, plus
 the dynamic scales) + q and o (BF16): issue 11's definition. GB/s = bytes / time (CUPTI kernel
@@ -97,7 +99,9 @@ def _live_bytes(starts, lengths, h, k, c, cache) -> int:
 
 UNSWAPPED = ":unswapped"  # impl suffix: the Hopper kernel with DecodeBlocks(swap_ab=False)
 WIDE = ":bs128"  # impl suffix: swap-AB over 128-slot tiles (the autotuner's wide FP8 candidate)
-_SUFFIXES = {UNSWAPPED: DecodeBlocks(swap_ab=False), WIDE: DecodeBlocks(block_s=128)}
+DEEP = ":st5"  # impl suffix: a 5-stage K/V ring (the autotuner's deepest candidate)
+_SUFFIXES = {UNSWAPPED: DecodeBlocks(swap_ab=False), WIDE: DecodeBlocks(block_s=128),
+             DEEP: DecodeBlocks(num_stages=5)}  # fmt: skip
 
 
 def _attend(sets, starts, lengths, *, impl, c, interpret):
@@ -132,9 +136,9 @@ def copy_bandwidth(runs: int) -> float:
 
 def _timed_impls(cache: str, impls: list[str]) -> list[str]:
     """The impls timed on a cache kind: the XLA reference only on ``BASELINE_CACHES``, unless it
-    is the only impl (CPU); the 128-slot tiles on FP8 caches only."""
+    is the only impl (CPU); the 128-slot tiles and the 5-stage ring on FP8 caches only."""
     keep = [i for i in impls if i != "xla" or cache in BASELINE_CACHES or impls == ["xla"]]
-    return [i for i in keep if not (i.endswith(WIDE) and cache == "bf16")]
+    return [i for i in keep if not (i.endswith((WIDE, DEEP)) and cache == "bf16")]
 
 
 def bench_shape(model, b, s, h, k, c, impls, runs, interpret, pk, copy_bw) -> list[dict]:
@@ -221,8 +225,9 @@ def main(argv=None) -> dict:
     if args.interpret and "pallas_mosaic_gpu" not in impls:
         impls.insert(0, "pallas_mosaic_gpu")
     if "pallas_mosaic_gpu" in impls:  # the swap-AB kernel's before, timed in the same run,
-        impls.insert(1, "pallas_mosaic_gpu" + UNSWAPPED)  # and its 128-slot FP8 tiles
-        impls.insert(2, "pallas_mosaic_gpu" + WIDE)
+        impls.insert(1, "pallas_mosaic_gpu" + UNSWAPPED)  # and on FP8 its 128-slot tiles and
+        impls.insert(2, "pallas_mosaic_gpu" + WIDE)  # its 5-stage ring
+        impls.insert(3, "pallas_mosaic_gpu" + DEEP)
     runs = args.runs or (20 if on_gpu else 5)
     pk = bc.peaks(dev.device_kind)
     copy_bw = copy_bandwidth(runs)

@@ -10,7 +10,9 @@ to fill one wave of 2 CTAs per SM, 3 pipeline stages on an FP8 cache, swap-AB). 
 default and caches the fastest, as ``fp8_matmul`` does (``kernels_pallas.autotune``: the same
 cache files, keyed by device kind, jax version, op and shape). Candidates (``blocks``): the
 default; its chunk count halved, doubled and quadrupled (more CTAs in flight per SM: the FP8
-kernel's 71 KB of SMEM lets 3 share an SM); the other pipeline depth; the unswapped kernel;
+kernel's 71 KB of SMEM lets 3 share an SM); the other pipeline depths (2-5: the measured FP8
+kernel behaved as if its 2 tiles in flight per CTA waited ~2.5 us each, so 4-5 stages may reach
+the HBM bound, still at two CTAs per SM); the unswapped kernel;
 for the dense kernel, 128-slot tiles where the support check takes them (FP8 caches: query
 groups up to 16), twice the bytes per serial tile step at one CTA per SM: the model cannot rank
 them, it puts both tiles at the HBM bound the device did not reach. Each

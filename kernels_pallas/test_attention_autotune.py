@@ -80,8 +80,8 @@ def cache(monkeypatch, tmp_path):
 def test_dense_config_times_the_legal_candidates_once_and_caches_the_fastest(cache):
     """Qwen3-8B widths, B = 32, 8K slots, an FP8 cache with per-head scales: the default
     (chunks for one wave of 2 x 132 CTAs: 1) and the candidates around it, all legal on H100
-    (the 128-slot FP8 tile too: a query group of 4 is wgmma N = 8); the injected timer makes 2
-    chunks fastest; a second call reads the cache."""
+    (the deeper 4- and 5-stage rings and the 128-slot FP8 tile too: a query group of 4 is wgmma
+    N = 8); the injected timer makes 2 chunks fastest; a second call reads the cache."""
     run_file, inject = cache
     calls = inject({"J=2/st3/swap": 0.5})
     q = jax.ShapeDtypeStruct((32, 32, 128), jnp.bfloat16)
@@ -95,13 +95,14 @@ def test_dense_config_times_the_legal_candidates_once_and_caches_the_fastest(cac
         assert dense.resolve_blocks(None, q, k).num_splits == 1
         got = at.dense_config(q, k, k, **kw, run=run)
         assert calls == ["J=1/st3/swap", "J=2/st3/swap", "J=4/st3/swap", "J=1/st2/swap",
-                         "J=1/st3/unswapped", "J=1/st3/swap/bs128"]  # fmt: skip
+                         "J=1/st4/swap", "J=1/st5/swap", "J=1/st3/unswapped",
+                         "J=1/st3/swap/bs128"]  # fmt: skip
         assert got == DecodeBlocks(block_s=64, num_splits=2, num_stages=3, swap_ab=True)
         assert at.dense_config(q, k, k, **kw, run=run) == got
-    assert len(calls) == 6  # the second call read the cache
+    assert len(calls) == 8  # the second call read the cache
     rec = next(iter(json.loads(run_file.read_text()).values()))
-    assert rec["choice"] == "J=2/st3/swap" and len(rec["times_s"]) == 6
-    assert rec["candidates"] == calls[:6]  # in order, the default first
+    assert rec["choice"] == "J=2/st3/swap" and len(rec["times_s"]) == 8
+    assert rec["candidates"] == calls[:8]  # in order, the default first
 
 
 def test_dense_wide_fp8_tile_only_for_narrow_query_groups(cache):

@@ -17,7 +17,8 @@
 #            + RMSNorm, + SwiGLU), XLA's fusions vs the one-launch act_quantize kernels, M 16-16384
 #            (the kernels now run at every M: the prefill side had not been measured)
 #   decode   experiments/bench_decode.py: decode attention GB/s vs the HBM peak, FP8 and BF16 caches
-#            (the swap-AB default, unswapped, and on FP8 the 128-slot tiles: :bs128)
+#            (the swap-AB default, unswapped, and on FP8 the 128-slot tiles and the 5-stage ring:
+#            :bs128, :st5; Little's law on the first run says 4-5 stages may reach the HBM bound)
 #   rollout  experiments/bench_rollout.py: tokens/s BF16 vs W8A8 vs W8A8 + FP8 KV, Qwen3-1.7B shape
 #            (random weights), 1K-token prompts, 4K-token responses, batch 32, no stop tokens
 #   host_sync  experiments/bench_host_sync.py: per iteration, a fori vs a data-bounded while vs
@@ -67,13 +68,14 @@
 # (api.TUNE_LIMIT). All stages need ~14 minutes: one call (<= 10 minutes) runs a subset.
 # What the next lease should run (what the first one did not: the quantize stage, the pruned
 # fp8_matmul and the attention autotuners, the grouped kernel's device tests, Qwen3-8B's rollout,
-# the 128-slot FP8 attention tiles: decode's :bs128 arm, ~+10 s, and a dense autotune candidate),
-# as two calls of ~6.5 minutes:
+# the deeper and wider FP8 attention tilings: decode's :st5 and :bs128 arms, ~+20 s, and 3 more
+# attention autotune candidates per shape, ~+30 s), as two calls of ~6.5 minutes:
 #   GPU_CHECK_BUDGET_S=400 GPU_CHECK_STAGES="pytest quantize autotune matmul"
-#     GPU_CHECK_BUDGETS="pytest=90 quantize=45 autotune=160 matmul=90" GPU_CHECK_ARGS_matmul="--ms 4096"
-#   GPU_CHECK_BUDGET_S=390 GPU_CHECK_STAGES="rollout decode perf_model"
-#     GPU_CHECK_BUDGETS="rollout=300 decode=60 perf_model=20"
+#     GPU_CHECK_BUDGETS="pytest=90 quantize=45 autotune=190 matmul=60" GPU_CHECK_ARGS_matmul="--ms 4096"
+#   GPU_CHECK_BUDGET_S=400 GPU_CHECK_STAGES="rollout decode perf_model"
+#     GPU_CHECK_BUDGETS="rollout=300 decode=70 perf_model=20"
 #     GPU_CHECK_ARGS_rollout="--model qwen3-8b --variants bf16 w8a8_fp8kv"
+# (decode and perf_model in one call: perf_model reads that call's bench files)
 set -uo pipefail # no -e: a failed stage must not stop the others
 
 cd "$(dirname "$0")/.." || exit 2
@@ -187,7 +189,7 @@ else
     --out "$STAGES/bench_matmul.json"
   run_stage quantize 45 "$PY" experiments/bench_quantize.py "${QUICK[@]}" \
     --out "$STAGES/bench_quantize.json"
-  run_stage decode 60 "$PY" experiments/bench_decode.py "${QUICK[@]}" \
+  run_stage decode 70 "$PY" experiments/bench_decode.py "${QUICK[@]}" \
     --out "$STAGES/bench_decode.json"
   run_stage rollout 240 "$PY" experiments/bench_rollout.py "${QUICK[@]}" \
     --out "$STAGES/bench_rollout.json"
@@ -210,7 +212,7 @@ else
   # table (stages/autotune.log; cache: stages/autotune.json and ~/.cache/fp8rl_jax).
   run_stage perf_model 20 "$PY" -m kernels_pallas.perf_model.compare "$STAGES/bench_matmul.json" \
     "$STAGES/bench_decode.json" "$STAGES/bench_rollout.json"
-  FP8RL_AUTOTUNE_FILE="$STAGES/autotune.json" run_stage autotune 160 "$PY" -m kernels_pallas.autotune
+  FP8RL_AUTOTUNE_FILE="$STAGES/autotune.json" run_stage autotune 190 "$PY" -m kernels_pallas.autotune
   for f in perf_model autotune; do [ -f "$STAGES/$f.log" ] && cat "$STAGES/$f.log"; done
 fi
 # serve: our block-FP8 export loaded and run by vLLM (only where vLLM is installed)

@@ -54,6 +54,12 @@ VARIANTS = (
     # swap-AB on FP8 at 128 slots per tile (query groups up to 16: wgmma N <= 16)
     ("pallas_mosaic_gpu", "h100", "fp8_static", "bf16", 128, DecodeBlocks(128, 1, 3)),
     ("pallas_mosaic_gpu", "h100", "fp8_dynamic", "bf16", 128, DecodeBlocks(128, 4, 2)),
+    # deeper rings (the autotuner's candidates): 4-5 stages, FP8 and 16-bit, both tile sizes
+    ("pallas_mosaic_gpu", "h100", "fp8_static", "bf16", 128, DecodeBlocks(64, 1, 4)),
+    ("pallas_mosaic_gpu", "h100", "fp8_dynamic", "bf16", 128, DecodeBlocks(64, 2, 5)),
+    ("pallas_mosaic_gpu", "h100", "bf16", "bf16", 128, DecodeBlocks(64, 1, 5)),
+    ("pallas_mosaic_gpu", "h100", "fp8_static", "bf16", 128, DecodeBlocks(128, 1, 4)),
+    ("pallas_mosaic_gpu", "h100", "fp8_static", "bf16", 128, DecodeBlocks(128, 2, 5)),
     # the unswapped kernel (the query group padded to a 64-row M tile): both block sizes and
     # stage counts, FP8 and 16-bit caches, split and not
     ("pallas_mosaic_gpu", "h100", "fp8_static", "bf16", 128, DecodeBlocks(64, 1, 3, False)),

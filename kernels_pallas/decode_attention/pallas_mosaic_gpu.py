@@ -280,7 +280,13 @@ _BLOCK_S_FP8 = (64,)  # unswapped FP8 at 128 (upcast tiles in registers): 244-25
 # [128, 128] f16 tile is 64 registers, so only narrow query groups fit (wgmma N <= 16).
 _BLOCK_S_FP8_SWAP = (64, 128)
 _SWAP_N_FP8_WIDE = 16
-_STAGES = (2, 3)
+# Pipeline depths: the default (``default_stages``) and the deeper rings the autotuner times. The
+# first H200 run measured the FP8 kernel (3 stages: 2 x 16 KB of loads in flight per CTA while
+# it computes on the third) at 26 GB/s per SM, as if each load waited ~2.5 us (Little's law);
+# at 4-5 stages two CTAs keep 96-128 KB in flight per SM, enough for the HBM bound at that
+# latency, in ~85-101 KB of SMEM each (still two per SM). The support check's SMEM budget
+# bounds the 16-bit and 128-slot tiles.
+_STAGES = (2, 3, 4, 5)
 NUM_SMS = 132  # H100 SXM / H200
 _CTAS_PER_SM = 2  # SMEM <= ~113 KiB and <= 255 registers x 128 threads allow two
 

@@ -299,7 +299,14 @@ def test_mosaic_gpu_wide_fp8_tiles_match_reference(interpret, case):
     _check_case("pallas_mosaic_gpu", interpret, case, block_s=128)
 
 
-def _check_case(impl, interpret, case, swap_ab=None, block_s=None):
+@pytest.mark.parametrize("stages", [4, 5])
+def test_mosaic_gpu_deep_rings_match_reference(stages):
+    """4- and 5-stage K/V rings (the autotuner's deeper candidates) over the ragged, split FP8
+    rows: more tiles in flight than a chunk has at its shortest rows (1-2 tiles)."""
+    _check_case("pallas_mosaic_gpu", True, "fp8-dynamic-g4-split3", stages=stages)
+
+
+def _check_case(impl, interpret, case, swap_ab=None, block_s=None, stages=None):
     kv, rows, n_kv, group, splits = CASES[case]
     bs, c, kv16, _ = KERNELS[impl]
     bs = block_s or bs
@@ -319,7 +326,7 @@ def _check_case(impl, interpret, case, swap_ab=None, block_s=None):
     with _target(impl, interpret):
         out = decode_attention(
             q, k_p, v_p, lengths, **kw, impl=impl,
-            config=DecodeBlocks(bs, splits, swap_ab=swap_ab), interpret=interpret,
+            config=DecodeBlocks(bs, splits, stages, swap_ab), interpret=interpret,
         )  # fmt: skip
     tol = _tolerance(impl, kv, dequantize_kv(v, vs))
     np.testing.assert_allclose(out, expect, rtol=0, atol=tol)

@@ -54,6 +54,10 @@ VARIANTS = (
     ("pallas_mosaic_gpu", "h100", "fp8_static", 128, PagedBlocks(num_splits=4, num_stages=2)),
     ("pallas_mosaic_gpu", "h100", "bf16", 128, None),
     ("pallas_mosaic_gpu", "h100", "bf16", 128, PagedBlocks(num_splits=2, swap_ab=False)),
+    # deeper rings (the autotuner's candidates)
+    ("pallas_mosaic_gpu", "h100", "fp8_static", 64, PagedBlocks(num_splits=1, num_stages=4)),
+    ("pallas_mosaic_gpu", "h100", "fp8_static", 64, PagedBlocks(num_splits=2, num_stages=5)),
+    ("pallas_mosaic_gpu", "h100", "fp8_static", 128, PagedBlocks(num_splits=1, num_stages=4)),
 )
 
 

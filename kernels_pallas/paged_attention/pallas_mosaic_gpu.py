@@ -30,7 +30,7 @@ _TILE_M = dense._TILE_M  # noqa: SLF001
 # The dense kernel's block sizes (a tile is one page); 128-slot FP8 pages take the swap-AB kernel
 # with a query group of at most 16 (``dense.block_sizes``: the support check says per call).
 PAGE_SIZES = (64, 128)
-_STAGES = (2, 3)
+_STAGES = dense._STAGES  # noqa: SLF001
 
 
 def _kernel(lengths, lo, cnt, table, k_scale, q_gmem, k_gmem, v_gmem, *outs, st):
@@ -180,6 +180,9 @@ def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_sc
     stages = (config or PagedBlocks()).num_stages or dense.default_stages(k_pages.dtype)
     if stages not in _STAGES:
         return f"num_stages {stages} not in {_STAGES}"
+    tile = common.DecodeBlocks(block_s=y, num_splits=1, num_stages=stages, swap_ab=swap)
+    if (n := dense.smem_bytes(tile, c, k_pages.dtype, False, group)) > 227 * 1024:
+        return f"SMEM {n} B over the 227 KiB budget (pages of {y}, {stages} stages)"
     return None
 
 

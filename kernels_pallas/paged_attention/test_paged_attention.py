@@ -196,6 +196,12 @@ def test_mosaic_gpu_unswapped_interpret_matches_reference(dtype, scales, splits,
     _check_kernel("pallas_mosaic_gpu", dtype, scales, PagedBlocks(splits, swap_ab=False), tol)
 
 
+@pytest.mark.parametrize("stages", [4, 5])
+def test_mosaic_gpu_deep_rings_match_reference(stages):
+    """FP8 pages through 4- and 5-stage rings (the autotuner's deeper candidates), 2 chunks."""
+    _check_kernel("pallas_mosaic_gpu", F8, "static", PagedBlocks(2, stages), 5e-3)
+
+
 @pytest.mark.parametrize("dtype,scales,splits,tol", [(F8, "static", 2, 5e-3)])
 def test_mosaic_gpu_pages_of_128_slots_match_reference(dtype, scales, splits, tol):
     """FP8 pages of 128 slots: one page per tile of the swap-AB kernel (a query group of 4)."""

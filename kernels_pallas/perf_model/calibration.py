@@ -13,8 +13,9 @@ Families (the rows ``compare.predicted_us`` models, the kernel alone: no ``+quan
   ``mm_decode``: the same at M <= 256 (swap-AB tiles);
   ``attn_fp8``: decode attention on an FP8 cache (static and dynamic scales), the swap-AB kernel;
   ``attn_fp8_unswapped``: the same, the unswapped kernel;
-  ``attn_fp8_bs128``: the swap-AB kernel over 128-slot tiles (``bench_decode``'s ``:bs128``
-  arm; not measured yet: its predictions take ``attn_fp8``'s factor).
+  ``attn_fp8_bs128``, ``attn_fp8_st5``: the swap-AB kernel over 128-slot tiles, and with a
+  5-stage ring (``bench_decode``'s ``:bs128`` and ``:st5`` arms; not measured yet: their
+  predictions take ``attn_fp8``'s factor).
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def family(row: dict) -> str | None:
             return None
         if row["cache"] == "bf16":
             return "baseline: attn_bf16 (our kernel, BF16_ATTN_BW_EFF)"
-        if impl.endswith(":bs128"):  # the wide tile's own family: not (yet) a calibration
-            return "attn_fp8_bs128"
+        if impl.endswith((":bs128", ":st5")):  # the candidates' own families: not (yet) a
+            return "attn_fp8_" + impl.rsplit(":", 1)[1]  # calibration
         return "attn_fp8_unswapped" if impl.endswith(":unswapped") else "attn_fp8"
     if impl == "fp8:pallas_mosaic_gpu":
         return "mm_prefill" if row["m"] > 256 else "mm_decode"

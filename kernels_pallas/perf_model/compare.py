@@ -44,15 +44,16 @@ def predicted_us(chip: str, row: dict) -> float | None:
 
 
 def _attention_us(chip: str, row: dict) -> float | None:
-    """The model's time for one bench_decode row of the Hopper kernel (swap-AB, ``:unswapped``
-    or ``:bs128``) with every slot live (the model reads full rows); None for the rest."""
+    """The model's time for one bench_decode row of the Hopper kernel (swap-AB, ``:unswapped``,
+    ``:bs128`` or ``:st5``) with every slot live (the model reads full rows); None for the rest."""
     impl = row.get("impl", "")
     if row.get("lengths") != "full" or not impl.startswith("pallas_mosaic_gpu"):
         return None
     cache = "bf16" if row["cache"] == "bf16" else "fp8"
     p = gpu.predict_attention(chip, "decode_attention", row["b"], row["s"], row["h"], row["k"],
                               row["c"], cache, swap_ab=not impl.endswith(":unswapped"),
-                              block_s=128 if impl.endswith(":bs128") else None)  # fmt: skip
+                              block_s=128 if impl.endswith(":bs128") else None,
+                              stages=5 if impl.endswith(":st5") else None)  # fmt: skip
     return p.time_s * 1e6
 
 

@@ -314,14 +314,16 @@ def bf16_attention_s(chip: str, b: int, s: int, n_kv: int, d: int) -> float:
 
 def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: int,
                       cache: str = "fp8", *, splits: int | None = None, label: str = "",
-                      in_program: bool = False, swap_ab: bool = True,
-                      block_s: int | None = None) -> Prediction:  # fmt: skip
+                      in_program: bool = False, swap_ab: bool = True, block_s: int | None = None,
+                      stages: int | None = None) -> Prediction:  # fmt: skip
     """Decode attention (dense, or paged with 64-slot pages) over full rows of ``s`` slots;
     ``in_program``: the chunks' XLA combine is a launch the program's count holds. ``swap_ab``
     (the kernels' default): the query group is the wgmma N (``mgpu_swap.swap_n``), its MMAs
     ``[block_s, N]``, K upcast in registers and Pᵀ [N, block_s] f16 through SMEM; else a
     64-row M tile. ``block_s`` (dense only; None: the default 64): 128 is the autotuner's wide
-    FP8 candidate (profile ``decode_fp8_bs128``; the 64-slot kernel's calibration factor)."""
+    FP8 candidate (profile ``decode_fp8_bs128``; the 64-slot kernel's calibration factor);
+    ``stages`` (dense only; None: ``default_stages``): the K/V ring's depth (same profile: the
+    loop's instructions do not depend on it)."""
     import jax
     import jax.numpy as jnp
 
@@ -329,7 +331,7 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
     from kernels_pallas.decode_attention import pallas_mosaic_gpu as dense
     from kernels_pallas.decode_attention.common import DecodeBlocks
 
-    fp8 = cache == "fp8"
+    fp8, depth_given = cache == "fp8", stages is not None
     kv_dtype = jnp.float8_e4m3fn if fp8 else jnp.bfloat16
     k_sds = jax.ShapeDtypeStruct((b, s, n_kv, d), kv_dtype)
     if op == "paged_attention":
@@ -339,7 +341,7 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
         splits = splits if splits is not None else paged.default_splits(b, s // bs, n_kv)
         name = "paged_fp8" if fp8 else "decode_bf16"
     else:
-        bl = dense.resolve_blocks(DecodeBlocks(block_s, splits), None, k_sds)
+        bl = dense.resolve_blocks(DecodeBlocks(block_s, splits, stages), None, k_sds)
         bs, stages, splits = bl.block_s, bl.num_stages, bl.num_splits
         name = "decode_fp8" if fp8 else "decode_bf16"
     name += "" if swap_ab else "_unswapped"
@@ -360,7 +362,7 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
     extra += LAUNCH_S if splits > 1 and not in_program else 0.0  # the XLA combine of chunks
     nbytes = 2 * b * s * n_kv * d * kv_b
     base = f"BF16-cache decode attention ({BF16_ATTN_BW_EFF:.0%} of HBM)"
-    impl = f"{name} J={splits}"
+    impl = f"{name} J={splits}" + (f" {stages} stages" if depth_given else "")
     base_s = bf16_attention_s(chip, b, s, n_kv, d)
     label = label or f"B={b} S={s} H/K={h}/{n_kv}"
     scale = calibration("attn_fp8" + ("" if swap_ab else "_unswapped")) if fp8 else 1.0

@@ -144,6 +144,9 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
             )  # fmt: skip
             change = "decode attention, autotuner candidate: 128-slot FP8 tiles (1 CTA per SM)"
             out.append((change, before, after))
+            deep = predict_attention(chip, "decode_attention", b, s, h, n_kv, 128, label=label,
+                                     stages=5)  # fmt: skip
+            out.append(("decode attention, autotuner candidate: 5-stage FP8 ring", before, deep))
     return out
 
 

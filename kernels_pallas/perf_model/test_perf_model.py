@@ -227,8 +227,8 @@ def test_targets_judge_the_gemms_the_rollout_runs():
 
 def test_compare_predicts_the_decode_attention_rows():
     """bench_decode rows of the Hopper kernel with every slot live get the model's time for
-    their arm (swap-AB, ``:unswapped`` or ``:bs128``, which the 128-slot profile models); ragged
-    rows and the XLA reference get none."""
+    their arm (swap-AB, ``:unswapped``, ``:bs128``, which the 128-slot profile models, or
+    ``:st5``, a 5-stage ring); ragged rows and the XLA reference get none."""
     from kernels_pallas.perf_model import compare
 
     row = dict(model="Qwen3-8B", b=32, s=8192, h=32, k=8, c=128, cache="fp8_static",
@@ -243,6 +243,10 @@ def test_compare_predicts_the_decode_attention_rows():
     assert wide.terms["ctas_per_sm_max"] == 1  # 200 registers x 256 threads: one CTA per SM
     got = compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:bs128"))
     assert got == pytest.approx(wide.time_s * 1e6)
+    deep = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8",
+                                 stages=5)  # fmt: skip
+    got = compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:st5"))
+    assert got == pytest.approx(deep.time_s * 1e6) and deep.terms["ctas_per_sm"] == 2
     bf16 = compare.predicted_us("h200", dict(row, cache="bf16"))
     assert bf16 > compare.predicted_us("h200", row)  # twice the bytes
     assert compare.predicted_us("h200", dict(row, lengths="ragged")) is None
