@@ -78,9 +78,8 @@ def family(row: dict) -> str | None:
             return None
         if row["cache"] == "bf16":
             return "baseline: attn_bf16 (our kernel, BF16_ATTN_BW_EFF)"
-        if impl.endswith((":bs128", ":st5")):  # the candidates' own families: not (yet) a
-            return "attn_fp8_" + impl.rsplit(":", 1)[1]  # calibration
-        return "attn_fp8_unswapped" if impl.endswith(":unswapped") else "attn_fp8"
+        arm = impl.partition(":")[2]  # bench_decode's arms: "", "unswapped", "bs128", "st5"
+        return "attn_fp8" + (f"_{arm}" if arm else "")
     if impl == "fp8:pallas_mosaic_gpu":
         return "mm_prefill" if row["m"] > 256 else "mm_decode"
     if impl == "bf16":

@@ -137,15 +137,12 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
     for model, b, s, h, n_kv in ATTENTION_SHAPES:  # a candidate the autotuner times, not a default
         for chip in GPU_CHIPS:
             label = f"{model} B={b} S={s} H/K={h}/{n_kv} fp8 cache"
-            before, after = (
-                predict_attention(chip, "decode_attention", b, s, h, n_kv, 128, label=label,
-                                  block_s=bs)
-                for bs in (None, 128)
-            )  # fmt: skip
+            before, wide, deep = (
+                predict_attention(chip, "decode_attention", b, s, h, n_kv, 128, label=label, **kw)
+                for kw in ({}, {"block_s": 128}, {"stages": 5})
+            )
             change = "decode attention, autotuner candidate: 128-slot FP8 tiles (1 CTA per SM)"
-            out.append((change, before, after))
-            deep = predict_attention(chip, "decode_attention", b, s, h, n_kv, 128, label=label,
-                                     stages=5)  # fmt: skip
+            out.append((change, before, wide))
             out.append(("decode attention, autotuner candidate: 5-stage FP8 ring", before, deep))
     return out
 
