@@ -156,9 +156,10 @@ def _run_tpu(x, w_q, *, config, out_dtype, interpret):
 TUNE_LIMIT = 6
 # The decode (swap-AB) default's twin with this many ring stages, always timed beside it. The
 # first device run measured the decode tiles at 1.3-2.8 TB/s of the H200's 4.8, 1.28-2.56x the
-# model's time. They run 1 CTA per SM (registers) with 4 stages: 50-99 KB of TMA loads in flight
-# per SM, which at ~1.2 us of loaded HBM latency is 40-80 GB/s per SM (Little's law), 1.1-2.2x an
-# SM's 36 GB/s share of the peak: a thin margin that a deeper ring widens. 6 stages (the deepest
+# model's time then (1.00-1.31x since its latency and fill were fitted: ``calibration.fit``).
+# They run 1 CTA per SM (registers) with 4 stages: 50-99 KB of TMA loads in flight per SM, which
+# at ~1.2 us of loaded HBM latency is 40-80 GB/s per SM (Little's law), 1.1-2.2x an SM's 36 GB/s
+# share of the peak: a thin margin that a deeper ring widens. 6 stages (the deepest
 # ``mgpu_config`` allows) compile with 0 spills and the same registers on every swap tile (SASS:
 # 8 more loop instructions), and SMEM is free at 1 CTA per SM. The default stays 4 stages until a
 # device measures the difference.

@@ -16,10 +16,16 @@ predicts, for one SM holding ``c`` CTAs that each advance one loop iteration ("s
     L2      = c x (bytes the step's TMA loads move) / (L2 bandwidth per SM);
     smem    = c x (bytes the step moves through SMEM by ordinary loads/stores, e.g. the FP8 ->
               f16 upcast of attention tiles) / 128 B per clock (wgmma operand reads excluded);
-    latency = DRAM_LATENCY / stages (Little's law: a ring of ``stages`` loads in flight);
+    latency = (DRAM_LATENCY + chain) / stages: a ring slot is refilled only once the step
+              that read it is done (``emit_pipeline`` issues step i + stages' load after step
+              i's body; the warp-specialized pipeline after the consumer releases the slot),
+              so each slot turns over once per load round trip plus one step's compute, and
+              ``stages`` slots share that cycle (Little's law);
   CTAs per SM = min by registers (65536 / (regs x threads)), SMEM (228 KiB) and 32;
   waves = the grid spread over 132 SMs x CTAs per SM (the last wave with fewer CTAs per SM);
-  time = max(sum over waves of (steps x step + FILL), HBM bytes / (BW x HBM_EFF)) + LAUNCH.
+  time = max(sum over waves of (steps x step + FILL), HBM bytes / (BW x HBM_EFF) + FILL)
+         + LAUNCH: a kernel streaming at the HBM bound still pays one FILL (its first loads'
+         round trip before any streaming, its last tile's epilogue after it).
 
 A persistent grid (``MgpuConfig.persistent``: P CTAs looping over the output tiles) runs the
 same rounds of at most P tiles, but pays FILL once per CTA and ``TILE_SWITCH_S`` between its
@@ -69,12 +75,19 @@ ISSUE_EFF = 0.7  # fraction of cycles a scheduler issues in ALU-heavy loop code 
 WGMMA_LATENCY = 128  # cycles from the last wgmma issue to wgmma_wait(0) returning; Luo et al.
 # 2024, "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture" (arXiv 2402.13499),
 # measure ~128 cycles for m64n128 wgmma
-DRAM_LATENCY_S = 0.8e-6  # loaded HBM latency seen by a TMA load (unloaded ~0.5 us, ibid.)
+# Fitted to the first device run (H200, 2026-12-04; ``calibration.fit``): the loaded HBM latency
+# a TMA load sees (unloaded ~0.5 us, ibid.; the model took 0.8 us before the run) and the fixed
+# cost per wave of a kernel (its first loads' round trip, CTA launch and setup, the epilogue's
+# store and the grid's tail; 1 us before). With them the decode GEMMs' measured / modelled spread
+# went from 1.28-2.56 (12 shapes, coefficient of variation 0.19) to 1.00-1.31 (0.09). cuBLAS's
+# BF16 GEMMs at M = 16 in the same run give an independent check of the fill: 4.3 us intercept
+# of time against bytes (slope 4.37 TB/s, 91% of HBM peak).
+DRAM_LATENCY_S = 1.0e-6
 L2_BYTES_PER_S = 7.0e12  # L2 -> SM bandwidth, all SMs (Chips and Cheese measure ~5.5-7 TB/s;
 # the least certain knob: FP8 128x128 tiles at full MMA rate would need ~15 TB/s)
 L2_BYTES_PER_CLK_PER_SM = 64  # one SM's L2 port (A100-era figure), binds when few SMs run
 HBM_EFF = 0.9  # best streaming fraction of HBM peak (STREAM-like copies reach ~90-93%)
-FILL_S = 1.0e-6  # per wave: pipeline fill (first TMA round trip) + epilogue store
+FILL_S = 4.0e-6  # per wave: pipeline fill (first TMA round trip) + epilogue store (fitted, above)
 TILE_SWITCH_S = DRAM_LATENCY_S  # persistent grid, between a CTA's tiles (module docstring)
 LAUNCH_S = 2.0e-6  # per kernel (or XLA fusion): launch and grid start; baselines pay it too
 # per predicate the host reads (a data-dependent while's, a conditional's branch index: XLA's GPU
@@ -131,13 +144,14 @@ def step_cycles(chip: str, loop: Loop, prof: dict, c: int, active_sms: int) -> d
     per_sched = loop.nwg * main["total"] + (tma or 0.0)
     clk = CHIPS[chip].clock_hz
     l2_per_sm = min(L2_BYTES_PER_S / active_sms, L2_BYTES_PER_CLK_PER_SM * clk)
+    chain = mma_wg + loop.waits * WGMMA_LATENCY + (main["total"] - main["mma"]) / ISSUE_EFF
     terms = dict(
         mma=c * loop.nwg * mma_wg,
         issue=c * per_sched / ISSUE_EFF,
-        chain=mma_wg + loop.waits * WGMMA_LATENCY + (main["total"] - main["mma"]) / ISSUE_EFF,
+        chain=chain,
         l2=c * loop.step_bytes / l2_per_sm * clk,
         smem=c * loop.smem_bytes / SMEM_BYTES_PER_CLK,
-        latency=DRAM_LATENCY_S * clk / loop.stages,
+        latency=(DRAM_LATENCY_S * clk + chain) / loop.stages,
     )
     return terms
 
@@ -173,7 +187,7 @@ def finish(op, label, chip, impl, t_compute, terms, hbm_bytes, flops, base, base
            scale=1.0):  # fmt: skip
     """The prediction: ``scale`` (``calibration``) x the kernel's max(compute, HBM) time, then
     its launch and ``extra_s`` (epilogue fusions, quantization) on top."""
-    t_hbm = hbm_bytes / (CHIPS[chip].hbm_bytes_per_s * HBM_EFF)
+    t_hbm = hbm_bytes / (CHIPS[chip].hbm_bytes_per_s * HBM_EFF) + FILL_S
     t = scale * max(t_compute, t_hbm) + LAUNCH_S + extra_s
     bound = "hbm" if t_hbm >= t_compute else max(
         ("mma", "issue", "chain", "l2", "smem", "latency"), key=lambda k: terms.get(k, 0)

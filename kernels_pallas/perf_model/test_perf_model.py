@@ -380,14 +380,15 @@ def test_quantize_model_against_xla_measured_on_the_device(capsys):
 def test_calibrated_rollout_predicts_the_measured_one():
     """The end-to-end check the calibration was not fitted to: the H200 rollout (Qwen3-1.7B
     shape, static engine, B = 32, 1K prompt, 4K response) measured 1.25x BF16 per decode step;
-    the calibrated model, from the kernel benchmarks alone, is within 10% of it (the SASS model
-    alone said 1.63x)."""
+    the calibrated model, from the kernel benchmarks alone, is within 10% of it (1.18x; the SASS
+    model alone says 1.38x: the factors, all above 1, slow the FP8 kernels only)."""
     from kernels_pallas.perf_model import gpu_rollout
 
     v = gpu_rollout.validation()
     assert v["measured_ratio"] == pytest.approx(1.245, abs=0.01)
     assert v["calibrated"].ratio == pytest.approx(v["measured_ratio"], rel=0.1)
-    assert v["raw"].ratio > 1.5
+    assert v["raw"].ratio > v["calibrated"].ratio
+    assert v["raw"].bf16_s == v["calibrated"].bf16_s
 
 
 def test_a_qwen3_8b_rollout_file_is_predicted_at_its_own_shape(tmp_path):
