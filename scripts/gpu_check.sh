@@ -208,9 +208,14 @@ else
     fi
   done
   # Issue 21, last (they take what the budget leaves): the performance model's prediction beside
-  # each measured matmul row (stages/perf_model.log), then the on-device autotuner's chosen
-  # table (stages/autotune.log; cache: stages/autotune.json and ~/.cache/fp8rl_jax).
-  run_stage perf_model 20 "$PY" -m kernels_pallas.perf_model.compare "$STAGES/bench_matmul.json" \
+  # each measured row, and the calibration factors and latency / fill fit this run's files give
+  # (the committed ones are the first H200 run's: perf_model/calibration.py) (stages/
+  # perf_model.log), then the on-device autotuner's chosen table (stages/autotune.log; cache:
+  # stages/autotune.json and ~/.cache/fp8rl_jax).
+  run_stage perf_model 20 bash -c '"$0" -m kernels_pallas.perf_model.compare "$@"; rc=$?
+    "$0" -m kernels_pallas.perf_model.calibration "$@"
+    "$0" -m kernels_pallas.perf_model.calibration "$@" --fit; exit $rc' "$PY" \
+    "$STAGES/bench_matmul.json" \
     "$STAGES/bench_decode.json" "$STAGES/bench_rollout.json"
   FP8RL_AUTOTUNE_FILE="$STAGES/autotune.json" run_stage autotune 190 "$PY" -m kernels_pallas.autotune
   for f in perf_model autotune; do [ -f "$STAGES/$f.log" ] && cat "$STAGES/$f.log"; done

@@ -1,8 +1,9 @@
 """The performance model against the first device run: ``KERNEL_CALIBRATION`` from data.
 
-``python -m kernels_pallas.perf_model.calibration [RESULTS_DIR] [--fit]`` reads the benchmark
-JSONs of a ``scripts/gpu_check.sh`` run (default: the H200 run of 2026-12-04,
-``experiments/results/gpu_h200_2026-12-04``) and prints, per kernel family, the median over its
+``python -m kernels_pallas.perf_model.calibration [RESULTS_DIR | BENCH_JSON...] [--fit]`` reads
+the benchmark JSONs of a ``scripts/gpu_check.sh`` run (default: the H200 run of 2026-12-04,
+``experiments/results/gpu_h200_2026-12-04``; or the files named, those that exist: what
+``gpu_check.sh``'s perf_model stage passes) and prints, per kernel family, the median over its
 rows of (CUPTI kernel time) / (the model's uncalibrated kernel time without its launch): the
 factor ``KERNEL_CALIBRATION`` holds, by which ``gpu.py`` scales our FP8 kernels' predicted
 times. The baselines (cuBLAS BF16 GEMMs, the BF16-cache attention) are printed too, as a check
@@ -138,7 +139,9 @@ def fit(paths: list[str], family_: str = "mm_decode", latencies=FIT_LATENCIES_S,
         for lat in latencies:
             for fill in fills:
                 gpu.DRAM_LATENCY_S, gpu.FILL_S = lat, fill
-                v = ratios(paths)[family_]
+                v = ratios(paths).get(family_)
+                if not v:  # the run measured none of them (e.g. GEMMs at M = 4096 only)
+                    return []
                 out.append(dict(latency_s=lat, fill_s=fill, median=statistics.median(v),
                                 min=min(v), max=max(v),
                                 cv=statistics.pstdev(v) / statistics.mean(v)))  # fmt: skip
@@ -181,12 +184,18 @@ def main(argv=None) -> int:
     args = list(argv if argv is not None else sys.argv[1:])
     show_fit = "--fit" in args
     args = [a for a in args if a != "--fit"]
-    root = args[0] if args else DEFAULT_DIR
-    paths = [os.path.join(root, f) for f in DEFAULT_FILES]
+    if args and all(a.endswith(".json") for a in args):  # a new run's bench files
+        paths = [a for a in args if os.path.exists(a)]
+    else:
+        root = args[0] if args else DEFAULT_DIR
+        paths = [os.path.join(root, f) for f in DEFAULT_FILES]
     if show_fit:
         print("| DRAM_LATENCY_S (us) | FILL_S (us) | mm_decode measured / modelled: median | min "
               "| max | coefficient of variation |\n|---|---|---|---|---|---|")  # fmt: skip
-        for r in fit(paths):
+        rows = fit(paths)
+        if not rows:
+            print("| (no decode GEMM rows in these files: no fit) | | | | | |")
+        for r in rows:
             print(f"| {r['latency_s'] * 1e6:.1f} | {r['fill_s'] * 1e6:.0f} | {r['median']:.2f} | "
                   f"{r['min']:.2f} | {r['max']:.2f} | {r['cv']:.3f} |")  # fmt: skip
         return 0
