@@ -36,7 +36,7 @@ of 64 rows, or 128 rows of one weight block) and runs wgmma, wait and promotion 
 per K step, one after the other: a second in-flight 64x128 f32 accumulator (64 registers) would
 not fit beside the two running ones in the 232 registers a compute warpgroup gets (DeepGEMM's
 1D2D kernel stops at BLOCK_N = 192 for the same reason, keeping a full-width fresh accumulator;
-``_k_step_wide`` says how ptxas is kept from overlapping them).
+``k_step_wide`` says how ptxas is kept from overlapping them).
 
 2-CTA clusters (``MgpuConfig.cluster_m=2``, prefill): the two CTAs of a cluster take adjacent M
 tiles of the same N tile, and the weight BlockSpec is collective over the cluster axis, so each
@@ -86,109 +86,15 @@ from kernels_pallas.fp8_matmul.mgpu_config import (  # noqa: F401
     supports,
     swap_default,
 )
-from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_max
-
-
-def _smem_transforms(dtype, minor: int):
-    swizzle = plgpu.find_swizzle(minor * jnp.dtype(dtype).itemsize * 8)
-    elems = swizzle // jnp.dtype(dtype).itemsize
-    return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
-
-
-def _quantize_rows(x, fp8_dtype):
-    """In-register 1x128 quantization of a [64, 128] tile: returns (x_fp8, scale per row)."""
-    x = x.astype(jnp.float32)
-    amax = jnp.max(jnp.abs(x), axis=1)
-    s = jnp.maximum(amax, SCALE_TINY) / fp8_max(fp8_dtype)
-    m = fp8_max(fp8_dtype)
-    xq = jnp.clip(x / lax.broadcast_in_dim(s, x.shape, [0]), -m, m).astype(fp8_dtype)
-    return xq, s
-
-
-def _pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, k_part=0, *, cfg, fused, wdt):
-    """(BlockSpecs, GMEM views) of the K-step pipeline: x [bm, 128], K-major w [bn, 128], and
-    the x scales [1, bm] unless fused (transforms keyed on the 128-byte K row)."""
-    bm, bn = cfg.block_m, cfg.block_n
-    in_specs = [
-        plgpu.BlockSpec(
-            (bm, GROUP), lambda kk: (0, kk), transforms=_smem_transforms(x_gmem.dtype, GROUP)
-        ),
-        plgpu.BlockSpec(
-            (bn, GROUP),
-            lambda kk: (0, kk),
-            transforms=_smem_transforms(wdt, GROUP),
-            # a 2-CTA cluster along M shares the weight tile: one TMA multicast to both SMs
-            collective_axes=("c",) if cfg.cluster_m > 1 else (),
-        ),  # fmt: skip
-    ]
-    steps = w_gmem.shape[1] // GROUP // cfg.split_k
-    k_cols, k_rows = pl.ds(k_part * steps * GROUP, steps * GROUP), pl.ds(k_part * steps, steps)
-    gmem_in = [x_gmem.at[m_slice, k_cols], w_gmem.at[n_slice, k_cols]]
-    if not fused:
-        in_specs.append(plgpu.BlockSpec((1, bm), lambda kk: (kk, 0)))
-        gmem_in.append(sx_gmem.at[k_rows, m_slice])
-    return in_specs, gmem_in
-
+from kernels_pallas.fp8_matmul.mgpu_k_step import (
+    k_step,
+    k_step_wide,
+    pipeline_operands,
+    smem_transforms,
+)
+from kernels_pallas.qarray import QArray
 
 _WGMMA = plgpu.Layout.WGMMA
-
-
-def _promote(acc, lhs, rhs, sx, sw, swap: bool, zero=None):
-    """``acc + (lhs · rhs) · s_x · s_w``: one wgmma into a fresh f32 accumulator (zeros, or the
-    given ``zero``), waited for, then promoted in registers (s_x per row, or per column when
-    swapped; s_w a scalar)."""
-
-    def mma(acc_ref):
-        if zero is not None:
-            acc_ref[...] = zero
-        plgpu.wgmma(acc_ref, lhs, rhs)
-        plgpu.wgmma_wait(0)
-        return acc_ref[...]
-
-    acc_k = pl.run_scoped(mma, plgpu.ACC(acc.shape, jnp.float32))
-    scale = lax.broadcast_in_dim(sx * sw, acc.shape, [1 if swap else 0])
-    return acc + acc_k * scale
-
-
-def _k_step(x_smem, w_smem, sx_ref, acc, sw, xq_smem, *, cfg: MgpuConfig, fused: bool, wdt):
-    """One 128-K step of one compute warpgroup: ``acc + (x̂ ŵᵀ)_kb · s_x · s_w`` (or transposed)."""
-    wg = lax.axis_index("wg")
-    tm, swap = _WGMMA_M, cfg.swap_ab
-    wg_rows = pl.ds(wg * tm, tm)
-    if fused:  # each warpgroup quantizes its 64 x rows (never swapped: see supports)
-        xq, sx = _quantize_rows(x_smem[wg_rows, :], wdt)
-        xq_smem[wg] = xq
-        plgpu.commit_smem()  # make the register->SMEM stores visible to the wgmma
-        x_op = xq_smem.at[wg]
-    else:
-        sx = sx_ref[0, :] if swap else sx_ref[0, wg_rows]
-        x_op = x_smem if swap else x_smem.at[wg_rows]
-    lhs, rhs = (w_smem.at[wg_rows], x_op.T) if swap else (x_op, w_smem.T)
-    return _promote(acc, lhs, rhs, sx, sw, swap)
-
-
-def _k_step_wide(x_smem, w_smem, sx_ref, accs, sws, *, cfg: MgpuConfig, chain: bool = True):
-    """One 128-K step of a warpgroup owning two 64x128 sub-tiles (``MgpuConfig.wg_subtiles``):
-    wgmma, wait and promotion per sub-tile, in turn (``sws``: the weight scale of each
-    128-column block of the CTA).
-
-    Each sub-tile's fresh accumulator starts from ``previous promoted sub-tile x 0.0`` rather
-    than from constant zeros: that data dependence keeps ptxas from issuing the next wgmma before
-    the previous promotion is done, which needs a third 64-register accumulator (ptxas 12.9
-    interleaves them and spills 280 B/thread otherwise; costs 64 FMULs per step). Finite
-    outputs are unchanged; a non-finite promoted element (NaN input, f32 overflow) also makes
-    the same element of the warpgroup's next sub-tile NaN. ``chain=False`` (GPU interpret mode,
-    which cannot store into a wgmma accumulator ref) starts from zeros."""
-    wg_m = cfg.block_m // cfg.num_compute_wgs
-    base = lax.axis_index("wg") * wg_m
-    out = []
-    for acc, (r, c) in zip(accs, cfg.wg_subtiles, strict=True):
-        rows = pl.ds(base + r, _WGMMA_M)
-        w_op = w_smem.at[pl.ds(c, _WIDE_SUB_N)].T
-        zero = out[-1] * 0.0 if out and chain else None
-        out.append(_promote(acc, x_smem.at[rows], w_op, sx_ref[0, rows], sws[c // GROUP], False,
-                            zero))  # fmt: skip
-    return tuple(out)
 
 
 def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: MgpuConfig,
@@ -205,7 +111,7 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
 
     def operands(a_idx, b_idx):
         m_idx, n_idx = (b_idx, a_idx) if swap else (a_idx, b_idx)
-        return _pipeline_operands(
+        return pipeline_operands(
             x_gmem, sx_gmem, w_gmem, pl.ds(m_idx * bm, bm), pl.ds(n_idx * bn, bn), k_part,
             cfg=cfg, fused=fused, wdt=wdt,
         )  # fmt: skip
@@ -234,16 +140,16 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
     out_tile = (sub_n, tm) if flip else (tm, sub_n)
     red = dict(red_smem=None, red_bar=None, sent_bar=None)
     if cfg.cluster_k:  # the received chunks' accumulators and their barriers
-        red = cluster_k.scratch(cfg.split_k, nwg, b_blk, _smem_transforms(jnp.float32, b_blk),
+        red = cluster_k.scratch(cfg.split_k, nwg, b_blk, smem_transforms(jnp.float32, b_blk),
                                 emulate=red_gmem is not None)  # fmt: skip
     scratch = dict(
         pipeline_allocs=get_pipeline(ignore, ignore).get_allocations(*gmem_in),
         out_smem=plgpu.SMEM(
             (nwg, len(subs), *out_tile),
             out_dtype,
-            transforms=_smem_transforms(out_dtype, out_tile[1]),
+            transforms=smem_transforms(out_dtype, out_tile[1]),
         ),  # fmt: skip
-        xq_smem=plgpu.SMEM((nwg, tm, GROUP), wdt, transforms=_smem_transforms(wdt, GROUP))
+        xq_smem=plgpu.SMEM((nwg, tm, GROUP), wdt, transforms=smem_transforms(wdt, GROUP))
         if fused
         else None,
         **red,
@@ -298,10 +204,10 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
                 sx_ref = sx_ref[0] if sx_ref else None
                 if wide:  # scalars issued early: their latency overlaps the first wgmma
                     sws = tuple(sw_gmem[nb + j, kb] for j in range(max(1, bn // GROUP)))
-                    return _k_step_wide(x_smem, w_smem, sx_ref, acc, sws, cfg=cfg,
+                    return k_step_wide(x_smem, w_smem, sx_ref, acc, sws, cfg=cfg,
                                         chain=not interpret)  # fmt: skip
                 sw = sw_gmem[nb, kb]  # issued early: its latency overlaps
-                step = functools.partial(_k_step, cfg=cfg, fused=fused, wdt=wdt)
+                step = functools.partial(k_step, cfg=cfg, fused=fused, wdt=wdt)
                 return step(x_smem, w_smem, sx_ref, acc, sw, xq_smem)
 
             pipeline = get_pipeline(body, compute_context)

@@ -31,20 +31,17 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.fp8_matmul.mgpu_config import SWAP_ROW_ALIGN
-
 # The dense kernel's building blocks: same tiles, same SMEM buffers, same K step.
-from kernels_pallas.fp8_matmul.pallas_mosaic_gpu import (
+from kernels_pallas.fp8_matmul.mgpu_config import (
     _MAX_GRID,
     _WGMMA_M,
     GROUP,
     SMEM_BYTES,
+    SWAP_ROW_ALIGN,
     MgpuConfig,
-    _k_step,
-    _pipeline_operands,
-    _smem_transforms,
     smem_bytes,
 )
+from kernels_pallas.fp8_matmul.mgpu_k_step import k_step, pipeline_operands, smem_transforms
 from kernels_pallas.grouped_fp8_matmul.reference import stacks
 from kernels_pallas.grouped_fp8_matmul.tiles import (
     gather_cols,
@@ -131,7 +128,7 @@ def _stack_body(sw_gmem, group, nb, *, cfg: MgpuConfig, wdt):
 
     def body(idx, x_smem, w_smem, sx_ref, acc):
         sw = sw_gmem[group, nb, idx[0]]  # issued before the wgmma: its latency overlaps
-        return _k_step(x_smem, w_smem, sx_ref, acc, sw, None, cfg=cfg, fused=False, wdt=wdt)
+        return k_step(x_smem, w_smem, sx_ref, acc, sw, None, cfg=cfg, fused=False, wdt=wdt)
 
     return body
 
@@ -148,7 +145,7 @@ def _kernel(meta_gmem, x_gmem, sx_gmem, *refs, cfg: MgpuConfig, wdt, stack_tiles
     t_idx, n_idx = (b_idx, a_idx) if swap else (a_idx, b_idx)
     group, block, live = meta_gmem[0, t_idx], meta_gmem[1, t_idx], meta_gmem[2, t_idx]
     m_slice = pl.ds(block * bm, bm)
-    operands = functools.partial(_pipeline_operands, x_gmem, sx_gmem, cfg=cfg, fused=False, wdt=wdt)
+    operands = functools.partial(pipeline_operands, x_gmem, sx_gmem, cfg=cfg, fused=False, wdt=wdt)
     in_specs, gmem0 = operands(w_refs[0].at[group], m_slice, pl.ds(0, bn))  # same for every stack
     pipeline = _pipeline(in_specs, cfg, x_gmem.shape[1] // GROUP)
     ignore = lambda *_, **__: None
@@ -156,7 +153,7 @@ def _kernel(meta_gmem, x_gmem, sx_gmem, *refs, cfg: MgpuConfig, wdt, stack_tiles
         pipeline_allocs=pipeline(ignore, compute_context=ignore).get_allocations(*gmem0),
         out_smem=plgpu.SMEM(
             (cfg.num_compute_wgs, tm, b_blk), out_dtype,
-            transforms=_smem_transforms(out_dtype, b_blk),
+            transforms=smem_transforms(out_dtype, b_blk),
         ),
     )  # fmt: skip
 
