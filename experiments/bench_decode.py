@@ -9,9 +9,10 @@ allocation to f32), each for two length patterns: ``full`` (every slot live) and
 both patterns (lengths are arguments). Where the Hopper kernel runs, ``pallas_mosaic_gpu:unswapped``
 (``DecodeBlocks(swap_ab=False)``: the query group padded to a 64-row wgmma M tile) is timed
 beside the default swap-AB kernel, and on FP8 caches ``pallas_mosaic_gpu:bs128`` (``DecodeBlocks(
-block_s=128)``: 128-slot tiles, one CTA per SM) and ``pallas_mosaic_gpu:st5`` (``DecodeBlocks(
-num_stages=5)``: 4 tiles in flight per CTA while it computes on a fifth, two CTAs per SM), the
-attention autotuner's wide and deep candidates.
+block_s=128)``: 128-slot tiles, one CTA per SM, the attention autotuner's wide candidate) and
+``pallas_mosaic_gpu:st3`` (``DecodeBlocks(num_stages=3)``: the 3-stage ring the FP8 default was
+until the first device run's latency said 5, its before in the same run). Each Hopper row
+records its ring depth (``num_stages``).
 
 Bytes = the live KV the op must read (``Σ_b (length_b - start_b) · K · C · 2 · itemsize``, plus
 the dynamic scales) + q and o (BF16): issue 11's definition. GB/s = bytes / time (CUPTI kernel
@@ -99,13 +100,29 @@ def _live_bytes(starts, lengths, h, k, c, cache) -> int:
 
 UNSWAPPED = ":unswapped"  # impl suffix: the Hopper kernel with DecodeBlocks(swap_ab=False)
 WIDE = ":bs128"  # impl suffix: swap-AB over 128-slot tiles (the autotuner's wide FP8 candidate)
-DEEP = ":st5"  # impl suffix: a 5-stage K/V ring (the autotuner's deepest candidate)
+SHALLOW = ":st3"  # impl suffix: a 3-stage K/V ring (the FP8 default before the 5-stage one)
 _SUFFIXES = {UNSWAPPED: DecodeBlocks(swap_ab=False), WIDE: DecodeBlocks(block_s=128),
-             DEEP: DecodeBlocks(num_stages=5)}  # fmt: skip
+             SHALLOW: DecodeBlocks(num_stages=3)}  # fmt: skip
+
+
+def _config(impl: str) -> DecodeBlocks | None:
+    return next((cfg for sfx, cfg in _SUFFIXES.items() if impl.endswith(sfx)), None)
+
+
+def ring_depth(impl: str, cache: str, b: int, s: int, k: int, c: int) -> int | None:
+    """The K/V ring depth a Hopper arm runs at (its config resolved as the kernel does); None
+    for the XLA reference."""
+    if not impl.startswith("pallas_mosaic_gpu"):
+        return None
+    from kernels_pallas.decode_attention import pallas_mosaic_gpu as mgpu
+
+    dtype = jnp.bfloat16 if cache == "bf16" else jnp.float8_e4m3fn
+    k_sds = jax.ShapeDtypeStruct((b, s, k, c), dtype)
+    return mgpu.resolve_blocks(_config(impl), None, k_sds).num_stages
 
 
 def _attend(sets, starts, lengths, *, impl, c, interpret):
-    config = next((cfg for sfx, cfg in _SUFFIXES.items() if impl.endswith(sfx)), None)
+    config = _config(impl)
     impl = impl.split(":")[0]
     return [
         decode_attention(
@@ -136,9 +153,9 @@ def copy_bandwidth(runs: int) -> float:
 
 def _timed_impls(cache: str, impls: list[str]) -> list[str]:
     """The impls timed on a cache kind: the XLA reference only on ``BASELINE_CACHES``, unless it
-    is the only impl (CPU); the 128-slot tiles and the 5-stage ring on FP8 caches only."""
+    is the only impl (CPU); the 128-slot tiles and the 3-stage ring on FP8 caches only."""
     keep = [i for i in impls if i != "xla" or cache in BASELINE_CACHES or impls == ["xla"]]
-    return [i for i in keep if not (i.endswith((WIDE, DEEP)) and cache == "bf16")]
+    return [i for i in keep if not (i.endswith((WIDE, SHALLOW)) and cache == "bf16")]
 
 
 def bench_shape(model, b, s, h, k, c, impls, runs, interpret, pk, copy_bw) -> list[dict]:
@@ -184,6 +201,7 @@ def bench_shape(model, b, s, h, k, c, impls, runs, interpret, pk, copy_bw) -> li
                     live_tokens=int(np.sum(np.asarray(lengths) - np.asarray(starts))),
                     bytes=nbytes, gbps=gbps, copy_frac=gbps * 1e9 / copy_bw, max_err=err,
                     hbm_frac=gbps * 1e9 / pk.hbm_bytes_s if pk.hbm_bytes_s else None,
+                    num_stages=ring_depth(impl, cache, b, s, k, c),
                 ))  # fmt: skip
     return rows
 
@@ -226,8 +244,8 @@ def main(argv=None) -> dict:
         impls.insert(0, "pallas_mosaic_gpu")
     if "pallas_mosaic_gpu" in impls:  # the swap-AB kernel's before, timed in the same run,
         impls.insert(1, "pallas_mosaic_gpu" + UNSWAPPED)  # and on FP8 its 128-slot tiles and
-        impls.insert(2, "pallas_mosaic_gpu" + WIDE)  # its 5-stage ring
-        impls.insert(3, "pallas_mosaic_gpu" + DEEP)
+        impls.insert(2, "pallas_mosaic_gpu" + WIDE)  # the 3-stage ring it had before
+        impls.insert(3, "pallas_mosaic_gpu" + SHALLOW)
     runs = args.runs or (20 if on_gpu else 5)
     pk = bc.peaks(dev.device_kind)
     copy_bw = copy_bandwidth(runs)

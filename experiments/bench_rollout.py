@@ -290,6 +290,14 @@ def _speedups(rows: list[dict]) -> None:
                 r[f"speedup_{kind}_vs_bf16"] = r[f"{kind}_tok_s"] / base[f"{kind}_tok_s"]
 
 
+def _fp8_attention_stages() -> int:
+    """The K/V ring depth of the Hopper FP8-cache attention kernels' default (the performance
+    model's validation predicts this run at it)."""
+    from kernels_pallas.decode_attention import pallas_mosaic_gpu as mgpu
+
+    return mgpu.default_stages(jnp.float8_e4m3fn)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the tiny model (CPU, seconds)")
@@ -316,6 +324,7 @@ def main(argv=None) -> dict:
         bench="rollout", model=model, model_config=str(cfg), quick=args.quick, reps=args.reps,
         warmup=args.warmup, data="random weights (init_weights, BF16), random prompt ids, "
         "temperature 1, no stop tokens", kv_memory=kv_memory(cfg, p + a, args.budget_gib),
+        fp8_attention_stages=_fp8_attention_stages(),
     )  # fmt: skip
     out = args.out or bc.default_out("bench_rollout")
     fallbacks = _Fallbacks()

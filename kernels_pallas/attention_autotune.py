@@ -4,18 +4,16 @@ In a long-response rollout the decode attention is most of a step (the performan
 ~60% of the FP8 decode step of a Qwen3-8B rollout at a 4K context), and the first H200 run
 measured the FP8-cache kernel at 58-68% of HBM against 83-91% for the BF16 one, at default
 tilings chosen by rules written without a device (``resolve_blocks``, ``default_splits``: chunks
-to fill one wave of 2 CTAs per SM, 3 pipeline stages on an FP8 cache, swap-AB). With
-``FP8RL_AUTOTUNE=1`` on a Hopper GPU, the first call of ``decode_attention`` or
+to fill one wave of 2 CTAs per SM, then 3 pipeline stages on an FP8 cache, swap-AB; the FP8
+default is now 5 stages, which the performance model fitted to that run puts at the HBM bound).
+With ``FP8RL_AUTOTUNE=1`` on a Hopper GPU, the first call of ``decode_attention`` or
 ``paged_attention`` with ``impl="auto"`` and no config at a shape times a few tilings around the
 default and caches the fastest, as ``fp8_matmul`` does (``kernels_pallas.autotune``: the same
 cache files, keyed by device kind, jax version, op and shape). Candidates (``blocks``): the
-default; its chunk count halved, doubled and quadrupled (more CTAs in flight per SM: the FP8
-kernel's 71 KB of SMEM lets 3 share an SM); the other pipeline depths (2-5: the measured FP8
-kernel behaved as if its 2 tiles in flight per CTA waited ~2.5 us each, so 4-5 stages may reach
-the HBM bound, still at two CTAs per SM); the unswapped kernel;
+default; its chunk count halved, doubled and quadrupled (more CTAs in flight per SM); the other
+pipeline depths (2-5); the other layout (the unswapped kernel, at its own default depth);
 for the dense kernel, 128-slot tiles where the support check takes them (FP8 caches: query
-groups up to 16), twice the bytes per serial tile step at one CTA per SM: the model cannot rank
-them, it puts both tiles at the HBM bound the device did not reach. Each
+groups up to 16), twice the bytes per serial tile step at one CTA per SM. Each
 is timed on random operands of the call's shape, dtypes and scale kind with every slot live
 (full rows: at trace time the lengths are not known), through the same output path
 (``quant_out``). Splitting changes the order of the softmax's sums: outputs move by rounding.
@@ -40,17 +38,19 @@ def split_choices(default: int, limit: int) -> list[int]:
     return list(dict.fromkeys(min(max(1, s), limit) for s in out))
 
 
-def blocks(default, limit: int, stages: tuple[int, ...], block_sizes: tuple[int, ...] = ()) -> list:
+def blocks(default, limit: int, stages: tuple[int, ...], block_sizes: tuple[int, ...] = (),
+           other_layout_stages: int | None = None) -> list:  # fmt: skip
     """Candidate configs around ``default`` (a resolved ``DecodeBlocks`` or ``PagedBlocks``: its
     ``num_splits``, ``num_stages`` and ``swap_ab`` set): the default first, then its chunk
     counts (``split_choices`` up to ``limit``), the other pipeline depths, the other
-    ``swap_ab``, then (dense only) the default at each other tile size of ``block_sizes``; no
-    duplicates."""
+    ``swap_ab`` (at ``other_layout_stages``, that layout's default depth; None: the default's),
+    then (dense only) the default at each other tile size of ``block_sizes``; no duplicates."""
     rep = dataclasses.replace
     out = [default]
     out += [rep(default, num_splits=j) for j in split_choices(default.num_splits, limit)]
     out += [rep(default, num_stages=st) for st in stages]
-    out.append(rep(default, swap_ab=not default.swap_ab))
+    out.append(rep(default, swap_ab=not default.swap_ab,
+                   num_stages=other_layout_stages or default.num_stages))  # fmt: skip
     out += [rep(default, block_s=bs) for bs in block_sizes]
     return list(dict.fromkeys(out))
 
@@ -122,7 +122,9 @@ def dense_config(q, k, v, *, k_scale, v_scale, sm_scale, quant_out, run):
                                    interpret=False) is None  # noqa: E731  # fmt: skip
     # 128-slot tiles (twice the bytes per serial step, one CTA per SM) at the default chunks
     wide = tuple(bs for bs in mgpu.block_sizes(k.dtype, True, q.shape[1] // n_kv) if bs > 64)
-    cands = [cfg for cfg in blocks(default, limit, mgpu._STAGES, wide) if ok(cfg)]  # noqa: SLF001
+    other = mgpu.default_stages(k.dtype, not default.swap_ab)
+    cands = [cfg for cfg in blocks(default, limit, mgpu._STAGES, wide, other)  # noqa: SLF001
+             if ok(cfg)]  # fmt: skip
 
     def run_with(cfg):
         fn = jax.jit(lambda q_, k_, v_: run(q_, k_, v_, lengths, impl="pallas_mosaic_gpu",
@@ -151,7 +153,8 @@ def paged_config(q, k_pages, v_pages, table, *, k_scale, v_scale, sm_scale, quan
     ok = lambda cfg: mgpu.supports(q, k_pages, v_pages, lengths, table_r, k_scale=kw["k_scale"],
                                    v_scale=kw["v_scale"], sm_scale=sm_scale, config=cfg,
                                    interpret=False) is None  # noqa: E731  # fmt: skip
-    cands = [cfg for cfg in blocks(default, w, mgpu._STAGES) if ok(cfg)]  # noqa: SLF001
+    other = dense.default_stages(k_pages.dtype, False)
+    cands = [cfg for cfg in blocks(default, w, mgpu._STAGES, (), other) if ok(cfg)]  # noqa: SLF001
 
     def run_with(cfg):
         fn = jax.jit(

@@ -79,11 +79,12 @@ def cache(monkeypatch, tmp_path):
 
 def test_dense_config_times_the_legal_candidates_once_and_caches_the_fastest(cache):
     """Qwen3-8B widths, B = 32, 8K slots, an FP8 cache with per-head scales: the default
-    (chunks for one wave of 2 x 132 CTAs: 1) and the candidates around it, all legal on H100
-    (the deeper 4- and 5-stage rings and the 128-slot FP8 tile too: a query group of 4 is wgmma
-    N = 8); the injected timer makes 2 chunks fastest; a second call reads the cache."""
+    (chunks for one wave of 2 x 132 CTAs: 1; a 5-stage ring) and the candidates around it, all
+    legal on H100 (the shallower rings, the unswapped kernel at its own 3-stage default and the
+    128-slot FP8 tile too: a query group of 4 is wgmma N = 8); the injected timer makes 2 chunks
+    fastest; a second call reads the cache."""
     run_file, inject = cache
-    calls = inject({"J=2/st3/swap": 0.5})
+    calls = inject({"J=2/st5/swap": 0.5})
     q = jax.ShapeDtypeStruct((32, 32, 128), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((32, 8192, 8, 128), F8)
     kw = dict(k_scale=jnp.ones((8,)), v_scale=jnp.ones((8,)), sm_scale=0.088, quant_out=F8)
@@ -94,14 +95,14 @@ def test_dense_config_times_the_legal_candidates_once_and_caches_the_fastest(cac
     with _on_h100():
         assert dense.resolve_blocks(None, q, k).num_splits == 1
         got = at.dense_config(q, k, k, **kw, run=run)
-        assert calls == ["J=1/st3/swap", "J=2/st3/swap", "J=4/st3/swap", "J=1/st2/swap",
-                         "J=1/st4/swap", "J=1/st5/swap", "J=1/st3/unswapped",
-                         "J=1/st3/swap/bs128"]  # fmt: skip
-        assert got == DecodeBlocks(block_s=64, num_splits=2, num_stages=3, swap_ab=True)
+        assert calls == ["J=1/st5/swap", "J=2/st5/swap", "J=4/st5/swap", "J=1/st2/swap",
+                         "J=1/st3/swap", "J=1/st4/swap", "J=1/st3/unswapped",
+                         "J=1/st5/swap/bs128"]  # fmt: skip
+        assert got == DecodeBlocks(block_s=64, num_splits=2, num_stages=5, swap_ab=True)
         assert at.dense_config(q, k, k, **kw, run=run) == got
     assert len(calls) == 8  # the second call read the cache
     rec = next(iter(json.loads(run_file.read_text()).values()))
-    assert rec["choice"] == "J=2/st3/swap" and len(rec["times_s"]) == 8
+    assert rec["choice"] == "J=2/st5/swap" and len(rec["times_s"]) == 8
     assert rec["candidates"] == calls[:8]  # in order, the default first
 
 
@@ -109,7 +110,7 @@ def test_dense_wide_fp8_tile_only_for_narrow_query_groups(cache):
     """128-slot FP8 tiles take wgmma N <= 16 (K's upcast tile is 64 registers): a group of 32
     queries per KV head (N = 32) gets no 128-slot candidate; the timer can pick the wide tile
     where it is offered."""
-    calls = cache[1]({"J=1/st3/swap/bs128": 0.1})
+    calls = cache[1]({"J=1/st5/swap/bs128": 0.1})
     k = jax.ShapeDtypeStruct((32, 8192, 8, 128), F8)
     kw = dict(k_scale=jnp.ones((8,)), v_scale=jnp.ones((8,)), sm_scale=0.088, quant_out=None)
     with _on_h100():
@@ -120,18 +121,18 @@ def test_dense_wide_fp8_tile_only_for_narrow_query_groups(cache):
         calls.clear()
         q16 = jax.ShapeDtypeStruct((32, 128, 128), jnp.bfloat16)  # N = 16: the widest at 128
         got = at.dense_config(q16, k, k, **kw, run=None)
-    assert calls[-1] == "J=1/st3/swap/bs128"
-    assert got == DecodeBlocks(block_s=128, num_splits=1, num_stages=3, swap_ab=True)
+    assert calls[-1] == "J=1/st5/swap/bs128"
+    assert got == DecodeBlocks(block_s=128, num_splits=1, num_stages=5, swap_ab=True)
 
 
 def test_paged_config_keys_by_pool_and_table(cache):
-    calls = cache[1]({"J=1/st3/swap": 0.1})
+    calls = cache[1]({"J=1/st5/swap": 0.1})
     q = jax.ShapeDtypeStruct((64, 32, 128), jnp.bfloat16)
     pages = jax.ShapeDtypeStruct((4096, 64, 8, 128), F8)
     kw = dict(k_scale=jnp.ones((8,)), v_scale=jnp.ones((8,)), sm_scale=0.088, quant_out=None)
     with _on_h100():
         small = at.paged_config(q, pages, pages, jnp.zeros((64, 64), jnp.int32), **kw, run=None)
-        assert small == PagedBlocks(num_splits=1, num_stages=3, swap_ab=True)
+        assert small == PagedBlocks(num_splits=1, num_stages=5, swap_ab=True)
         n = len(calls)
         at.paged_config(q, pages, pages, jnp.zeros((64, 128), jnp.int32), **kw, run=None)
     assert len(calls) == 2 * n  # a wider table is another shape: tuned again

@@ -17,8 +17,9 @@
 #            + RMSNorm, + SwiGLU), XLA's fusions vs the one-launch act_quantize kernels, M 16-16384
 #            (the kernels now run at every M: the prefill side had not been measured)
 #   decode   experiments/bench_decode.py: decode attention GB/s vs the HBM peak, FP8 and BF16 caches
-#            (the swap-AB default, unswapped, and on FP8 the 128-slot tiles and the 5-stage ring:
-#            :bs128, :st5; Little's law on the first run says 4-5 stages may reach the HBM bound)
+#            (the swap-AB default, unswapped, and on FP8 the 128-slot tiles and the 3-stage ring
+#            the default had before its 5-stage one: :bs128, :st3; the model fitted to the first
+#            run puts 5 stages at the HBM bound, 3 at 62-64% of an H200's)
 #   rollout  experiments/bench_rollout.py: tokens/s BF16 vs W8A8 vs W8A8 + FP8 KV, Qwen3-1.7B shape
 #            (random weights), 1K-token prompts, 4K-token responses, batch 32, no stop tokens
 #   host_sync  experiments/bench_host_sync.py: per iteration, a fori vs a data-bounded while vs
@@ -68,7 +69,7 @@
 # (api.TUNE_LIMIT). All stages need ~14 minutes: one call (<= 10 minutes) runs a subset.
 # What the next lease should run (what the first one did not: the quantize stage, the pruned
 # fp8_matmul and the attention autotuners, the grouped kernel's device tests, Qwen3-8B's rollout,
-# the deeper and wider FP8 attention tilings: decode's :st5 and :bs128 arms, ~+20 s, and 3 more
+# the 5-stage FP8 attention default beside decode's :st3 and :bs128 arms, ~+20 s, and 3 more
 # attention autotune candidates per shape, ~+30 s), as two calls of ~6.5 minutes:
 #   GPU_CHECK_BUDGET_S=400 GPU_CHECK_STAGES="pytest quantize autotune matmul"
 #     GPU_CHECK_BUDGETS="pytest=90 quantize=45 autotune=190 matmul=60" GPU_CHECK_ARGS_matmul="--ms 4096"

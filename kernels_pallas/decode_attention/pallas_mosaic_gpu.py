@@ -280,12 +280,14 @@ _BLOCK_S_FP8 = (64,)  # unswapped FP8 at 128 (upcast tiles in registers): 244-25
 # [128, 128] f16 tile is 64 registers, so only narrow query groups fit (wgmma N <= 16).
 _BLOCK_S_FP8_SWAP = (64, 128)
 _SWAP_N_FP8_WIDE = 16
-# Pipeline depths: the default (``default_stages``) and the deeper rings the autotuner times. The
-# first H200 run measured the FP8 kernel (3 stages: 2 x 16 KB of loads in flight per CTA while
-# it computes on the third) at 26 GB/s per SM, as if each load waited ~2.5 us (Little's law);
-# at 4-5 stages two CTAs keep 96-128 KB in flight per SM, enough for the HBM bound at that
-# latency, in ~85-101 KB of SMEM each (still two per SM). The support check's SMEM budget
-# bounds the 16-bit and 128-slot tiles.
+# Pipeline depths: the default (``default_stages``) and the others the autotuner times. The first
+# H200 run measured the FP8 kernel at 3 stages (2 x 16 KB of loads in flight per CTA while it
+# computes on the third, two CTAs per SM) at 58-68% of HBM: its tile steps took (load round trip +
+# the step) / 3 with one round trip of ~3.5 us, as the BF16 kernel's at 2 stages did
+# (``perf_model.calibration.attention_latency``), which the BF16 kernel's 32 KB tiles turned into
+# 83-91% of HBM. At 5 stages the same round trip allows ~1.7x the FP8 kernel's measured rate, past
+# the HBM bound (the performance model: 84-88% of an H200's HBM at B x K >= 64, from 62-64%), in
+# ~101 KB of SMEM per CTA (still two per SM; 0 spills, 114-123 registers, both jax versions).
 _STAGES = (2, 3, 4, 5)
 NUM_SMS = 132  # H100 SXM / H200
 _CTAS_PER_SM = 2  # SMEM <= ~113 KiB and <= 255 registers x 128 threads allow two
@@ -304,10 +306,14 @@ def smem_bytes(blocks: common.DecodeBlocks, c: int, kv_dtype, dynamic: bool, gro
     return max(loop, out) + 1024  # barriers and alignment
 
 
-def default_stages(kv_dtype) -> int:
-    """K/V tiles in flight when a config leaves ``num_stages`` unset (dense and paged kernels):
-    3 on an FP8 cache, 2 on a 16-bit one; both keep SMEM within two CTAs per SM."""
-    return 3 if jnp.dtype(kv_dtype).itemsize == 1 else 2
+def default_stages(kv_dtype, swap_ab: bool = True) -> int:
+    """K/V tiles in flight when a config leaves ``num_stages`` unset (dense and paged kernels): 5
+    on an FP8 cache (the swap-AB kernel; 3 unswapped, whose 64-row tiles take more SMEM and
+    which the device measured slower), 2 on a 16-bit one (83-91% of HBM measured); each keeps
+    SMEM within two CTAs per SM."""
+    if jnp.dtype(kv_dtype).itemsize == 1:
+        return 5 if swap_ab else 3
+    return 2
 
 
 def resolve_blocks(config: common.DecodeBlocks | None, q_BHC, k_BSKC) -> common.DecodeBlocks:
@@ -317,9 +323,9 @@ def resolve_blocks(config: common.DecodeBlocks | None, q_BHC, k_BSKC) -> common.
     config = config or common.DecodeBlocks()
     b, s, n_kv, _ = k_BSKC.shape
     bs = config.block_s or 64
-    stages = config.num_stages or default_stages(k_BSKC.dtype)
-    splits = common.resolve_splits(config.num_splits, b * n_kv, NUM_SMS * _CTAS_PER_SM, s // bs)
     swap = common.swap_ab_on(config)
+    stages = config.num_stages or default_stages(k_BSKC.dtype, swap)
+    splits = common.resolve_splits(config.num_splits, b * n_kv, NUM_SMS * _CTAS_PER_SM, s // bs)
     return common.DecodeBlocks(block_s=bs, num_splits=splits, num_stages=stages, swap_ab=swap)
 
 

@@ -177,7 +177,7 @@ def supports(q_BHC, k_pages, v_pages, lengths_B, page_table_BW, *, k_scale, v_sc
         )
     if k_scale is not None and jnp.ndim(k_scale) == 3:
         return "dynamic (per-slot) page scales are not supported by the Mosaic GPU kernel yet"
-    stages = (config or PagedBlocks()).num_stages or dense.default_stages(k_pages.dtype)
+    stages = (config or PagedBlocks()).num_stages or dense.default_stages(k_pages.dtype, swap)
     if stages not in _STAGES:
         return f"num_stages {stages} not in {_STAGES}"
     tile = common.DecodeBlocks(block_s=y, num_splits=1, num_stages=stages, swap_ab=swap)
@@ -192,6 +192,6 @@ def run(q, k, v, lengths_B, table, *, config: PagedBlocks | None, interpret, qua
     splits = config.num_splits or default_splits(q.shape[0], table.shape[1], k.shape[2])
     return paged_attention_mgpu(
         q, k, v, lengths_B, table, **kw, num_splits=splits,
-        stages=config.num_stages or dense.default_stages(k.dtype), quant_out=quant_out,
-        interpret=interpret, swap_ab=common.swap_ab_on(config),
+        stages=config.num_stages or dense.default_stages(k.dtype, common.swap_ab_on(config)),
+        quant_out=quant_out, interpret=interpret, swap_ab=common.swap_ab_on(config),
     )  # fmt: skip

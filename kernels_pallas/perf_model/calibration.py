@@ -16,9 +16,10 @@ Families (the rows ``compare.predicted_us`` models, the kernel alone: no ``+quan
   ``mm_decode``: the same at M <= 256 (swap-AB tiles);
   ``attn_fp8``: decode attention on an FP8 cache (static and dynamic scales), the swap-AB kernel;
   ``attn_fp8_unswapped``: the same, the unswapped kernel;
-  ``attn_fp8_bs128``, ``attn_fp8_st5``: the swap-AB kernel over 128-slot tiles, and with a
-  5-stage ring (``bench_decode``'s ``:bs128`` and ``:st5`` arms; not measured yet: their
-  predictions take ``attn_fp8``'s factor).
+  ``attn_fp8_bs128``, ``attn_fp8_st3``: the swap-AB kernel over 128-slot tiles, and with the
+  3-stage ring (``bench_decode``'s ``:bs128`` and ``:st3`` arms; not measured yet: their
+  predictions take ``attn_fp8``'s factor). A row runs at its ring depth (``compare
+  .ring_depth``: recorded, or the defaults of the first run, 3 stages on FP8).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ from kernels_pallas.perf_model.sass_profiles import SASS_JSON
 KERNEL_CALIBRATION = {
     "mm_prefill": 1.28,  # 6 shapes at M = 4096: 0.72-1.42
     "mm_decode": 1.15,  # 12 shapes at M = 16 / 64: 1.00-1.31 (1.28-2.56 before ``fit``)
-    "attn_fp8": 1.35,  # 6 (3 shapes x static / dynamic scales): 1.28-1.54
-    "attn_fp8_unswapped": 1.77,  # 6: 1.63-1.93
+    "attn_fp8": 1.01,  # 6 (3 shapes x static / dynamic scales): 0.95-1.12
+    "attn_fp8_unswapped": 1.19,  # 6: 1.10-1.30
 }
 _CALIBRATED = [True]
 
@@ -84,7 +85,7 @@ def family(row: dict) -> str | None:
             return None
         if row["cache"] == "bf16":
             return "baseline: attn_bf16 (our kernel, BF16_ATTN_BW_EFF)"
-        arm = impl.partition(":")[2]  # bench_decode's arms: "", "unswapped", "bs128", "st5"
+        arm = impl.partition(":")[2]  # bench_decode's arms: "", "unswapped", "bs128", "st3"
         return "attn_fp8" + (f"_{arm}" if arm else "")
     if impl == "fp8:pallas_mosaic_gpu":
         return "mm_prefill" if row["m"] > 256 else "mm_decode"
@@ -148,6 +149,50 @@ def fit(paths: list[str], family_: str = "mm_decode", latencies=FIT_LATENCIES_S,
     finally:
         gpu.DRAM_LATENCY_S, gpu.FILL_S = saved
     return out
+
+
+def attention_latency(paths: list[str], chip: str | None = None) -> list[dict]:
+    """Per full-row decode attention row of our Hopper kernels (both caches, both layouts): the
+    load round trip its ring saw, ``stages x step - chain`` (Little's law on the model's step
+    formula, ``gpu.step_cycles``: a slot turns over once per load plus the step that reads it),
+    with ``step`` the measured time over the CTA's tile steps and waves and ``chain`` the SASS
+    model's serial path of one step. What set ``gpu.ATTN_LOAD_LATENCY_S``."""
+    from kernels_pallas.perf_model import compare, gpu
+    from kernels_pallas.perf_model.common import CHIPS
+
+    out = []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        c = chip or compare.chip_of(data.get("meta", {}).get("device_kind", ""))
+        for row in data.get("rows", []):
+            impl = row.get("impl", "")
+            if "cache" not in row or row.get("lengths") != "full" or impl not in (
+                    "pallas_mosaic_gpu", "pallas_mosaic_gpu:unswapped"):  # fmt: skip
+                continue
+            cache = "bf16" if row["cache"] == "bf16" else "fp8"
+            with imported_uncalibrated():
+                p = gpu.predict_attention(c, "decode_attention", row["b"], row["s"], row["h"],
+                                          row["k"], row["c"], cache,
+                                          swap_ab=impl == "pallas_mosaic_gpu",
+                                          stages=compare.ring_depth(row))  # fmt: skip
+            t = p.terms
+            stages = compare.ring_depth(row)
+            steps = -(-row["s"] // 64 // t["splits"])
+            step_s = (row["median_us"] * 1e-6 - gpu.FILL_S) / (t["waves"] * steps)
+            chain_s = t["chain"] / CHIPS[c].clock_hz
+            out.append(dict(label=f"{row.get('model', '')} B={row['b']} S={row['s']} "
+                                  f"{row['cache']} {impl}",
+                            cache=cache, swap_ab=impl == "pallas_mosaic_gpu", step_s=step_s,
+                            latency_s=stages * step_s - chain_s))  # fmt: skip
+    return out
+
+
+def imported_uncalibrated():
+    """``uncalibrated`` of the imported module (see ``ratios``)."""
+    from kernels_pallas.perf_model import calibration as imported
+
+    return imported.uncalibrated()
 
 
 def quantize_check(paths: list[str], chip: str | None = None) -> list[dict]:

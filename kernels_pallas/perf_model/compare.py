@@ -43,9 +43,25 @@ def predicted_us(chip: str, row: dict) -> float | None:
     return None
 
 
+# bench_decode rows without ``num_stages`` (the H200 run of 2026-12-04) ran the defaults of then
+# (3 stages on an FP8 cache, 2 on BF16) or their arm's (``:st5``)
+_LEGACY_STAGES = {"fp8": 3, "bf16": 2}
+
+
+def ring_depth(row: dict) -> int:
+    """The K/V ring depth a bench_decode row of the Hopper kernel ran at."""
+    if row.get("num_stages"):
+        return row["num_stages"]
+    arm = row.get("impl", "").partition(":")[2]
+    if arm.startswith("st"):
+        return int(arm[2:])
+    return _LEGACY_STAGES["bf16" if row["cache"] == "bf16" else "fp8"]
+
+
 def _attention_us(chip: str, row: dict) -> float | None:
     """The model's time for one bench_decode row of the Hopper kernel (swap-AB, ``:unswapped``,
-    ``:bs128`` or ``:st5``) with every slot live (the model reads full rows); None for the rest."""
+    ``:bs128``, ``:st3`` / ``:st5``) at its ring depth (``ring_depth``) with every slot live (the
+    model reads full rows); None for the rest."""
     impl = row.get("impl", "")
     if row.get("lengths") != "full" or not impl.startswith("pallas_mosaic_gpu"):
         return None
@@ -53,7 +69,7 @@ def _attention_us(chip: str, row: dict) -> float | None:
     p = gpu.predict_attention(chip, "decode_attention", row["b"], row["s"], row["h"], row["k"],
                               row["c"], cache, swap_ab=not impl.endswith(":unswapped"),
                               block_s=128 if impl.endswith(":bs128") else None,
-                              stages=5 if impl.endswith(":st5") else None)  # fmt: skip
+                              stages=ring_depth(row))  # fmt: skip
     return p.time_s * 1e6
 
 

@@ -87,6 +87,13 @@ L2_BYTES_PER_S = 7.0e12  # L2 -> SM bandwidth, all SMs (Chips and Cheese measure
 # the least certain knob: FP8 128x128 tiles at full MMA rate would need ~15 TB/s)
 L2_BYTES_PER_CLK_PER_SM = 64  # one SM's L2 port (A100-era figure), binds when few SMs run
 HBM_EFF = 0.9  # best streaming fraction of HBM peak (STREAM-like copies reach ~90-93%)
+# The decode attention kernels' ring (``emit_pipeline`` in the compute warpgroup: a slot's next
+# load issued after the step that read it): their measured step times give one load round trip
+# for the BF16 (2 stages) and FP8 (3 stages) kernels alike, ~3.5 us (``calibration
+# .attention_latency``: stages x measured step - chain, 12 rows of the swap-AB kernels), under
+# the load of 128-264 CTAs streaming at 3.1-4.4 TB/s; the GEMMs' dedicated TMA warpgroup sees
+# ``DRAM_LATENCY_S``.
+ATTN_LOAD_LATENCY_S = 3.5e-6
 FILL_S = 4.0e-6  # per wave: pipeline fill (first TMA round trip) + epilogue store (fitted, above)
 TILE_SWITCH_S = DRAM_LATENCY_S  # persistent grid, between a CTA's tiles (module docstring)
 LAUNCH_S = 2.0e-6  # per kernel (or XLA fusion): launch and grid start; baselines pay it too
@@ -133,6 +140,7 @@ class Loop:
     step_bytes: int  # TMA bytes per step (L2 -> SMEM)
     stages: int
     smem_bytes: int = 0  # ld/st.shared bytes per step outside wgmma (upcast copies)
+    load_latency_s: float | None = None  # the load round trip its ring sees (None: DRAM_LATENCY_S)
 
 
 def step_cycles(chip: str, loop: Loop, prof: dict, c: int, active_sms: int) -> dict:
@@ -151,7 +159,7 @@ def step_cycles(chip: str, loop: Loop, prof: dict, c: int, active_sms: int) -> d
         chain=chain,
         l2=c * loop.step_bytes / l2_per_sm * clk,
         smem=c * loop.smem_bytes / SMEM_BYTES_PER_CLK,
-        latency=(DRAM_LATENCY_S * clk + chain) / loop.stages,
+        latency=((loop.load_latency_s or DRAM_LATENCY_S) * clk + chain) / loop.stages,
     )
     return terms
 
@@ -336,8 +344,9 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
     ``[block_s, N]``, K upcast in registers and Pᵀ [N, block_s] f16 through SMEM; else a
     64-row M tile. ``block_s`` (dense only; None: the default 64): 128 is the autotuner's wide
     FP8 candidate (profile ``decode_fp8_bs128``; the 64-slot kernel's calibration factor);
-    ``stages`` (dense only; None: ``default_stages``): the K/V ring's depth (same profile: the
-    loop's instructions do not depend on it)."""
+    ``stages`` (None: ``default_stages``): the K/V ring's depth (the same profile: the loop's
+    instructions do not depend on it; its SMEM, compiled at the default depth, grows or shrinks
+    by the K/V tiles of each other stage)."""
     import jax
     import jax.numpy as jnp
 
@@ -351,11 +360,11 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
     if op == "paged_attention":
         from kernels_pallas.paged_attention import pallas_mosaic_gpu as paged
 
-        bs, stages = 64, dense.default_stages(kv_dtype)
+        bs, stages = 64, stages or dense.default_stages(kv_dtype, swap_ab)
         splits = splits if splits is not None else paged.default_splits(b, s // bs, n_kv)
         name = "paged_fp8" if fp8 else "decode_bf16"
     else:
-        bl = dense.resolve_blocks(DecodeBlocks(block_s, splits, stages), None, k_sds)
+        bl = dense.resolve_blocks(DecodeBlocks(block_s, splits, stages, swap_ab), None, k_sds)
         bs, stages, splits = bl.block_s, bl.num_stages, bl.num_splits
         name = "decode_fp8" if fp8 else "decode_bf16"
     name += "" if swap_ab else "_unswapped"
@@ -363,12 +372,17 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
     prof = nearest_profile(name, load_profiles())
     kv_b = 1 if fp8 else 2
     rows = mgpu_swap.swap_n(h // n_kv) if swap_ab else 64  # the query side of every MMA
+    # the ring's depth sets the CTA's SMEM (CTAs per SM): the profile's, compiled at the default
+    # depth, plus or minus the K/V tiles of each other stage
+    extra_stages = stages - dense.default_stages(kv_dtype, swap_ab)
+    prof = dict(prof, smem_bytes=prof["smem_bytes"] + extra_stages * 2 * bs * d * kv_b)
     # FP8: read the K and V tiles, write their f16 copies (swapped: V's only, K stays in
     # registers as the A operand); swapped: the Pᵀ store (unswapped, P stays in registers)
     upcast = 2 * bs * d + (1 if swap_ab else 2) * bs * d * 2 if fp8 else 0
     upcast += rows * bs * 2 if swap_ab else 0
     loop = Loop(nwg=1, threads=128, wg_flops=2 * 2 * rows * bs * d, fp8=False, waits=2,
-                step_bytes=2 * bs * d * kv_b, stages=stages, smem_bytes=upcast)  # fmt: skip
+                step_bytes=2 * bs * d * kv_b, stages=stages, smem_bytes=upcast,
+                load_latency_s=ATTN_LOAD_LATENCY_S)  # fmt: skip
     steps = math.ceil(s / bs / splits)
     t, terms = grid_time(chip, loop, prof, n_kv * b * splits, steps)
     terms = dict(terms, splits=splits, registers=prof["registers"], smem_alloc=prof["smem_bytes"])

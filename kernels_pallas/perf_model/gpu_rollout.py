@@ -97,10 +97,10 @@ def _counts(precision: str, batch: int, engine: str) -> hlo_launches.Launches:
     return by_b[str(max([b for b in sizes if b <= batch] or sizes[:1]))]
 
 
-def decode_step(chip: str, cfg: DenseModel, batch: int, context: int,
-                engine: str = "static") -> StepPrediction:  # fmt: skip
+def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: str = "static",
+                attn_stages: int | None = None) -> StepPrediction:  # fmt: skip
     """One decode step of ``batch`` rows at ``context`` slots on ``engine``, FP8 and BF16
-    (module docstring)."""
+    (module docstring); ``attn_stages``: the FP8 attention's ring depth (None: the default)."""
     d, c = cfg.hidden, cfg.head_dim
     q_n, kv_n = cfg.heads * c, cfg.kv_heads * c
     fp8_n, bf16_n = _counts("fp8", batch, engine), _counts("bf16", batch, engine)
@@ -116,7 +116,7 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int,
         return gpu.quantize_s(chip, batch, k)
 
     attn = gpu.predict_attention(chip, "paged_attention", batch, context, cfg.heads,
-                                 cfg.kv_heads, c, in_program=True)  # fmt: skip
+                                 cfg.kv_heads, c, in_program=True, stages=attn_stages)  # fmt: skip
     fp8 = {
         "q|k|v fused": mm(q_n + 2 * kv_n, d),
         "attention (FP8 cache)": attn.time_s,
@@ -155,6 +155,8 @@ QWEN3_1P7B = DenseModel("Qwen3-1.7B", 28, 2048, 16, 8, 128, 6144, 151936)
 BENCH_MODELS = {"qwen3-1.7b": QWEN3_1P7B, "qwen3-8b": QWEN3_8B}  # bench_rollout.py GPU models
 # the first device run's rollout (bench_rollout.py on one H200: random weights, static engine)
 MEASURED_ROLLOUT = "gpu_h200_2026-12-04/run1/bench_rollout.json"
+# its FP8 attention's ring depth (the default then; later files record theirs in their meta)
+MEASURED_ROLLOUT_ATTN_STAGES = 3
 
 
 def validation(path: str | None = None) -> dict | None:
@@ -179,9 +181,10 @@ def validation(path: str | None = None) -> dict | None:
         return None
     bf16, fp8 = rows["bf16"], rows["w8a8_fp8kv"]
     ctx = fp8["prompt_len"] + fp8["new_tokens"] // 2
+    st = meta.get("fp8_attention_stages", MEASURED_ROLLOUT_ATTN_STAGES)
     with gpu.uncalibrated():
-        raw = decode_step(chip, cfg, fp8["batch"], ctx)
-    cal = decode_step(chip, cfg, fp8["batch"], ctx)
+        raw = decode_step(chip, cfg, fp8["batch"], ctx, attn_stages=st)
+    cal = decode_step(chip, cfg, fp8["batch"], ctx, attn_stages=st)
     return dict(measured_fp8_ms=fp8["ms_per_step"], measured_bf16_ms=bf16["ms_per_step"],
                 measured_ratio=bf16["ms_per_step"] / fp8["ms_per_step"], raw=raw,
                 calibrated=cal, label=f"{cfg.name} shape, {chip}, B = {fp8['batch']}, "

@@ -227,19 +227,27 @@ def test_targets_judge_the_gemms_the_rollout_runs():
 
 def test_compare_predicts_the_decode_attention_rows():
     """bench_decode rows of the Hopper kernel with every slot live get the model's time for
-    their arm (swap-AB, ``:unswapped``, ``:bs128``, which the 128-slot profile models, or
-    ``:st5``, a 5-stage ring); ragged rows and the XLA reference get none."""
+    their arm (swap-AB, ``:unswapped``, ``:bs128``, which the 128-slot profile models,
+    ``:st3`` / ``:st5``) at their ring depth: recorded (``num_stages``), or for the first run's
+    rows the defaults of then (3 stages on FP8); ragged rows and the XLA reference get none."""
     from kernels_pallas.perf_model import compare
 
     row = dict(model="Qwen3-8B", b=32, s=8192, h=32, k=8, c=128, cache="fp8_static",
                lengths="full", impl="pallas_mosaic_gpu")  # fmt: skip
-    want = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8")
+    want = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8",
+                                 stages=3)  # fmt: skip
     assert compare.predicted_us("h200", row) == pytest.approx(want.time_s * 1e6)
+    assert compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:st3")) == \
+        pytest.approx(want.time_s * 1e6)  # fmt: skip
+    now = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8")
+    assert compare.predicted_us("h200", dict(row, num_stages=5)) == \
+        pytest.approx(now.time_s * 1e6)  # fmt: skip
+    assert now.time_s < 0.8 * want.time_s  # the 5-stage default: past the 3-stage latency bound
     un = compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:unswapped"))
     assert un >= compare.predicted_us("h200", row)
     wide = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8",
-                                 block_s=128)  # fmt: skip
-    assert wide.impl == "decode_fp8_bs128 J=1" and wide.terms["registers"] > 128
+                                 block_s=128, stages=3)  # fmt: skip
+    assert wide.impl == "decode_fp8_bs128 J=1 3 stages" and wide.terms["registers"] > 128
     assert wide.terms["ctas_per_sm_max"] == 1  # 200 registers x 256 threads: one CTA per SM
     got = compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:bs128"))
     assert got == pytest.approx(wide.time_s * 1e6)
@@ -351,6 +359,25 @@ def test_latency_and_fill_are_the_fit_to_the_device_run():
     assert chosen["median"] == pytest.approx(gpu.KERNEL_CALIBRATION["mm_decode"], abs=0.005)
 
 
+def test_attention_load_latency_is_the_one_both_caches_measured():
+    """``gpu.ATTN_LOAD_LATENCY_S`` is the median load round trip the swap-AB attention kernels'
+    measured steps imply (``calibration.attention_latency``), and the FP8 (3 stages) and BF16 (2
+    stages) kernels imply the same one within 10%: one latency explains both caches' rates, so
+    the ring depth, not the cache, set the FP8 kernel's 58-68% of HBM."""
+    import statistics
+
+    from kernels_pallas.perf_model import calibration
+
+    paths = [os.path.join(calibration.DEFAULT_DIR, f) for f in calibration.DEFAULT_FILES]
+    rows = [r for r in calibration.attention_latency(paths) if r["swap_ab"]]
+    by = {c: statistics.median(r["latency_s"] for r in rows if r["cache"] == c)
+          for c in ("fp8", "bf16")}  # fmt: skip
+    assert len(rows) == 9 and by["fp8"] == pytest.approx(by["bf16"], rel=0.1)
+    med = statistics.median(r["latency_s"] for r in rows)
+    assert med == pytest.approx(gpu.ATTN_LOAD_LATENCY_S, rel=0.05)
+    assert gpu.KERNEL_CALIBRATION["attn_fp8"] == pytest.approx(1.0, abs=0.05)
+
+
 def test_calibration_factors_are_the_device_runs_medians():
     """``gpu.KERNEL_CALIBRATION`` is what the stored H200 run gives (``calibration.factors``):
     a constant edited without new data, or data without the constant, fails; the baselines'
@@ -412,14 +439,15 @@ def test_calibrated_rollout_predicts_the_measured_one():
 
 def test_a_qwen3_8b_rollout_file_is_predicted_at_its_own_shape(tmp_path):
     """``bench_rollout.py --model qwen3-8b`` (issue 21's target shape): the model predicts its
-    decode step at the file's batch and mean context, the Qwen3-8B widths."""
+    decode step at the file's batch and mean context, the Qwen3-8B widths, and the FP8
+    attention ring depth it records (a file without one: the first run's 3 stages)."""
     import json
 
     from kernels_pallas.perf_model import gpu_rollout
 
     row = dict(batch=64, prompt_len=1024, new_tokens=4096, ms_per_step=10.0)
     data = dict(
-        meta=dict(model="qwen3-8b", device_kind="NVIDIA H200"),
+        meta=dict(model="qwen3-8b", device_kind="NVIDIA H200", fp8_attention_stages=5),
         rows=[dict(row, variant="bf16", ms_per_step=14.0), dict(row, variant="w8a8_fp8kv")],
     )
     path = tmp_path / "bench_rollout.json"
@@ -429,6 +457,11 @@ def test_a_qwen3_8b_rollout_file_is_predicted_at_its_own_shape(tmp_path):
     want = gpu_rollout.decode_step("h200", gpu_rollout.QWEN3_8B, 64, 1024 + 2048)
     assert v["calibrated"].ratio == pytest.approx(want.ratio)
     assert v["label"] == "Qwen3-8B shape, h200, B = 64, context 3,072"
+    del data["meta"]["fp8_attention_stages"]
+    path.write_text(json.dumps(data))
+    old = gpu_rollout.decode_step("h200", gpu_rollout.QWEN3_8B, 64, 1024 + 2048, attn_stages=3)
+    assert gpu_rollout.validation(str(path))["calibrated"].ratio == pytest.approx(old.ratio)
+    assert old.ratio < want.ratio  # the 3-stage ring: latency-bound on an H200
 
 
 def test_compare_puts_a_measured_rollout_beside_the_rollout_model(capsys, tmp_path):
