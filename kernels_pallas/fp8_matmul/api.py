@@ -45,7 +45,7 @@ def fused_default(m: int, n: int, k: int) -> bool:
     kernel runs, at every M. The fused kernel re-quantizes its x slice in every CTA (N/128
     times over): its K loop is 725 SASS instructions per warp against 128 for the QArray kernel
     (``perf_model_sass.json``), issue-bound at a predicted 0.57-0.66x the quantize-once time on
-    H100 at every shape of ``perf_model.gpu.MATMUL_LAYERS`` (M 65-8192). It stays available
+    H100 at every shape of ``perf_model.gpu_targets.MATMUL_LAYERS`` (M 65-8192). It stays available
     with an explicit non-swap ``MgpuConfig`` and raw x.
     """
     del m, n, k

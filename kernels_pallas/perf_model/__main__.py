@@ -16,8 +16,8 @@ DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "perf_model.json")
 def run_all(chips=None) -> list[common.Prediction]:
     """Predictions of both halves' cases on the chips they name (``chips`` filters)."""
     preds = []
-    halves = ((gpu.CASES, gpu.predict_gpu), (gpu_grouped.CASES, gpu_grouped.predict),
-              (tpu.CASES, tpu.predict_tpu))  # fmt: skip
+    halves = ((gpu_targets.CASES, gpu_targets.predict_gpu),
+              (gpu_grouped.CASES, gpu_grouped.predict), (tpu.CASES, tpu.predict_tpu))  # fmt: skip
     for cases, predict in halves:
         for case in cases:
             for chip in case.chips:

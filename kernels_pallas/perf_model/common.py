@@ -1,6 +1,7 @@
 """Shared pieces of the performance model: chips, cases, predictions, the table.
 
-Interface between the GPU half (``gpu.py``) and the TPU half (``tpu.py``):
+Interface between the GPU half (``gpu.py``, its cases in ``gpu_targets.py``) and the TPU half
+(``tpu.py``):
 
   * each half exposes ``CASES: list[Case]`` (what it predicts) and a predictor
     ``predict_gpu(op, shape, chip) -> Prediction`` / ``predict_tpu(op, shape, chip) -> Prediction``

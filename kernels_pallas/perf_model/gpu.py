@@ -62,7 +62,7 @@ from kernels_pallas.perf_model.calibration import (  # noqa: F401
     calibration,
     uncalibrated,
 )
-from kernels_pallas.perf_model.common import CHIPS, GPU_CHIPS, Case, Prediction
+from kernels_pallas.perf_model.common import CHIPS, GPU_CHIPS, Prediction  # noqa: F401 (gpu.GPU_CHIPS)
 from kernels_pallas.perf_model.sass_profiles import (  # noqa: F401  (gpu.load_profiles & co.)
     SASS_JSON,
     load_profiles,
@@ -396,70 +396,3 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
     scale = calibration("attn_fp8" + ("" if swap_ab else "_unswapped")) if fp8 else 1.0
     return finish(op, label, chip, impl, t, terms, nbytes, 4 * b * h * s * d, base, base_s, extra,
                   scale)  # fmt: skip
-
-
-# --- cases ----------------------------------------------------------------------------------
-
-# (model, layer, N, K, token counts M): the issue-21 target shapes (Qwen3-8B, Llama-3-70B,
-# DeepSeek-V3 as in DeepGEMM's table).
-MATMUL_LAYERS = (
-    ("Qwen3-8B", "q|o_proj", 4096, 4096, (16, 64, 128, 256, 4096)),
-    ("Qwen3-8B", "k|v_proj", 1024, 4096, (16, 4096)),
-    ("Qwen3-8B", "gate|up", 12288, 4096, (16, 4096)),
-    ("Qwen3-8B", "down", 4096, 12288, (16, 4096)),
-    ("Llama-3-70B", "q|o_proj", 8192, 8192, (16, 4096)),
-    ("Llama-3-70B", "gate|up", 28672, 8192, (16, 64, 4096)),
-    ("DeepSeek-V3", "N=24576 K=1536", 24576, 1536, (64, 4096)),
-    ("DeepSeek-V3", "N=7168 K=16384", 7168, 16384, (64, 4096)),
-)
-# (model, layer, part widths N, K, token counts M): the projections the FP8 rollout runs as one
-# GEMM over its parts' concatenated weights (``fp8rl_jax.models.fused``).
-FUSED_LAYERS = (
-    ("Qwen3-8B", "q|k|v fused", (4096, 1024, 1024), 4096, (16, 64, 4096)),
-    ("Qwen3-8B", "gate+up fused", (12288, 12288), 4096, (16, 64, 4096)),
-    ("Llama-3-70B", "q|k|v fused", (8192, 1024, 1024), 8192, (16, 64, 4096)),
-    ("Llama-3-70B", "gate+up fused", (28672, 28672), 8192, (16, 64, 4096)),
-)
-# MATMUL_LAYERS rows the FP8 rollout no longer runs on their own (their fused row replaces them;
-# q_proj shares its row with o_proj, which still runs alone).
-SEPARATE_ONLY = (("Qwen3-8B", "k|v_proj"), ("Qwen3-8B", "gate|up"), ("Llama-3-70B", "gate|up"))
-# (model, B, S, H, K kv heads); head_dim 128
-ATTENTION_SHAPES = (
-    ("Qwen3-8B", 1, 32768, 32, 8),
-    ("Qwen3-8B", 8, 32768, 32, 8),
-    ("Qwen3-8B", 32, 32768, 32, 8),
-    ("Qwen3-8B", 256, 4096, 32, 8),
-    ("Llama-3-70B", 16, 32768, 64, 8),
-)
-
-
-def _cases() -> list[Case]:
-    out = []
-    for model, layer, n, k, ms in MATMUL_LAYERS:
-        for m in ms:
-            label = f"{model} {layer} M={m}"
-            out.append(Case.make("fp8_matmul", label, GPU_CHIPS, M=m, N=n, K=k, x="bf16"))
-    for model, layer, parts, k, ms in FUSED_LAYERS:
-        for m in ms:
-            label = f"{model} {layer} M={m}"
-            out.append(Case.make("fp8_matmul", label, GPU_CHIPS, M=m, N=sum(parts), K=k, x="bf16"))
-    for op in ("decode_attention", "paged_attention"):
-        for model, b, s, h, n_kv in ATTENTION_SHAPES:
-            label = f"{model} B={b} S={s} H/K={h}/{n_kv} fp8 cache"
-            dims = dict(B=b, S=s, H=h, KV=n_kv, D=128, cache="fp8")
-            out.append(Case.make(op, label, GPU_CHIPS, **dims))
-    return out
-
-
-CASES: list[Case] = _cases()
-
-
-def predict_gpu(op: str, shape: dict, chip: str, label: str = "") -> Prediction:
-    """The common interface: ``op`` at ``shape`` (``common`` names the dims) on ``chip``."""
-    if op == "fp8_matmul":
-        return predict_matmul(chip, shape["M"], shape["N"], shape["K"], shape.get("x", "bf16"),
-                              label=label)  # fmt: skip
-    if op in ("decode_attention", "paged_attention"):
-        return predict_attention(chip, op, shape["B"], shape["S"], shape["H"], shape["KV"],
-                                 shape["D"], shape.get("cache", "fp8"), label=label)  # fmt: skip
-    raise ValueError(f"perf_model.gpu: no model for {op}")
