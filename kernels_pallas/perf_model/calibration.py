@@ -38,14 +38,15 @@ from kernels_pallas.perf_model.sass_profiles import SASS_JSON
 # factors: per family, the median of CUPTI kernel time / the predicted kernel time without its
 # launch (``factors`` derives them from that run's files; a test checks they match). The
 # baselines' stated efficiencies held there (cuBLAS BF16 GEMMs median 1.07x of the model over 19
-# shapes, the BF16-cache attention 0.97-1.06x), so they stay unscaled. The same run set the
-# model's load latency and per-wave fill (``fit``: the pair that leaves the decode GEMMs' ratios
-# the least spread; their factor was 1.74, 1.28-2.56, with the earlier guesses and a latency term
-# that left out the step's compute). Where the model misses: its
-# per-step terms count issue slots and wgmma latency but not the stalls of each K step's
-# wgmma_wait before the scale promotion (prefill: ~1,100 FP8 TFLOP/s measured, ~1,570 modelled),
-# nor the decode attention's FP8 -> f16 upcast latency (68% of HBM, 88% modelled). The paged
-# attention kernel (not measured) shares the dense kernel's loop: it takes ``attn_fp8``. Every
+# shapes; the BF16-cache attention 0.89-1.06x), so they stay unscaled. The same run set the
+# model's GEMM load latency and per-wave fill (``fit``: the pair that leaves the decode GEMMs'
+# ratios the least spread; their factor was 1.74, 1.28-2.56, with the earlier guesses and a
+# latency term that left out the step's compute) and the attention kernels' load round trip
+# (``attention_latency``: their factor was 1.35-1.39, the FP8 kernel's ring-bound 68% of HBM
+# modelled at 88%). Where the model still misses: its per-step terms count issue slots and wgmma
+# latency but not the stalls of each K step's wgmma_wait before the scale promotion (prefill:
+# ~1,100 FP8 TFLOP/s measured, ~1,570 modelled). The paged attention kernel (not measured)
+# shares the dense kernel's loop: it takes ``attn_fp8``. Every
 # prediction, rollout and target of the model is calibrated by default; ``uncalibrated()`` gives
 # the SASS model alone.
 KERNEL_CALIBRATION = {

@@ -87,14 +87,14 @@ L2_BYTES_PER_S = 7.0e12  # L2 -> SM bandwidth, all SMs (Chips and Cheese measure
 # the least certain knob: FP8 128x128 tiles at full MMA rate would need ~15 TB/s)
 L2_BYTES_PER_CLK_PER_SM = 64  # one SM's L2 port (A100-era figure), binds when few SMs run
 HBM_EFF = 0.9  # best streaming fraction of HBM peak (STREAM-like copies reach ~90-93%)
+FILL_S = 4.0e-6  # per wave: pipeline fill (first TMA round trip) + epilogue store (fitted, above)
 # The decode attention kernels' ring (``emit_pipeline`` in the compute warpgroup: a slot's next
 # load issued after the step that read it): their measured step times give one load round trip
 # for the BF16 (2 stages) and FP8 (3 stages) kernels alike, ~3.5 us (``calibration
-# .attention_latency``: stages x measured step - chain, 12 rows of the swap-AB kernels), under
+# .attention_latency``: stages x measured step - chain, the swap-AB kernels' 9 rows), under
 # the load of 128-264 CTAs streaming at 3.1-4.4 TB/s; the GEMMs' dedicated TMA warpgroup sees
 # ``DRAM_LATENCY_S``.
 ATTN_LOAD_LATENCY_S = 3.5e-6
-FILL_S = 4.0e-6  # per wave: pipeline fill (first TMA round trip) + epilogue store (fitted, above)
 TILE_SWITCH_S = DRAM_LATENCY_S  # persistent grid, between a CTA's tiles (module docstring)
 LAUNCH_S = 2.0e-6  # per kernel (or XLA fusion): launch and grid start; baselines pay it too
 # per predicate the host reads (a data-dependent while's, a conditional's branch index: XLA's GPU
