@@ -153,11 +153,12 @@ def fit(paths: list[str], family_: str = "mm_decode", latencies=FIT_LATENCIES_S,
 
 
 def attention_latency(paths: list[str], chip: str | None = None) -> list[dict]:
-    """Per full-row decode attention row of our Hopper kernels (both caches, both layouts): the
-    load round trip its ring saw, ``stages x step - chain`` (Little's law on the model's step
-    formula, ``gpu.step_cycles``: a slot turns over once per load plus the step that reads it),
-    with ``step`` the measured time over the CTA's tile steps and waves and ``chain`` the SASS
-    model's serial path of one step. What set ``gpu.ATTN_LOAD_LATENCY_S``."""
+    """Per full-row decode attention row of our Hopper kernels (both caches, every arm): the load
+    round trip its ring saw, ``stages x step - chain`` (Little's law on the model's step formula,
+    ``gpu.step_cycles``: a slot turns over once per load plus the step that reads it), with
+    ``step`` the measured time over the CTA's tile steps and waves, ``stages`` the row's ring
+    depth (``compare.ring_depth``) and ``chain`` the SASS model's serial path of one step. What
+    set ``gpu.ATTN_LOAD_LATENCY_S``; on a later run, whether a deeper ring kept it."""
     from kernels_pallas.perf_model import compare, gpu
     from kernels_pallas.perf_model.common import CHIPS
 
@@ -168,24 +169,24 @@ def attention_latency(paths: list[str], chip: str | None = None) -> list[dict]:
         c = chip or compare.chip_of(data.get("meta", {}).get("device_kind", ""))
         for row in data.get("rows", []):
             impl = row.get("impl", "")
-            if "cache" not in row or row.get("lengths") != "full" or impl not in (
-                    "pallas_mosaic_gpu", "pallas_mosaic_gpu:unswapped"):  # fmt: skip
+            if "cache" not in row or row.get("lengths") != "full" or row.get("median_us") is None \
+                    or not impl.startswith("pallas_mosaic_gpu") or c is None:  # fmt: skip
                 continue
+            arm = impl.partition(":")[2]
             cache = "bf16" if row["cache"] == "bf16" else "fp8"
+            bs, stages = 128 if arm == "bs128" else 64, compare.ring_depth(row)
             with imported_uncalibrated():
                 p = gpu.predict_attention(c, "decode_attention", row["b"], row["s"], row["h"],
-                                          row["k"], row["c"], cache,
-                                          swap_ab=impl == "pallas_mosaic_gpu",
-                                          stages=compare.ring_depth(row))  # fmt: skip
+                                          row["k"], row["c"], cache, swap_ab=arm != "unswapped",
+                                          block_s=bs, stages=stages)  # fmt: skip
             t = p.terms
-            stages = compare.ring_depth(row)
-            steps = -(-row["s"] // 64 // t["splits"])
+            steps = -(-row["s"] // bs // t["splits"])
             step_s = (row["median_us"] * 1e-6 - gpu.FILL_S) / (t["waves"] * steps)
             chain_s = t["chain"] / CHIPS[c].clock_hz
             out.append(dict(label=f"{row.get('model', '')} B={row['b']} S={row['s']} "
                                   f"{row['cache']} {impl}",
-                            cache=cache, swap_ab=impl == "pallas_mosaic_gpu", step_s=step_s,
-                            latency_s=stages * step_s - chain_s))  # fmt: skip
+                            cache=cache, swap_ab=arm != "unswapped", stages=stages,
+                            step_s=step_s, latency_s=stages * step_s - chain_s))  # fmt: skip
     return out
 
 
@@ -251,6 +252,11 @@ def main(argv=None) -> int:
         have = KERNEL_CALIBRATION.get(fam, "-")
         print(f"| {fam} | {len(v)} | {statistics.median(v):.2f} | {min(v):.2f} | {max(v):.2f} "
               f"| {have} |")  # fmt: skip
+    print("\n| decode attention row (full lengths) | ring stages | measured step (us) | load round "
+          "trip it implies (us) |\n|---|---|---|---|")  # fmt: skip
+    for r in attention_latency(paths):
+        print(f"| {r['label']} | {r['stages']} | {r['step_s'] * 1e6:.2f} | "
+              f"{r['latency_s'] * 1e6:.2f} |")  # fmt: skip
     print("\n| BF16 x quantized (M > 256) | XLA: measured us | XLA: model | act_quantize: model "
           "| GEMM + quant / BF16: measured (XLA) | predicted (act_quantize) |")  # fmt: skip
     print("|---|---|---|---|---|---|")

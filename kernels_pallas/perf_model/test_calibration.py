@@ -105,6 +105,9 @@ def test_quantize_model_against_xla_measured_on_the_device(capsys):
     out = capsys.readouterr().out
     # down_proj: 552 us BF16 over 346 + 83 measured (1.29x), over 346 + 47 predicted (1.40x)
     assert "| Qwen3-8B down_proj M=4096 K=12288 | 82.8 | 82.3 | 47.4 | 1.29x | 1.40x |" in out
+    # the attention rows' load round trip (``attention_latency``), each at its ring depth
+    assert "| Qwen3-8B B=32 S=8192 fp8_static pallas_mosaic_gpu | 3 | 1.25 | 3.31 |" in out
+    assert "| Qwen3-8B B=32 S=8192 bf16 pallas_mosaic_gpu | 2 | 1.89 | 3.45 |" in out
 
 
 def test_calibrated_rollout_predicts_the_measured_one():
@@ -158,3 +161,31 @@ def test_compare_puts_a_measured_rollout_beside_the_rollout_model(capsys, tmp_pa
     out = capsys.readouterr().out
     assert "| measured (bench_rollout.py) | 3.56 | 4.43 | 1.25x |" in out
     assert "| model, calibrated |" in out and "not read: FileNotFoundError" in out
+
+
+def test_attention_latency_reads_each_row_at_its_ring_depth(tmp_path):
+    """A later run's rows (``bench_decode`` records ``num_stages``: the 5-stage default beside the
+    ``:st3`` arm) are read at their own depth: the same measured time implies a round trip
+    ``stages x step - chain``, so 5 stages at the same step imply 5/3 of 3 stages' (less the
+    chain); rows without a time, ragged rows and the XLA reference give none."""
+    from kernels_pallas.perf_model import calibration
+    from kernels_pallas.perf_model.common import CHIPS
+
+    base = dict(model="Qwen3-8B", b=32, s=8192, h=32, k=8, c=128, cache="fp8_static",
+                lengths="full", median_us=150.0)  # fmt: skip
+    rows = [
+        dict(base, impl="pallas_mosaic_gpu", num_stages=5),
+        dict(base, impl="pallas_mosaic_gpu:st3", num_stages=3),
+        dict(base, impl="pallas_mosaic_gpu", lengths="ragged", num_stages=5),
+        dict(base, impl="xla"),
+        dict(base, impl="pallas_mosaic_gpu", median_us=None),
+    ]
+    path = tmp_path / "bench_decode.json"
+    path.write_text(json.dumps(dict(meta=dict(device_kind="NVIDIA H200"), rows=rows)))
+    got = calibration.attention_latency([str(path)])
+    assert [r["stages"] for r in got] == [5, 3]
+    five, three = got
+    assert five["step_s"] == pytest.approx(three["step_s"])  # one CTA per row, same grid
+    chain = 5 * five["step_s"] - five["latency_s"]
+    assert chain == pytest.approx(3 * three["step_s"] - three["latency_s"])
+    assert 0 < chain < 1000 / CHIPS["h200"].clock_hz  # the step's serial path, < 1000 cycles
