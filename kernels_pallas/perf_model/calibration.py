@@ -97,9 +97,6 @@ def family(row: dict) -> str | None:
 
 def ratios(paths: list[str], chip: str | None = None) -> dict[str, list[float]]:
     """family -> measured / predicted kernel time (the uncalibrated model, launch excluded)."""
-    # the imported module's switch, which gpu.py reads (run as ``python -m``, this file is
-    # ``__main__``, a second copy whose ``uncalibrated`` gpu.py would not see)
-    from kernels_pallas.perf_model import calibration as imported
     from kernels_pallas.perf_model import compare, gpu
 
     out = collections.defaultdict(list)
@@ -111,7 +108,7 @@ def ratios(paths: list[str], chip: str | None = None) -> dict[str, list[float]]:
             fam, meas = family(row), row.get("median_us")
             if fam is None or meas is None:
                 continue
-            with imported.uncalibrated():
+            with imported_uncalibrated():
                 pred = compare.predicted_us(c, row)
             if pred is not None:
                 out[fam].append(meas / (pred - gpu.LAUNCH_S * 1e6))
@@ -168,30 +165,27 @@ def attention_latency(paths: list[str], chip: str | None = None) -> list[dict]:
             data = json.load(f)
         c = chip or compare.chip_of(data.get("meta", {}).get("device_kind", ""))
         for row in data.get("rows", []):
-            impl = row.get("impl", "")
-            if "cache" not in row or row.get("lengths") != "full" or row.get("median_us") is None \
-                    or not impl.startswith("pallas_mosaic_gpu") or c is None:  # fmt: skip
+            if "cache" not in row or row.get("median_us") is None or c is None:
                 continue
-            arm = impl.partition(":")[2]
-            cache = "bf16" if row["cache"] == "bf16" else "fp8"
-            bs, stages = 128 if arm == "bs128" else 64, compare.ring_depth(row)
             with imported_uncalibrated():
-                p = gpu.predict_attention(c, "decode_attention", row["b"], row["s"], row["h"],
-                                          row["k"], row["c"], cache, swap_ab=arm != "unswapped",
-                                          block_s=bs, stages=stages)  # fmt: skip
-            t = p.terms
-            steps = -(-row["s"] // bs // t["splits"])
+                p = compare.attention_prediction(c, row)
+            if p is None:
+                continue
+            t, stages = p.terms, compare.ring_depth(row)
+            steps = -(-row["s"] // t["block_s"] // t["splits"])
             step_s = (row["median_us"] * 1e-6 - gpu.FILL_S) / (t["waves"] * steps)
             chain_s = t["chain"] / CHIPS[c].clock_hz
             out.append(dict(label=f"{row.get('model', '')} B={row['b']} S={row['s']} "
-                                  f"{row['cache']} {impl}",
-                            cache=cache, swap_ab=arm != "unswapped", stages=stages,
+                                  f"{row['cache']} {row['impl']}",
+                            cache="bf16" if row["cache"] == "bf16" else "fp8",
+                            swap_ab=not row["impl"].endswith(":unswapped"), stages=stages,
                             step_s=step_s, latency_s=stages * step_s - chain_s))  # fmt: skip
     return out
 
 
 def imported_uncalibrated():
-    """``uncalibrated`` of the imported module (see ``ratios``)."""
+    """``uncalibrated`` of the imported module, whose switch gpu.py reads (run as ``python -m``,
+    this file is ``__main__``, a second copy whose ``uncalibrated`` gpu.py would not see)."""
     from kernels_pallas.perf_model import calibration as imported
 
     return imported.uncalibrated()

@@ -58,19 +58,25 @@ def ring_depth(row: dict) -> int:
     return _LEGACY_STAGES["bf16" if row["cache"] == "bf16" else "fp8"]
 
 
-def _attention_us(chip: str, row: dict) -> float | None:
-    """The model's time for one bench_decode row of the Hopper kernel (swap-AB, ``:unswapped``,
-    ``:bs128``, ``:st3`` / ``:st5``) at its ring depth (``ring_depth``) with every slot live (the
-    model reads full rows); None for the rest."""
+def attention_prediction(chip: str, row: dict):
+    """The model's ``Prediction`` for one bench_decode row of the Hopper kernel (swap-AB,
+    ``:unswapped``, ``:bs128``, ``:st3`` / ``:st5``) at its ring depth (``ring_depth``) with every
+    slot live (the model reads full rows); None for the rest. Its terms carry the tile
+    (``block_s``) and chunk count (``splits``) it ran."""
     impl = row.get("impl", "")
     if row.get("lengths") != "full" or not impl.startswith("pallas_mosaic_gpu"):
         return None
     cache = "bf16" if row["cache"] == "bf16" else "fp8"
-    p = gpu.predict_attention(chip, "decode_attention", row["b"], row["s"], row["h"], row["k"],
-                              row["c"], cache, swap_ab=not impl.endswith(":unswapped"),
-                              block_s=128 if impl.endswith(":bs128") else None,
-                              stages=ring_depth(row))  # fmt: skip
-    return p.time_s * 1e6
+    return gpu.predict_attention(chip, "decode_attention", row["b"], row["s"], row["h"],
+                                 row["k"], row["c"], cache,
+                                 swap_ab=not impl.endswith(":unswapped"),
+                                 block_s=128 if impl.endswith(":bs128") else None,
+                                 stages=ring_depth(row))  # fmt: skip
+
+
+def _attention_us(chip: str, row: dict) -> float | None:
+    p = attention_prediction(chip, row)
+    return None if p is None else p.time_s * 1e6
 
 
 def _shape(row: dict) -> str:

@@ -385,7 +385,8 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
                 load_latency_s=ATTN_LOAD_LATENCY_S)  # fmt: skip
     steps = math.ceil(s / bs / splits)
     t, terms = grid_time(chip, loop, prof, n_kv * b * splits, steps)
-    terms = dict(terms, splits=splits, registers=prof["registers"], smem_alloc=prof["smem_bytes"])
+    terms = dict(terms, splits=splits, block_s=bs, registers=prof["registers"],
+                 smem_alloc=prof["smem_bytes"])  # fmt: skip
     extra = 0.0 if splits == 1 else b * h * d * 4 * splits * 2 / CHIPS[chip].hbm_bytes_per_s
     extra += LAUNCH_S if splits > 1 and not in_program else 0.0  # the XLA combine of chunks
     nbytes = 2 * b * s * n_kv * d * kv_b
