@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import pathlib
 import sys
@@ -83,9 +84,32 @@ def _bf16(s):
     return jnp.dot(s["x"], s["w"], preferred_element_type=jnp.float32).astype(jnp.bfloat16)
 
 
-def _fp8(s, *, impl, raw, interpret):
+def _fp8(s, *, impl, raw, interpret, config=None):
     x = s["x"] if raw else s["xq"]
-    return fp8_matmul(x, s["wq"], out_dtype=jnp.bfloat16, impl=impl, interpret=interpret)
+    return fp8_matmul(x, s["wq"], out_dtype=jnp.bfloat16, impl=impl, interpret=interpret,
+                      config=config)  # fmt: skip
+
+
+MGPU = "pallas_mosaic_gpu"
+# The Hopper kernel's prefill tiles before promotions ran under the wgmmas (``MgpuConfig
+# .overlap``), timed beside the default where the two differ: the arm ``fp8:<MGPU>:plain``.
+PLAIN = ":plain"
+
+
+def arm_config(label: str, m: int, n: int, k: int) -> dict | None:
+    """The Hopper tile config an arm runs, as its row records it (None for other arms)."""
+    if not label.startswith(f"fp8:{MGPU}"):
+        return None
+    return dataclasses.asdict(hopper_config(m, n, k, label.removeprefix(f"fp8:{MGPU}")
+                                            .split("+")[0]))  # fmt: skip
+
+
+def hopper_config(m: int, n: int, k: int, arm: str = ""):
+    """The tile config the Hopper kernel runs for an arm (QArray x, BF16 out): the default, or
+    (``PLAIN``) the default without ``overlap``."""
+    from kernels_pallas.fp8_matmul import mgpu_config
+
+    return mgpu_config.default_config(m, n, k, overlap=arm != PLAIN)
 
 
 def _plus_residual(op):
@@ -100,12 +124,16 @@ def _nbytes(tree) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _arms(impls: list[str], interpret: bool, m: int):
+def _arms(impls: list[str], interpret: bool, m: int, n_k: tuple[int, int] = (128, 128)):
     """(label, op over one operand set, the set's operands it reads)."""
     arms = [("bf16", _bf16, ("x", "w"))]
     for impl in impls:
         op = functools.partial(_fp8, impl=impl, raw=False, interpret=interpret)
         arms.append((f"fp8:{impl}", op, ("xq", "wq")))
+    if MGPU in impls and hopper_config(m, *n_k) != hopper_config(m, *n_k, PLAIN):
+        plain = hopper_config(m, *n_k, PLAIN)
+        op = functools.partial(_fp8, impl=MGPU, raw=False, interpret=interpret, config=plain)
+        arms.append((f"fp8:{MGPU}{PLAIN}", op, ("xq", "wq")))
     quant = functools.partial(_fp8, impl=impls[-1], raw=True, interpret=interpret)
     arms.append((f"fp8:{impls[-1]}+quant", quant, ("x", "wq")))
     if m <= ADD_MAX_M:
@@ -132,8 +160,10 @@ def bench_shape(model, layer, m, n, k, impls, runs, interpret) -> list[dict]:
     reps = bc.rotations(set_bytes, platform)
     sets = [_operands(jax.random.key(1000 * i + m + n + k), m=m, n=n, k=k) for i in range(reps)]
     rows, refs = [], {}
-    for label, op, reads in _arms(impls, interpret, m):
+    for label, op, reads in _arms(impls, interpret, m, (n, k)):
         row = dict(model=model, layer=layer, m=m, n=n, k=k, impl=label)
+        if (cfg := arm_config(label, m, n, k)) is not None:  # the tiles it ran (for the model)
+            row["config"] = cfg
         try:
             args = [{r: s[r] for r in reads} for s in sets]
             fn = lambda ss, op=op: [op(s) for s in ss]

@@ -82,3 +82,24 @@ def test_compare_prints_device_and_wall_time_beside_the_prediction(tmp_path):
     pred = compare.predicted_us("h100", row)
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[3:] == ["6.0", "9.0", f"{pred:.1f}", f"{6.0 / pred:.2f}", f"{9.0 / pred:.2f}"]
+
+
+def test_prefill_times_the_tiles_before_overlap_beside_the_default():
+    """Where the Hopper default promotes under its wgmmas (``MgpuConfig.overlap``), the bench
+    also times the tiles before it (``:plain``), and every Hopper row records the config it
+    ran, which ``compare`` models; rows without one (the first device run) ran the tiles of
+    then."""
+    labels = lambda m, n, k: [a[0] for a in bm._arms(["xla", bm.MGPU], False, m, (n, k))]
+    assert "fp8:pallas_mosaic_gpu:plain" in labels(4096, 4096, 4096)
+    assert "fp8:pallas_mosaic_gpu:plain" not in labels(16, 4096, 4096)  # decode: same tiles
+    assert "fp8:pallas_mosaic_gpu:plain" not in labels(4096, 4096, 384)  # 3 K slices: same
+    new, plain = (bm.arm_config(f"fp8:{bm.MGPU}{a}", 4096, 4096, 4096) for a in ("", bm.PLAIN))
+    assert new["overlap"] and not plain["overlap"] and plain["block_n"] == 256
+    assert bm.arm_config(f"fp8:{bm.MGPU}+quant", 4096, 4096, 4096) == new
+    assert bm.arm_config("fp8:xla", 4096, 4096, 4096) is None
+    row = dict(m=4096, n=4096, k=4096, impl=f"fp8:{bm.MGPU}")
+    legacy, recorded = (compare.matmul_config(r) for r in (row, dict(row, config=new)))
+    assert not legacy.overlap and legacy.block_n == 256 and recorded.overlap
+    want = gpu.predict_matmul("h100", 4096, 4096, 4096, "fp8", config=recorded).time_s * 1e6
+    assert compare.predicted_us("h100", dict(row, config=new)) == pytest.approx(want)
+    assert compare.predicted_us("h100", row) > 1.1 * want  # the model's 1.12-1.20x

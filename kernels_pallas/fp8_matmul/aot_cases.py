@@ -87,14 +87,16 @@ WIDE_KN = ((4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (8192, 8192
            (8192, 28672), (1536, 24576), (16384, 7168))  # fmt: skip
 WIDE = tuple(("pallas_mosaic_gpu", ("h100",), "fp8", _BF, k, n, 4096, _G(128, 256, 3))
              for k, n in WIDE_KN)  # fmt: skip
-# The persistent grid (132 CTAs looping over snake-ordered tiles) on the default prefill tile of
-# Qwen3-8B gate|up, q|o and down at M = 4096 (128x256, 3 stages, 2-CTA clusters; down's K = 12288
-# makes two snake bands), and without clusters.
+# The persistent grid (132 CTAs looping over snake-ordered tiles) on the earlier default prefill
+# tile of Qwen3-8B gate|up, q|o and down at M = 4096 (128x256, 3 stages, 2-CTA clusters; down's
+# K = 12288 makes two snake bands), and without clusters (the persistent grid takes no overlap).
 _P = 132
+_GO = functools.partial(_G, overlap=True)  # promotions under the wgmmas
 PERSISTENT = tuple(
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, k, n, 4096, cfg)
     for k, n in ((4096, 12288), (4096, 4096), (12288, 4096))
-    for cfg in (dataclasses.replace(mgpu.default_config(4096, n, k), persistent=_P),)
+    for cfg in (dataclasses.replace(mgpu.default_config(4096, n, k, overlap=False),
+                                    persistent=_P),)  # fmt: skip
 ) + (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(128, 256, 3, persistent=_P)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _G(128, 128, 4, persistent=_P)),
@@ -146,6 +148,11 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 4096, _G(128, 256, 2, cluster_m=2)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 300, _G(128, 256, 3, cluster_m=2)),
     *PERSISTENT,
+    # promotions under the wgmmas (two 128-K slices per step, x scales from GMEM): 3 stages of
+    # 128x256 x and w tiles, the deepest that fits; 1 CTA, 64-column tiles; F32 out; an M tail
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _GO(128, 128, 3, cluster_m=2)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 2112, 4096, _GO(128, 64, 3, cluster_m=2)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 7168, 4096, 300, _GO(128, 128, 3)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 384, 256, 48, _T(block_m=32, block_k=256)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _F32, 4096, 4096, 4096, _T(512, block_k=1024)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 4096, _T(1024, block_k=2048)),

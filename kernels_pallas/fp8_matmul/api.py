@@ -200,6 +200,9 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
         if m > 64:  # prefill: each tile also as a persistent grid of one CTA per SM (snake order)
             cfgs += [dataclasses.replace(c, persistent=NUM_SMS) for c in cfgs
                      if not c.swap_ab and c.block_m >= 128]  # fmt: skip
+            # and the one-sub-tile tiles with their promotions under the wgmmas (3 stages)
+            cfgs += [G(bm, bn, 3, cluster_m=cl, overlap=True) for bm, bn in ((128, 128), (128, 64))
+                     for cl in (2, 1)]  # fmt: skip
         for cfg in dict.fromkeys(cfgs):
             if mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None:
                 name = f"pallas_mosaic_gpu:{cfg.block_m}x{cfg.block_n}x{cfg.max_concurrent_steps}"
@@ -207,6 +210,7 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
                 name += "c" if cfg.cluster_k else ""
                 name += f"/c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""
                 name += f"/p{cfg.persistent}" if cfg.persistent else ""
+                name += "/o" if cfg.overlap else ""
                 specs.append((name, "pallas_mosaic_gpu", cfg))
         if limit is not None:
             specs = specs[:2] + _model_ranked(specs[2:], m, n, k, limit, device_kind, 1 + twin)

@@ -40,11 +40,18 @@ class MgpuConfig:
     # (132: one per H100/H200 SM; a multiple of cluster_m); 0: one CTA per output tile
     cluster_k: bool = False  # split_k 2-8: a tile's K chunks run as one CTA cluster, each warpgroup
     # tile summed in one CTA's SMEM (DSMEM stores), which writes it: no f32 partials, no XLA sum
+    overlap: bool = False  # prefill tiles of one sub-tile per warpgroup: each 128-K slice's
+    # promotion runs under the next slice's wgmma, two slices per pipeline step (``k_pair_overlap``)
 
     @property
     def num_compute_wgs(self) -> int:
         rows = self.block_n if self.swap_ab else self.block_m
         return min(rows // _WGMMA_M, 2)
+
+    @property
+    def k_block(self) -> int:
+        """K elements per pipeline step: one 128-K slice, two with ``overlap``."""
+        return 2 * GROUP if self.overlap else GROUP
 
     @property
     def wg_subtiles(self) -> tuple[tuple[int, int], ...]:
@@ -83,6 +90,11 @@ class MgpuConfig:
         if self.persistent and (self.swap_ab or self.persistent % self.cluster_m):
             return f"persistent={self.persistent} needs no swap_ab (prefill) and a multiple of " \
                    f"cluster_m={self.cluster_m}"  # fmt: skip
+        if self.overlap and (self.swap_ab or self.persistent or len(self.wg_subtiles) > 1):
+            # the product being promoted (64 registers) beside the running and the fresh
+            # accumulators: one sub-tile per warpgroup
+            return "overlap needs a prefill tile of one sub-tile per warpgroup (block_m, " \
+                   "block_n <= 128, no swap_ab) and no persistent grid"  # fmt: skip
         if not 2 <= self.max_concurrent_steps <= _MAX_STAGES:
             # Deeper rings spill registers (ptxas, H100: 64x64 tiles spill from 8 stages).
             steps = self.max_concurrent_steps
@@ -100,9 +112,10 @@ def smem_bytes(cfg: MgpuConfig, k: int, x_itemsize: int, out_itemsize: int, fuse
     one per stage), and the reduction scratch the fused row amax reserves. Equals the
     ``smem_bytes`` of ``mosaic/gpu/core.py`` for every case in ``aot_cases.py`` (jax 0.11.2 and
     0.12.0.1)."""
-    stages = min(cfg.max_concurrent_steps, k // GROUP // cfg.split_k)  # never holds more
-    ring = [cfg.block_m * GROUP * x_itemsize, cfg.block_n * GROUP]
-    ring += [] if fused else [cfg.block_m * 4]
+    kb = cfg.k_block
+    stages = min(cfg.max_concurrent_steps, k // kb // cfg.split_k)  # never holds more
+    ring = [cfg.block_m * kb * x_itemsize, cfg.block_n * kb]
+    ring += [] if fused or cfg.overlap else [cfg.block_m * 4]  # overlap: x scales from GMEM
     total = sum(_align(stages * b) for b in ring) + 2 * stages * 8
     out_itemsize = 4 if cfg.split_k > 1 and not cfg.cluster_k else out_itemsize  # f32 partials
     total += _align(cfg.block_m * cfg.block_n * out_itemsize)  # epilogue tile
@@ -209,8 +222,27 @@ def _wide_grid(tiles_m: int, n: int) -> bool:
     return wide >= NUM_SMS * 2 // 3 or (tiles_m * (n // 128) > NUM_SMS and wide <= NUM_SMS)
 
 
+def _overlap_tile(n: int) -> MgpuConfig:
+    """The prefill tile with promotions under the wgmmas, before its cluster rule."""
+    return MgpuConfig(block_m=128, block_n=64 if n % 128 else 128, max_concurrent_steps=3,
+                      overlap=True)  # fmt: skip
+
+
+def _overlap_fits(m: int, n: int, k: int, out_itemsize: int) -> bool:
+    """Whether the prefill default takes ``_overlap_tile``: two 128-K slices per step, its 3
+    stages within the SMEM budget, and a grid that runs in 2-CTA clusters (an even number of M
+    tiles, >= 2/3 of the SMs: the cluster rule below). Alone, each CTA reads its own weight
+    tile from L2 at twice the 128x256 tiles' bytes per FLOP, and the model puts it 0.93-1.0x
+    those on the grids of 3 M tiles it was tried on (Llama-3-70B gate|up M = 384)."""
+    tiles_m = -(-m // 128)
+    cfg = _overlap_tile(n)
+    return m > 64 and (k // GROUP) % 2 == 0 and tiles_m % 2 == 0 and \
+        tiles_m * (n // cfg.block_n) >= NUM_SMS * 2 // 3 and \
+        smem_bytes(cfg, k, 1, out_itemsize, False) <= SMEM_BYTES  # fmt: skip
+
+
 def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2,
-                   swap: bool | None = None):  # fmt: skip
+                   swap: bool | None = None, overlap: bool = True):  # fmt: skip
     """Untuned defaults. Decode (M <= 64; 65-256 rows where K splits; unfused: ``swap_default``):
     swap-AB with 64 or 128 weight rows per CTA (``decode_config``), M rounded up to 32. Prefill:
     128x256 CTAs where their grid fills >= 2/3 of the SMs or saves a wave (``_wide_grid``) (the
@@ -219,14 +251,26 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     prefill grids of >= 88 CTAs with an even number of M tiles run as 2-CTA clusters sharing each
     weight tile (TMA multicast; the model: 1.06-1.41x there, losses only on small or odd-padded
     grids). Not persistent: a persistent grid of 132 CTAs (``persistent=132``) is predicted
-    1.002-1.025x on prefill grids of more than 132 CTAs and 0.996x below, within the model's
-    uncertainty, and has run on no device yet; the on-device autotuner times it beside these
-    defaults (``api.tuning_specs``). The ring is as deep as fits the SMEM budget (<= 4 stages; 3 for
+    0.996x on the M = 4096 prefill grids (a later wave of the plain grid costs one load round
+    trip, the first device run says: what a persistent CTA pays between its tiles), and has run
+    on no device yet; the on-device autotuner times it beside these defaults
+    (``api.tuning_specs``). The ring is as deep as fits the SMEM budget (<= 4 stages; 3 for
     128x256 or the fused variant's BF16 x tiles; 2 for 128x256, F32 out). ``swap=False``: the
     prefill tiles even where ``swap_default`` says swap-AB (the performance model's before ->
-    after)."""
+    after).
+
+    Prefill grids that run in 2-CTA clusters, with K a multiple of 256 (``_overlap_fits``):
+    128x128 tiles (64 columns if N % 128) whose promotions run under the wgmmas (``overlap``: two
+    128-K slices per step, x scales from GMEM), 3 stages where they fit (BF16 out). The model
+    (calibrated on the first device run, where the two compute warpgroups of the tiles above
+    ran in step and the tensor core idled through each wait and promotion) puts them at
+    1.06-1.47x those tiles (median 1.15x) over 104 prefill shapes x {H100, H200} of 96-8192
+    rows, never slower. ``overlap=False``: the tiles before it (the model's before -> after, the
+    benchmark's ``:plain`` arm)."""
     if not fused and (swap_default(m, n, k) if swap is None else swap):
         cfg = decode_config(m, n, k)
+    elif overlap and not fused and _overlap_fits(m, n, k, out_itemsize):
+        cfg = _overlap_tile(n)
     elif m <= 64:
         cfg = MgpuConfig(block_m=64, block_n=64 if n % 128 else 128)
     elif not fused and n % 256 == 0 and _wide_grid(-(-m // 128), n):
@@ -265,6 +309,8 @@ def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize
         return f"K={k} must be a positive multiple of {GROUP}"
     if (k // GROUP) % cfg.split_k:
         return f"split_k={cfg.split_k} must divide the {k // GROUP} K steps"
+    if cfg.overlap and (k // GROUP) % 2:
+        return f"overlap takes two 128-K slices per step: K={k} must be a multiple of 256"
     if n % cfg.block_n:
         return f"N={n} must be a multiple of block_n={cfg.block_n}"
     if m < 1:

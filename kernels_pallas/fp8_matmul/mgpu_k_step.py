@@ -2,7 +2,8 @@
 grouped MoE kernel, ``grouped_fp8_matmul/pallas_mosaic_gpu.py``): the K-step pipeline's operands
 and SMEM transforms, the in-register 1x128 quantization of the fused variant, and the wgmma of
 one 128-K slice into a fresh f32 accumulator promoted with the block scales (one or two
-sub-tiles per compute warpgroup). The kernels' structure and tile orders are described there."""
+sub-tiles per compute warpgroup), and the step of two slices whose promotions run under the
+wgmmas (``MgpuConfig.overlap``). The kernels' structure and tile orders are described there."""
 
 from __future__ import annotations
 
@@ -34,25 +35,26 @@ def quantize_rows(x, fp8_dtype):
 
 
 def pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, k_part=0, *, cfg, fused, wdt):
-    """(BlockSpecs, GMEM views) of the K-step pipeline: x [bm, 128], K-major w [bn, 128], and
-    the x scales [1, bm] unless fused (transforms keyed on the 128-byte K row)."""
-    bm, bn = cfg.block_m, cfg.block_n
+    """(BlockSpecs, GMEM views) of the K-step pipeline: x [bm, kb], K-major w [bn, kb], and
+    the x scales [1, bm] unless fused or ``overlap`` (kb = ``cfg.k_block``: 128, or 256 with
+    ``overlap``; transforms keyed on the 128-byte K row)."""
+    bm, bn, kb = cfg.block_m, cfg.block_n, cfg.k_block
     in_specs = [
         plgpu.BlockSpec(
-            (bm, GROUP), lambda kk: (0, kk), transforms=smem_transforms(x_gmem.dtype, GROUP)
+            (bm, kb), lambda kk: (0, kk), transforms=smem_transforms(x_gmem.dtype, GROUP)
         ),
         plgpu.BlockSpec(
-            (bn, GROUP),
+            (bn, kb),
             lambda kk: (0, kk),
             transforms=smem_transforms(wdt, GROUP),
             # a 2-CTA cluster along M shares the weight tile: one TMA multicast to both SMs
             collective_axes=("c",) if cfg.cluster_m > 1 else (),
         ),  # fmt: skip
     ]
-    steps = w_gmem.shape[1] // GROUP // cfg.split_k
+    steps = w_gmem.shape[1] // GROUP // cfg.split_k  # 128-K slices per chunk
     k_cols, k_rows = pl.ds(k_part * steps * GROUP, steps * GROUP), pl.ds(k_part * steps, steps)
     gmem_in = [x_gmem.at[m_slice, k_cols], w_gmem.at[n_slice, k_cols]]
-    if not fused:
+    if not (fused or cfg.overlap):  # overlap: each warpgroup loads its x scales (k_pair_overlap)
         in_specs.append(plgpu.BlockSpec((1, bm), lambda kk: (kk, 0)))
         gmem_in.append(sx_gmem.at[k_rows, m_slice])
     return in_specs, gmem_in
@@ -114,3 +116,63 @@ def k_step_wide(x_smem, w_smem, sx_ref, accs, sws, *, cfg: MgpuConfig, chain: bo
         out.append(promote(acc, x_smem.at[rows], w_op, sx_ref[0, rows], sws[c // GROUP], False,
                             zero))  # fmt: skip
     return tuple(out)
+
+
+_ROW = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a wgmma accumulator
+
+
+def overlap_init(running):
+    """The carry of ``k_pair_overlap`` before the first step: no pending product (zeros, scale
+    0: the first promotion adds nothing)."""
+    zero_rows = plgpu.layout_cast(jnp.zeros((_WGMMA_M,), jnp.float32), _ROW)
+    return running, jnp.zeros_like(running), zero_rows, jnp.float32(0.0)
+
+
+def _promote_pending(running, pending, sx, sw):
+    return running + pending * lax.broadcast_in_dim(sx * sw, running.shape, [0])
+
+
+def overlap_finish(carry):
+    """The running accumulator with the last slice's product promoted (after the pipeline)."""
+    return _promote_pending(*carry)
+
+
+def overlap_scales(sx_gmem, kb, rows):
+    """The x scales of step ``kb``'s two 128-K slices for a warpgroup's 64 ``rows``, loaded
+    from GMEM into registers (``sx_gmem`` [K/128, M_pad]): their first use is the promotion
+    one slice later, under a wgmma, so their latency hides, and the ring keeps the SMEM of a
+    third stage (three stages of 128x256 x and w tiles, the 32 KiB epilogue tile and 1 KiB of
+    x scales per stage would miss the 227 KiB budget by 48 bytes: the ring's barriers)."""
+    return tuple(plgpu.load(sx_gmem.at[2 * kb + j, rows], layout=_ROW, optimized=False)
+                 for j in range(2))  # fmt: skip
+
+
+def k_pair_overlap(x_smem, w_smem, sxs, carry, sws):
+    """One pipeline step of two 128-K slices for a compute warpgroup whose promotions run under
+    its wgmmas (``MgpuConfig.overlap``): per slice, issue its wgmma into a fresh accumulator,
+    promote the previous slice's product (carried with its scales: ``carry`` = (running
+    accumulator, pending product, s_x of that slice per row, its s_w)) while it runs, wait,
+    and carry the slice's product on. The tensor core no longer idles through a promotion (it
+    does in ``k_step``: wgmma, wait, promote), for the pending 64x128 f32 product in registers
+    beside the running and fresh accumulators. Two slices per step, so that the two fresh
+    accumulators alternate: with one slice per step ptxas keeps every wgmma's accumulator in
+    the same registers and copies the carried product out of them first (64 moves before each
+    wgmma); and each wgmma is waited for inside its step, so none is in flight across the
+    loop's back edge (ptxas then serializes every wgmma of the loop: warning C7514) and the
+    step's SMEM slots are released as usual. ``sxs``, ``sws``: each slice's x scales (this
+    warpgroup's rows, ``overlap_scales``) and weight scale."""
+    wg_rows = pl.ds(lax.axis_index("wg") * _WGMMA_M, _WGMMA_M)
+    for j, sw in enumerate(sws):
+        running, pending, sx_prev, sw_prev = carry
+        cols = pl.ds(j * GROUP, GROUP)
+
+        def mma(acc_ref, running=running, pending=pending, sx_prev=sx_prev, sw_prev=sw_prev,
+                cols=cols):  # fmt: skip
+            plgpu.wgmma(acc_ref, x_smem.at[wg_rows, cols], w_smem.at[:, cols].T)
+            promoted = _promote_pending(running, pending, sx_prev, sw_prev)  # under the wgmma
+            plgpu.wgmma_wait(0)
+            return promoted, acc_ref[...]
+
+        running, product = pl.run_scoped(mma, plgpu.ACC(running.shape, jnp.float32))
+        carry = running, product, sxs[j], sw
+    return carry

@@ -38,6 +38,18 @@ not fit beside the two running ones in the 232 registers a compute warpgroup get
 1D2D kernel stops at BLOCK_N = 192 for the same reason, keeping a full-width fresh accumulator;
 ``k_step_wide`` says how ptxas is kept from overlapping them).
 
+Promotions under the wgmmas (``MgpuConfig.overlap``, the prefill default on clustered grids:
+``mgpu_k_step.k_pair_overlap``): 128x128 (or 128x64) tiles, two 128-K slices per pipeline step;
+per slice each compute warpgroup issues the wgmma, promotes the previous slice's product (carried
+with its scales) while it runs, waits, and carries the new product on. The CTA's two compute
+warpgroups run their K steps in step (one TMA barrier; the tensor cores interleave their
+wgmmas), so with the plain order (wgmma, wait, promote) no MMA runs through either one's wait
+and promotion; here the promotion hides under the next MMA. Two slices per step let the fresh
+accumulators alternate between two register sets (one slice per step: ptxas copies the carried
+product out of the one accumulator first) and each wgmma is waited for inside its step (one in
+flight across the loop's back edge makes ptxas serialize them all). The x scales come from GMEM
+as registers, a slice before their use: three stages of 128x256 x and w tiles then fit 227 KiB.
+
 2-CTA clusters (``MgpuConfig.cluster_m=2``, prefill): the two CTAs of a cluster take adjacent M
 tiles of the same N tile, and the weight BlockSpec is collective over the cluster axis, so each
 weight tile is read from L2 once and multicast to both SMs by TMA (jax
@@ -87,8 +99,12 @@ from kernels_pallas.fp8_matmul.mgpu_config import (  # noqa: F401
     swap_default,
 )
 from kernels_pallas.fp8_matmul.mgpu_k_step import (
+    k_pair_overlap,
     k_step,
     k_step_wide,
+    overlap_finish,
+    overlap_init,
+    overlap_scales,
     pipeline_operands,
     smem_transforms,
 )
@@ -107,7 +123,7 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
     bm, bn, swap, tm = cfg.block_m, cfg.block_n, cfg.swap_ab, _WGMMA_M
     a_blk, b_blk = (bn, bm) if swap else (bm, bn)  # rows of the A and B operand tiles
     k_part = lax.axis_index("s") if cfg.split_k > 1 else 0
-    steps = w_gmem.shape[1] // GROUP // cfg.split_k
+    steps = w_gmem.shape[1] // cfg.k_block // cfg.split_k
 
     def operands(a_idx, b_idx):
         m_idx, n_idx = (b_idx, a_idx) if swap else (a_idx, b_idx)
@@ -165,6 +181,8 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
 
             def compute_context(eval_pipeline):
                 zero = lambda: plgpu.layout_cast(jnp.zeros((tm, sub_n), jnp.float32), _WGMMA)
+                if cfg.overlap:  # carries the last step's product and scales too
+                    return store((overlap_finish(eval_pipeline(overlap_init(zero()))),), k_part)
                 accs = eval_pipeline(tuple(zero() for _ in subs) if wide else zero())
                 accs = accs if wide else (accs,)
                 if not cfg.cluster_k:
@@ -206,6 +224,10 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
                     sws = tuple(sw_gmem[nb + j, kb] for j in range(max(1, bn // GROUP)))
                     return k_step_wide(x_smem, w_smem, sx_ref, acc, sws, cfg=cfg,
                                         chain=not interpret)  # fmt: skip
+                if cfg.overlap:  # two 128-K slices per step, x scales from GMEM
+                    sws = tuple(sw_gmem[nb, 2 * kb + j] for j in range(2))
+                    sxs = overlap_scales(sx_gmem, kb, pl.ds(a_idx * bm + wg * tm, tm))
+                    return k_pair_overlap(x_smem, w_smem, sxs, acc, sws)
                 sw = sw_gmem[nb, kb]  # issued early: its latency overlaps
                 step = functools.partial(k_step, cfg=cfg, fused=fused, wdt=wdt)
                 return step(x_smem, w_smem, sx_ref, acc, sw, xq_smem)

@@ -11,6 +11,8 @@ M=16, K=N=2048: reference 19.8 ms, kblock_fp8 43.5 ms, dequant_bf16 24.4 ms; M=1
 60 ms; so ``XlaConfig(method="auto")`` is the exact reference off GPU.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -188,6 +190,53 @@ def test_mosaic_gpu_explicit_configs(cfg, m, n):
     ref = np.asarray(fp8_matmul_reference(xq, wq, out_dtype=jnp.float32))
     y = mgpu.fp8_matmul_mgpu(xq, wq, out_dtype=jnp.float32, interpret=True, config=cfg)
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
+
+
+@pytest.mark.parametrize(
+    "cfg,m,n",
+    [
+        (MgpuConfig(128, 128, 2, overlap=True), 200, 256),  # 2 M tiles (the second a tail)
+        (MgpuConfig(128, 128, 2, cluster_m=2, overlap=True), 300, 256),  # 2 clusters x 2 N tiles
+        (MgpuConfig(64, 128, 3, overlap=True), 72, 128),  # one compute warpgroup
+        (MgpuConfig(128, 64, 3, cluster_m=2, overlap=True), 130, 192),  # N % 128 != 0
+    ],
+)
+def test_mosaic_gpu_overlapped_promotion_equals_the_plain_kernel(cfg, m, n):
+    """``MgpuConfig.overlap`` (each step's promotion under the next step's wgmma, the step's
+    scales carried to it) promotes every 128-K product with its own step's scales in the same
+    order as the plain kernel: the outputs are equal bit for bit. Weight blocks differ 10x in
+    magnitude along K and N, so a product promoted with a neighbouring step's (or block's) scale
+    would differ by far more than rounding; 7 slices (3.5 steps: K = 896 is not a multiple of
+    256) are rejected, 8 (4 steps) run through a 2-3 slot ring; the reference bounds both."""
+    x, w, _, _ = _operands(m, 1024, n, E4M3, seed=11)
+    w = w * 10.0 ** (jnp.arange(1024) // 128 % 3)[:, None] \
+        * jnp.repeat(10.0 ** (jnp.arange(-(-n // 128)) % 2), 128)[None, :n]  # fmt: skip
+    xq, wq = quantize_activations(x, 128, E4M3), quantize_weight(w, (128, 128), E4M3)
+    plain = dataclasses.replace(cfg, overlap=False)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        mgpu.fp8_matmul_mgpu(quantize_activations(x[:, :896], 128, E4M3),
+                             quantize_weight(w[:896], (128, 128), E4M3), interpret=True,
+                             config=cfg)  # fmt: skip
+    y = mgpu.fp8_matmul_mgpu(xq, wq, out_dtype=jnp.float32, interpret=True, config=cfg)
+    y0 = mgpu.fp8_matmul_mgpu(xq, wq, out_dtype=jnp.float32, interpret=True, config=plain)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(y0))
+    ref = np.asarray(fp8_matmul_reference(xq, wq, out_dtype=jnp.float32))
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
+
+
+def test_overlap_config_legality():
+    """The overlapped promotion needs one sub-tile per warpgroup (the pending 64x128 product
+    beside the running and fresh accumulators would not fit the wide tiles' registers), a
+    prefill tile and no persistent grid."""
+    ok = MgpuConfig(128, 128, 4, cluster_m=2, overlap=True)
+    assert ok.invalid() is None
+    for bad in (
+        MgpuConfig(128, 256, 3, overlap=True),
+        MgpuConfig(256, 128, 3, overlap=True),
+        MgpuConfig(64, 128, 4, swap_ab=True, overlap=True),
+        MgpuConfig(128, 128, 4, persistent=132, overlap=True),
+    ):
+        assert "overlap" in bad.invalid()
 
 
 @pytest.mark.parametrize(

@@ -28,28 +28,31 @@ def test_smem_count_is_mosaic_gpus_count():
 
 @pytest.mark.parametrize(
     "m,n,k,out_b,tile",
-    [  # (M, N, K, output bytes) -> (block_m, block_n, stages, swap_ab, cluster_m): 128x256 where
-        # its grid has >= 88 CTAs (2/3 of 132 SMs), 128x128 on smaller grids; 2-CTA clusters on
-        # grids of >= 88 CTAs with an even number of M tiles (perf_model.md)
-        (4096, 4096, 4096, 2, (128, 256, 3, False, 2)),  # 512 CTAs
-        (4096, 1024, 4096, 2, (128, 256, 3, False, 2)),  # 128 CTAs
-        (4097, 1024, 4096, 2, (128, 256, 3, False, 1)),  # 33 M tiles: no cluster padding
-        (2048, 1024, 4096, 2, (128, 128, 4, False, 2)),  # 64 wide CTAs: the model says 0.96x
-        (1024, 1024, 4096, 2, (128, 128, 4, False, 1)),  # 64 CTAs
-        (256, 12288, 4096, 2, (128, 256, 3, False, 2)),  # 96 CTAs
-        (256, 4096, 4096, 2, (128, 128, 4, False, 1)),  # 32 CTAs
-        (128, 28672, 8192, 2, (128, 256, 3, False, 1)),  # one M tile
-        (4096, 12288, 4096, 4, (128, 256, 2, False, 2)),  # F32 out: 2 stages fit 227 KiB
-        (4096, 4160, 4096, 2, (128, 64, 4, False, 2)),  # N % 128
-        (64, 4096, 12288, 2, (64, 128, 4, True, 1)),  # decode (decode_config)
+    [  # (M, N, K, output bytes) -> (block_m, block_n, stages, swap_ab, cluster_m, overlap):
+        # promotions under the wgmmas (128x128, 3 stages of two 128-K slices) on grids that run in
+        # 2-CTA clusters (an even number of M tiles, >= 88 CTAs: 2/3 of 132 SMs) where 3 stages
+        # fit; else 128x256 where its grid has >= 88 CTAs, 128x128 on smaller grids (perf_model.md)
+        (4096, 4096, 4096, 2, (128, 128, 3, False, 2, True)),  # 512 CTAs
+        (4096, 1024, 4096, 2, (128, 128, 3, False, 2, True)),  # 256 CTAs
+        (4097, 1024, 4096, 2, (128, 256, 3, False, 1, False)),  # 33 M tiles: no cluster padding
+        (2048, 1024, 4096, 2, (128, 128, 3, False, 2, True)),  # 128 CTAs
+        (1024, 1024, 4096, 2, (128, 128, 4, False, 1, False)),  # 64 CTAs
+        (256, 12288, 4096, 2, (128, 128, 3, False, 2, True)),  # 192 CTAs
+        (256, 4096, 4096, 2, (128, 128, 4, False, 1, False)),  # 64 CTAs
+        (128, 28672, 8192, 2, (128, 256, 3, False, 1, False)),  # one M tile
+        (4096, 12288, 4096, 4, (128, 256, 2, False, 2, False)),  # F32 out: 3 overlap stages miss
+        (4096, 4096, 384, 2, (128, 256, 4, False, 2, False)),  # 3 K slices: not two per step
+        (4096, 4160, 4096, 2, (128, 64, 3, False, 2, True)),  # N % 128
+        (64, 4096, 12288, 2, (64, 128, 4, True, 1, False)),  # decode (decode_config)
         # 128x256 where 128x128 would need a second wave of CTAs and 128x256 does not
-        (384, 6144, 4096, 2, (128, 256, 3, False, 1)),  # 144 -> 72 CTAs
-        (160, 10240, 8192, 2, (128, 256, 3, False, 1)),  # 160 -> 80 CTAs
+        (384, 6144, 4096, 2, (128, 256, 3, False, 1, False)),  # 144 -> 72 CTAs (3 M tiles)
+        (160, 10240, 8192, 2, (128, 128, 3, False, 2, True)),  # 160 CTAs in clusters
     ],
 )
 def test_default_tile_choice(m, n, k, out_b, tile):
     cfg = mgpu.default_config(m, n, k, out_itemsize=out_b)
-    got = (cfg.block_m, cfg.block_n, cfg.max_concurrent_steps, cfg.swap_ab, cfg.cluster_m)
+    got = (cfg.block_m, cfg.block_n, cfg.max_concurrent_steps, cfg.swap_ab, cfg.cluster_m,
+           cfg.overlap)  # fmt: skip
     assert got == tile
     assert mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=out_b) is None
     fused = mgpu.default_config(m, n, k, fused=True, out_itemsize=out_b)

@@ -8,11 +8,14 @@ rows of (CUPTI kernel time) / (the model's uncalibrated kernel time without its 
 factor ``KERNEL_CALIBRATION`` holds, by which ``gpu.py`` scales our FP8 kernels' predicted
 times. The baselines (cuBLAS BF16 GEMMs, the BF16-cache attention) are printed too, as a check
 of their stated efficiencies, and are not scaled. ``--fit`` prints instead the spread of the
-decode GEMMs' ratios over a grid of the model's load latency and per-wave fill (``fit``): what
-set ``gpu.DRAM_LATENCY_S`` and ``gpu.FILL_S``.
+decode GEMMs' ratios over a grid of the model's load latency and per-kernel fill (``fit``): what
+set ``gpu.DRAM_LATENCY_S`` and ``gpu.FILL_S``, and of the prefill GEMMs' over the cost of each
+later wave of a grid (``fit_waves``: ``gpu.WAVE_S``).
 
 Families (the rows ``compare.predicted_us`` models, the kernel alone: no ``+quant`` / ``+add``):
-  ``mm_prefill``: ``fp8:pallas_mosaic_gpu`` at M > 256 (the QArray kernel's prefill tiles);
+  ``mm_prefill``: ``fp8:pallas_mosaic_gpu`` (and its ``:plain`` arm: the tiles without
+  ``overlap``) at M > 256 (the QArray kernel's prefill tiles; a row runs the config it records,
+  ``compare.matmul_config``);
   ``mm_decode``: the same at M <= 256 (swap-AB tiles);
   ``attn_fp8``: decode attention on an FP8 cache (static and dynamic scales), the swap-AB kernel;
   ``attn_fp8_unswapped``: the same, the unswapped kernel;
@@ -43,17 +46,19 @@ from kernels_pallas.perf_model.sass_profiles import SASS_JSON
 # ratios the least spread; their factor was 1.74, 1.28-2.56, with the earlier guesses and a
 # latency term that left out the step's compute) and the attention kernels' load round trip
 # (``attention_latency``: their factor was 1.35-1.39, the FP8 kernel's ring-bound 68% of HBM
-# modelled at 88%). Where the model still misses: its per-step terms count issue slots and wgmma
-# latency but not the stalls of each K step's wgmma_wait before the scale promotion (prefill:
-# ~1,100 FP8 TFLOP/s measured, ~1,570 modelled). The paged attention kernel (not measured)
-# shares the dense kernel's loop: it takes ``attn_fp8``. Every
+# modelled at 88%). The prefill GEMMs' factor was 1.28 (0.72-1.42) until the model put the two
+# compute warpgroups' MMAs in turn on each one's chain (they run in step: ``gpu.step_cycles``)
+# and charged a later wave one load round trip (``fit_waves``) with 9 TB/s of L2 bandwidth
+# (``gpu.L2_BYTES_PER_S``): 1.01 (0.99-1.08), nothing fitted to it but the per-wave cost. The
+# paged attention kernel (not measured) shares the dense kernel's loop: it takes ``attn_fp8``.
+# Every
 # prediction, rollout and target of the model is calibrated by default; ``uncalibrated()`` gives
 # the SASS model alone.
 KERNEL_CALIBRATION = {
-    "mm_prefill": 1.28,  # 6 shapes at M = 4096: 0.72-1.42
-    "mm_decode": 1.15,  # 12 shapes at M = 16 / 64: 1.00-1.31 (1.28-2.56 before ``fit``)
-    "attn_fp8": 1.01,  # 6 (3 shapes x static / dynamic scales): 0.95-1.12
-    "attn_fp8_unswapped": 1.19,  # 6: 1.10-1.30
+    "mm_prefill": 1.01,  # 6 shapes at M = 4096: 0.99-1.08 (0.72-1.42 before the chain in step)
+    "mm_decode": 1.15,  # 12 shapes at M = 16 / 64: 1.01-1.30 (1.28-2.56 before ``fit``)
+    "attn_fp8": 1.02,  # 6 (3 shapes x static / dynamic scales): 0.97-1.16
+    "attn_fp8_unswapped": 1.22,  # 6: 1.13-1.32
 }
 _CALIBRATED = [True]
 
@@ -88,7 +93,7 @@ def family(row: dict) -> str | None:
             return "baseline: attn_bf16 (our kernel, BF16_ATTN_BW_EFF)"
         arm = impl.partition(":")[2]  # bench_decode's arms: "", "unswapped", "bs128", "st3"
         return "attn_fp8" + (f"_{arm}" if arm else "")
-    if impl == "fp8:pallas_mosaic_gpu":
+    if impl in ("fp8:pallas_mosaic_gpu", "fp8:pallas_mosaic_gpu:plain"):
         return "mm_prefill" if row["m"] > 256 else "mm_decode"
     if impl == "bf16":
         return "baseline: bf16 GEMM (BF16_GEMM_EFF / _BW_EFF)"
@@ -122,6 +127,26 @@ def factors(paths: list[str]) -> dict[str, float]:
 
 FIT_LATENCIES_S = (0.6e-6, 0.8e-6, 1.0e-6, 1.2e-6, 1.4e-6)
 FIT_FILLS_S = (1e-6, 2e-6, 3e-6, 4e-6, 5e-6)
+FIT_WAVES_S = (0.0, 0.5e-6, 1e-6, 2e-6, 3e-6, 4e-6)
+
+
+def _spread(paths: list[str], family_: str, **constants) -> dict | None:
+    """``family_``'s measured / modelled ratios with ``gpu``'s ``constants`` set (restored
+    after): median, min, max and coefficient of variation; None if the files have no row."""
+    from kernels_pallas.perf_model import gpu
+
+    saved = {k: getattr(gpu, k) for k in constants}
+    try:
+        for k, v in constants.items():
+            setattr(gpu, k, v)
+        v = ratios(paths).get(family_)
+    finally:
+        for k, v0 in saved.items():
+            setattr(gpu, k, v0)
+    if not v:
+        return None
+    return dict(median=statistics.median(v), min=min(v), max=max(v),
+                cv=statistics.pstdev(v) / statistics.mean(v))  # fmt: skip
 
 
 def fit(paths: list[str], family_: str = "mm_decode", latencies=FIT_LATENCIES_S,
@@ -129,23 +154,27 @@ def fit(paths: list[str], family_: str = "mm_decode", latencies=FIT_LATENCIES_S,
     """How well the model's shape follows the device, per (``gpu.DRAM_LATENCY_S``,
     ``gpu.FILL_S``): the spread of ``family_``'s measured / modelled ratios (median, min, max,
     coefficient of variation). A constant factor is what ``KERNEL_CALIBRATION`` absorbs; the
-    spread is what it cannot, so the pair with the least spread is the model's (``gpu.py``)."""
-    from kernels_pallas.perf_model import gpu
-
-    saved = gpu.DRAM_LATENCY_S, gpu.FILL_S
+    spread is what it cannot, so the pair with the least spread is the model's (``gpu.py``).
+    ``gpu.WAVE_S`` follows the latency (a later wave's first round trip), as in the model."""
     out = []
-    try:
-        for lat in latencies:
-            for fill in fills:
-                gpu.DRAM_LATENCY_S, gpu.FILL_S = lat, fill
-                v = ratios(paths).get(family_)
-                if not v:  # the run measured none of them (e.g. GEMMs at M = 4096 only)
-                    return []
-                out.append(dict(latency_s=lat, fill_s=fill, median=statistics.median(v),
-                                min=min(v), max=max(v),
-                                cv=statistics.pstdev(v) / statistics.mean(v)))  # fmt: skip
-    finally:
-        gpu.DRAM_LATENCY_S, gpu.FILL_S = saved
+    for lat in latencies:
+        for fill in fills:
+            sp = _spread(paths, family_, DRAM_LATENCY_S=lat, FILL_S=fill, WAVE_S=lat)
+            if sp is None:  # the run measured none of them (e.g. GEMMs at M = 4096 only)
+                return []
+            out.append(dict(sp, latency_s=lat, fill_s=fill))
+    return out
+
+
+def fit_waves(paths: list[str], family_: str = "mm_prefill", waves=FIT_WAVES_S) -> list[dict]:
+    """The same for ``gpu.WAVE_S`` (what each later wave of a non-persistent grid costs) on the
+    multi-wave prefill GEMMs (4-12 waves of 32-128 K steps at M = 4096)."""
+    out = []
+    for w in waves:
+        sp = _spread(paths, family_, WAVE_S=w)
+        if sp is None:
+            return []
+        out.append(dict(sp, wave_s=w))
     return out
 
 
@@ -173,7 +202,8 @@ def attention_latency(paths: list[str], chip: str | None = None) -> list[dict]:
                 continue
             t, stages = p.terms, compare.ring_depth(row)
             steps = -(-row["s"] // t["block_s"] // t["splits"])
-            step_s = (row["median_us"] * 1e-6 - gpu.FILL_S) / (t["waves"] * steps)
+            step_s = (row["median_us"] * 1e-6 - gpu.FILL_S - (t["waves"] - 1) * gpu.WAVE_S) \
+                / (t["waves"] * steps)  # fmt: skip
             chain_s = t["chain"] / CHIPS[c].clock_hz
             out.append(dict(label=f"{row.get('model', '')} B={row['b']} S={row['s']} "
                                   f"{row['cache']} {row['impl']}",
@@ -239,6 +269,14 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"| {r['latency_s'] * 1e6:.1f} | {r['fill_s'] * 1e6:.0f} | {r['median']:.2f} | "
                   f"{r['min']:.2f} | {r['max']:.2f} | {r['cv']:.3f} |")  # fmt: skip
+        print("\n| WAVE_S (us) | mm_prefill measured / modelled: median | min | max | "
+              "coefficient of variation |\n|---|---|---|---|---|")  # fmt: skip
+        rows = fit_waves(paths)
+        if not rows:
+            print("| (no prefill GEMM rows in these files: no fit) | | | | |")
+        for r in rows:
+            print(f"| {r['wave_s'] * 1e6:.1f} | {r['median']:.2f} | {r['min']:.2f} | "
+                  f"{r['max']:.2f} | {r['cv']:.3f} |")  # fmt: skip
         return 0
     print("| family | rows | measured / predicted: median | min | max | KERNEL_CALIBRATION |")
     print("|---|---|---|---|---|---|")

@@ -38,9 +38,20 @@ def predicted_us(chip: str, row: dict) -> float | None:
         return (gpu.bf16_gemm_s(chip, m, n, k) + add) * 1e6
     if impl.startswith("fp8:pallas_mosaic_gpu"):
         x = "bf16" if impl.endswith("+quant") else "fp8"
-        p = gpu.predict_matmul(chip, m, n, k, x, in_program=impl.endswith("+add"))
+        p = gpu.predict_matmul(chip, m, n, k, x, in_program=impl.endswith("+add"),
+                               config=matmul_config(row))  # fmt: skip
         return (p.time_s + add) * 1e6
     return None
+
+
+def matmul_config(row: dict):
+    """The Hopper tile config a bench_matmul row ran: recorded (``config``), or for rows of
+    runs before it was (the H200 run of 2026-12-04) the default of then, without ``overlap``."""
+    from kernels_pallas.fp8_matmul import mgpu_config
+
+    if row.get("config"):
+        return mgpu_config.MgpuConfig(**row["config"])
+    return mgpu_config.default_config(row["m"], row["n"], row["k"], overlap=False)
 
 
 # bench_decode rows without ``num_stages`` (the H200 run of 2026-12-04) ran the defaults of then

@@ -11,8 +11,17 @@ predicts, for one SM holding ``c`` CTAs that each advance one loop iteration ("s
               a warpgroup's 4 warps sit on the 4 schedulers, so each scheduler issues one warp
               of every warpgroup of every resident CTA; the TMA warpgroup's share is its loop
               body per K step (ptxas unrolls that loop: ``tma_step_instructions``);
-    chain   = one warpgroup's serial path: its MMAs + WGMMA_LATENCY per ``wgmma_wait`` + its
-              other instructions (the kernels wait for each step's MMA before using it);
+    chain   = one warpgroup's serial path: the MMAs of its CTA's nwg compute warpgroups +
+              WGMMA_LATENCY per ``wgmma_wait``, under which the instructions issued while its
+              MMAs run hide (``under_mma``: the promotion of ``MgpuConfig.overlap``), + its
+              other instructions (the kernels wait for each step's MMA before using it). The
+              CTA's warpgroups' MMAs count in full because the warpgroups run in step: they wait
+              for the same TMA barrier at the first step (and whenever the ring runs dry), and
+              the SM's tensor cores interleave their wgmmas, so each one's group completes only
+              with the other's, and no MMA runs under their waits and promotions. Nothing
+              fitted: it reproduces the first device run's prefill steps (128x256 tiles, 2
+              warpgroups of two 64x128 sub-tiles: ~1,650 cycles modelled, 1,600-1,730 measured
+              over 5 shapes; one chain at a time would give ~1,180);
     L2      = c x (bytes the step's TMA loads move) / (L2 bandwidth per SM);
     smem    = c x (bytes the step moves through SMEM by ordinary loads/stores, e.g. the FP8 ->
               f16 upcast of attention tiles) / 128 B per clock (wgmma operand reads excluded);
@@ -23,19 +32,23 @@ predicts, for one SM holding ``c`` CTAs that each advance one loop iteration ("s
               ``stages`` slots share that cycle (Little's law);
   CTAs per SM = min by registers (65536 / (regs x threads)), SMEM (228 KiB) and 32;
   waves = the grid spread over 132 SMs x CTAs per SM (the last wave with fewer CTAs per SM);
-  time = max(sum over waves of (steps x step + FILL), HBM bytes / (BW x HBM_EFF) + FILL)
-         + LAUNCH: a kernel streaming at the HBM bound still pays one FILL (its first loads'
-         round trip before any streaming, its last tile's epilogue after it).
+  time = max(FILL + sum over waves of steps x step + (waves - 1) x WAVE,
+             HBM bytes / (BW x HBM_EFF) + FILL) + LAUNCH:
+         FILL is the kernel's fixed cost (grid start, its first loads' round trip before any
+         streaming, its last tiles' epilogue and store after it), paid once, also by a kernel
+         streaming at the HBM bound; WAVE what each later wave adds (a finished CTA's
+         successor on the SM waits one load round trip for its first tiles: ``DRAM_LATENCY_S``).
 
 A persistent grid (``MgpuConfig.persistent``: P CTAs looping over the output tiles) runs the
-same rounds of at most P tiles, but pays FILL once per CTA and ``TILE_SWITCH_S`` between its
-tiles: the pipeline (``emit_pipeline_warp_specialized`` without ``pipeline_state``) lets the
-TMA warpgroup issue the next tile's first loads only once the compute warpgroups consumed the
-current tile's last K step, so one load round trip (``DRAM_LATENCY_S``) separates the tiles and
-the epilogue (registers -> SMEM, TMA store issue: ~0.2 us) runs under it; the CTA launch and
-setup and the store drain that FILL also covers are paid once. The snake tile order is assumed
-to keep HBM bytes at one read per operand, which the model already assumes for every grid
-(the non-persistent grid runs M-fastest, the same order at these shapes).
+same rounds of at most P tiles, paying ``TILE_SWITCH_S`` between its tiles: the pipeline
+(``emit_pipeline_warp_specialized`` without ``pipeline_state``) lets the TMA warpgroup issue
+the next tile's first loads only once the compute warpgroups consumed the current tile's last K
+step, so one load round trip (``DRAM_LATENCY_S``) separates the tiles and the epilogue
+(registers -> SMEM, TMA store issue: ~0.2 us) runs under it: the same cost as a new CTA's, so
+the model sees a persistent grid of one CTA per SM at the speed of the plain grid (the first
+device run's prefill rows: ``WAVE_S``). The snake tile order is assumed to keep HBM bytes at
+one read per operand, which the model already assumes for every grid (the non-persistent grid
+runs M-fastest, the same order at these shapes).
 
 Split-K decode tiles sum their K chunks after the kernel (an XLA fusion over f32 partials: their
 HBM bytes, plus a launch for a standalone call) or, with ``MgpuConfig.cluster_k``, inside their
@@ -83,11 +96,23 @@ WGMMA_LATENCY = 128  # cycles from the last wgmma issue to wgmma_wait(0) returni
 # BF16 GEMMs at M = 16 in the same run give an independent check of the fill: 4.3 us intercept
 # of time against bytes (slope 4.37 TB/s, 91% of HBM peak).
 DRAM_LATENCY_S = 1.0e-6
-L2_BYTES_PER_S = 7.0e12  # L2 -> SM bandwidth, all SMs (Chips and Cheese measure ~5.5-7 TB/s;
-# the least certain knob: FP8 128x128 tiles at full MMA rate would need ~15 TB/s)
+# L2 -> SMEM bandwidth over all SMs: the least certain knob (Chips and Cheese measure ~5.5-7
+# TB/s with plain loads; FP8 128x128 tiles at the full MMA rate would need ~15 TB/s). A lower
+# bound from the first device run: its one prefill GEMM on 128x64 tiles (DeepSeek-V3 N = 2112,
+# 2-CTA clusters, M = 4096) moved 8.9 TB/s from L2 into the SMs' TMA buffers (21 KB per CTA per
+# K step, 0.31 us a step, 132 SMs); with 7 TB/s (the guess until then) the model made it 25%
+# slower than measured, with 9 TB/s 1% faster.
+L2_BYTES_PER_S = 9.0e12
 L2_BYTES_PER_CLK_PER_SM = 64  # one SM's L2 port (A100-era figure), binds when few SMs run
 HBM_EFF = 0.9  # best streaming fraction of HBM peak (STREAM-like copies reach ~90-93%)
-FILL_S = 4.0e-6  # per wave: pipeline fill (first TMA round trip) + epilogue store (fitted, above)
+FILL_S = 4.0e-6  # per kernel: grid start, first TMA round trip, last epilogue (fitted, above)
+# Each later wave of a non-persistent grid: the new CTA's first load round trip. Fitted to the
+# same run's prefill GEMMs (``calibration.fit_waves``: 5 shapes of 4-12 waves and 32-128 K
+# steps of one tile config): a per-wave cost of 1 us leaves their measured / modelled ratios
+# spread 1.36-1.48 (coefficient of variation 0.033), 4 us (the fill again, the model until
+# then) 1.24-1.42 (0.052): the ratio then grew with K, the sign of a step cost (per K step),
+# not a wave cost, that the model misses.
+WAVE_S = DRAM_LATENCY_S
 # The decode attention kernels' ring (``emit_pipeline`` in the compute warpgroup: a slot's next
 # load issued after the step that read it): their measured step times give one load round trip
 # for the BF16 (2 stages) and FP8 (3 stages) kernels alike, ~3.5 us (``calibration
@@ -152,7 +177,12 @@ def step_cycles(chip: str, loop: Loop, prof: dict, c: int, active_sms: int) -> d
     per_sched = loop.nwg * main["total"] + (tma or 0.0)
     clk = CHIPS[chip].clock_hz
     l2_per_sm = min(L2_BYTES_PER_S / active_sms, L2_BYTES_PER_CLK_PER_SM * clk)
-    chain = mma_wg + loop.waits * WGMMA_LATENCY + (main["total"] - main["mma"]) / ISSUE_EFF
+    # a warpgroup's serial path per step: its CTA's warpgroups' MMAs in turn (they run in
+    # step: module docstring) and a wgmma latency per wait, under which the instructions issued
+    # while its MMA group runs hide (``under_mma``), then the rest of its loop
+    under = main.get("under_mma", 0)
+    chain = max(loop.nwg * mma_wg + loop.waits * WGMMA_LATENCY, under / ISSUE_EFF) + \
+        (main["total"] - main["mma"] - under) / ISSUE_EFF  # fmt: skip
     terms = dict(
         mma=c * loop.nwg * mma_wg,
         issue=c * per_sched / ISSUE_EFF,
@@ -179,15 +209,15 @@ def grid_time(chip: str, loop: Loop, prof: dict, ctas: int, steps: int,
     grid = min(persistent, ctas) if persistent else ctas
     if persistent:  # the grid's CTAs all resident at once: at most c_max per SM
         c_max = min(c_max, math.ceil(grid / sms))
-    total, left, first = FILL_S if persistent else 0.0, ctas, None
+    switch = TILE_SWITCH_S if persistent else WAVE_S  # before each wave (round) but the first
+    total, left, first = FILL_S - switch, ctas, None
     while left > 0:
         c = min(c_max, math.ceil(min(left, grid) / sms))
         terms = step_cycles(chip, loop, prof, c, min(sms, left))
         first = first or dict(terms, ctas_per_sm=c)
-        total += steps * max(terms.values()) / clk + (TILE_SWITCH_S if persistent else FILL_S)
+        total += steps * max(terms.values()) / clk + switch
         left -= c * sms
     waves = math.ceil(ctas / (sms * c_max))
-    total -= TILE_SWITCH_S if persistent else 0.0  # no switch after a CTA's last tile
     return total, dict(first, waves=waves, ctas=grid, tiles=ctas, ctas_per_sm_max=c_max)
 
 
@@ -239,7 +269,8 @@ def _variant_name(cfg, fused: bool) -> str:
     if cfg.swap_ab:
         return f"mm_swap_{cfg.block_m}x{cfg.block_n}"
     cluster = f"_c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""
-    return f"mm_qarray_{cfg.block_m}x{cfg.block_n}{cluster}{'_p' if cfg.persistent else ''}"
+    tail = ("_p" if cfg.persistent else "") + ("_o" if getattr(cfg, "overlap", False) else "")
+    return f"mm_qarray_{cfg.block_m}x{cfg.block_n}{cluster}{tail}"
 
 
 def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=None,
@@ -265,17 +296,18 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     # tiles, whose sub-tiles each wait for their own wgmma (MgpuConfig.wg_subtiles)
     b_blk = cfg.block_m if cfg.swap_ab else cfg.block_n
     wg_rows = 64 if cfg.swap_ab else cfg.block_m // cfg.num_compute_wgs
-    x_b = 2 if fused else 1
+    x_b, kb = 2 if fused else 1, getattr(cfg, "k_block", 128)  # K per step: 256 with overlap
     loop = Loop(
         nwg=cfg.num_compute_wgs, threads=128 * (cfg.num_compute_wgs + 1),
-        wg_flops=2 * wg_rows * b_blk * 128, fp8=True, waits=len(cfg.wg_subtiles),
+        wg_flops=2 * wg_rows * b_blk * kb, fp8=True, waits=len(cfg.wg_subtiles) * kb // 128,
         # a weight tile multicast to a cluster of CTAs is read from L2 once for all of them
-        step_bytes=(cfg.block_m * x_b + cfg.block_n // cfg.cluster_m) * 128 + cfg.block_m * 4,
+        step_bytes=(cfg.block_m * x_b + cfg.block_n // cfg.cluster_m) * kb
+        + cfg.block_m * 4 * kb // 128,
         stages=cfg.max_concurrent_steps,
     )  # fmt: skip
     cl = getattr(cfg, "cluster_m", 1)  # M is padded to whole clusters
     ctas = math.ceil(m / (cfg.block_m * cl)) * cl * (n // cfg.block_n) * split
-    t, terms = grid_time(chip, loop, prof, ctas, k // 128 // split, cfg.persistent)
+    t, terms = grid_time(chip, loop, prof, ctas, k // kb // split, cfg.persistent)
     epilogue = 0.0
     if in_cluster:  # per wave, the CTA summing a warpgroup tile receives the others' chunks
         owned = math.ceil(cfg.num_compute_wgs / split)

@@ -145,21 +145,23 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
             before, after = (
                 predict_matmul(chip, m, n, k, "fp8", label=label, config=cfg, in_program=True)
                 for cfg in (mgpu.MgpuConfig(128, 128, 4, cluster_m=cl),
-                            mgpu.default_config(m, n, k))
+                            mgpu.default_config(m, n, k, overlap=False))
             )  # fmt: skip
             out.append(("prefill: 128x256 where 128x128 needs a second wave", before, after))
     for model, layer, n, k, ms in MATMUL_LAYERS:
         for m in (m for m in ms if m > 64):
             for chip in GPU_CHIPS:
                 label = f"{model} {layer} M={m}"
-                now = mgpu.default_config(m, n, k, swap=False)
+                was = mgpu.default_config(m, n, k, swap=False, overlap=False)
                 steps = (
                     ("prefill: 128x256 CTA tiles (2 sub-tiles per warpgroup)",
-                     mgpu.MgpuConfig(128, 128, 4), dataclasses.replace(now, cluster_m=1)),
+                     mgpu.MgpuConfig(128, 128, 4), dataclasses.replace(was, cluster_m=1)),
                     ("prefill: 2-CTA clusters along M, weight tile multicast",
-                     dataclasses.replace(now, cluster_m=1), now),
+                     dataclasses.replace(was, cluster_m=1), was),
                     ("prefill: persistent grid, snake tile order",
-                     now, dataclasses.replace(now, persistent=NUM_SMS)),
+                     was, dataclasses.replace(was, persistent=NUM_SMS)),
+                    ("prefill: promotions under the wgmmas (128x128, two 128-K slices a step)",
+                     was, mgpu.default_config(m, n, k, swap=False)),
                 )  # fmt: skip
                 for change, cfg_before, cfg_after in steps:
                     before, after = (

@@ -66,6 +66,7 @@ def variants() -> dict:
     # iteration (``gpu.tma_step_instructions``).
     mm_loads, two = {"tma_loads": 3}, {"tma_loads": 2}  # x, w, s_x | x, w or K, V
     G, P = mgpu.MgpuConfig, 132
+    GO = functools.partial(G, overlap=True)  # promotions under the wgmmas
     c2_p = dict(cluster_m=2, persistent=P)
     out = {
         "mm_qarray_128x128": (*mm(4096, "fp8", G(128, 128, 4)), mm_loads),
@@ -77,6 +78,11 @@ def variants() -> dict:
         "mm_qarray_256x128": (*mm(4096, "fp8", G(256, 128, 3)), mm_loads),
         "mm_qarray_128x256_c2": (*mm(4096, "fp8", G(128, 256, 3, cluster_m=2)), mm_loads),
         "mm_qarray_128x128_c2": (*mm(4096, "fp8", G(128, 128, 4, cluster_m=2)), mm_loads),
+        # promotions under the wgmmas (MgpuConfig.overlap): two 128-K slices per step, x scales
+        # from GMEM (two TMA loads a step)
+        "mm_qarray_128x128_c2_o": (*mm(4096, "fp8", GO(128, 128, 3, cluster_m=2)), two),
+        "mm_qarray_128x64_c2_o": (*mm(4096, "fp8", GO(128, 64, 3, cluster_m=2)), two),
+        "mm_qarray_128x128_o": (*mm(4096, "fp8", GO(128, 128, 3)), two),
         # the persistent grid (132 CTAs, snake tile order) on the prefill tiles
         "mm_qarray_128x128_p": (*mm(4096, "fp8", G(128, 128, 4, persistent=P)), mm_loads),
         "mm_qarray_128x256_p": (*mm(4096, "fp8", G(128, 256, 3, persistent=P)), mm_loads),

@@ -45,6 +45,10 @@ class LoopProfile:
     mma: int  # warpgroup MMA instructions (one per 64 x N x k_inst slice)
     mma_shape: str  # e.g. "64x128x32" from the first MMA's modifiers, "" if unknown
     by_op: dict  # opcode -> count
+    # other instructions issued while an MMA group runs: after a group's first warpgroup MMA,
+    # before the ``WARPGROUP.DEPBAR`` that waits for it (the promotion ``MgpuConfig.overlap``
+    # moves there, the next slice's address arithmetic, scalar loads)
+    under_mma: int = 0
 
     @property
     def non_mma(self) -> int:
@@ -76,7 +80,15 @@ def _profile(instrs: list[Instr], start: int, end: int) -> LoopProfile:
     shape = ""
     if mma and (m := re.search(r"\.(\d+x\d+x\d+)", mma[0].mods)):
         shape = m[1]
-    return LoopProfile(start, end, len(body), len(mma), shape, dict(ops))
+    under, in_flight = 0, False
+    for i in body:
+        if i.op in MMA_OPS:
+            in_flight = True
+        elif i.op == "WARPGROUP" and i.mods.startswith(".DEPBAR"):
+            in_flight = False
+        elif in_flight and i.op != "WARPGROUP":
+            under += 1
+    return LoopProfile(start, end, len(body), len(mma), shape, dict(ops), under)
 
 
 def main_loop(instrs: list[Instr]) -> LoopProfile | None:

@@ -1,6 +1,7 @@
 """The performance model: SASS parsing on a hand-written listing, the step formula's terms
 against hand-computed cycles, and the table's invariants (no device, no compiler)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -30,18 +31,50 @@ def test_sass_main_loop_and_tma_loop():
         "64x128x32",
     )
     assert sass.tma_loop(instrs).total == 2
+    assert main.under_mma == 2  # the FFMA and the branch issue while the MMA runs (no wait)
+
+
+def test_sass_counts_what_issues_while_an_mma_group_runs():
+    """``under_mma``: the non-MMA instructions between a group's first warpgroup MMA and the
+    ``WARPGROUP.DEPBAR`` that waits for it (not the arrive/depbar themselves, not the MMAs)."""
+    listing = """
+        /*0100*/                   FFMA R3, R4, R5, R3 ;
+        /*0110*/                   WARPGROUP.ARRIVE ;
+        /*0120*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], RZ, !UPT ;
+        /*0130*/                   UIADD3 UR4, UR4, 0x2, URZ ;
+        /*0140*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], R24, gsb0 ;
+        /*0150*/                   FFMA R6, R88, R7, R6 ;
+        /*0160*/                   FFMA R8, R89, R7, R8 ;
+        /*0170*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0180*/                   FFMA R9, R24, R7, R9 ;
+        /*0190*/               @P0 BRA 0x100 ;
+"""
+    main = sass.main_loop(sass.parse_sass(listing))
+    assert (main.total, main.mma, main.under_mma) == (10, 2, 3)
 
 
 def test_step_terms_hand_computed():
     """128x128 FP8 tile, 2 compute warpgroups: 2 x 64x128x128 MMAs at 8192 FLOP/clk = 512
-    cycles; issue = (2 x 128 + 134) / 0.7; chain = 256 + 128 + 124 / 0.7."""
-    prof = {"main_loop": {"total": 128, "mma": 4}, "tma_loop": {"total": 134}}
+    cycles; issue = (2 x 128 + 134) / 0.7; chain = both warpgroups' MMAs (they run in step)
+    + 128 + the 124 other instructions / 0.7, of which the 20 issued while the MMAs run hide
+    under them; a loop whose promotion runs under its MMAs (``overlap``: 150 of 226 under two
+    waits of 2 x 512 cycles) hides only as many as the MMAs and waits last."""
+    prof = {"main_loop": {"total": 128, "mma": 4, "under_mma": 20}, "tma_loop": {"total": 134}}
     loop = gpu.Loop(nwg=2, threads=384, wg_flops=2 * 64 * 128 * 128, fp8=True, waits=1,
                     step_bytes=256 * 128, stages=4)  # fmt: skip
     t = gpu.step_cycles("h100", loop, prof, c=1, active_sms=132)
     assert t["mma"] == pytest.approx(512, rel=1e-3)
     assert t["issue"] == pytest.approx((2 * 128 + 134) / gpu.ISSUE_EFF)
-    assert t["chain"] == pytest.approx(256 + gpu.WGMMA_LATENCY + 124 / gpu.ISSUE_EFF, rel=1e-3)
+    assert t["chain"] == pytest.approx(512 + gpu.WGMMA_LATENCY + 104 / gpu.ISSUE_EFF, rel=1e-3)
+    old = gpu.step_cycles("h100", loop, {**prof, "main_loop": {"total": 128, "mma": 4}}, 1, 132)
+    assert old["chain"] == pytest.approx(t["chain"] + 20 / gpu.ISSUE_EFF, rel=1e-3)
+    pair = dataclasses.replace(loop, wg_flops=2 * loop.wg_flops, waits=2)
+    under = {"main_loop": {"total": 234, "mma": 8, "under_mma": 150}, "tma_loop": {"total": 134}}
+    t = gpu.step_cycles("h100", pair, under, c=1, active_sms=132)
+    assert t["chain"] == pytest.approx(1024 + 2 * gpu.WGMMA_LATENCY + 76 / gpu.ISSUE_EFF, rel=1e-3)
+    busy = {"main_loop": {"total": 1208, "mma": 8, "under_mma": 1100}, "tma_loop": {"total": 134}}
+    t = gpu.step_cycles("h100", pair, busy, c=1, active_sms=132)  # the issue outlasts the MMAs
+    assert t["chain"] == pytest.approx((1100 + 100) / gpu.ISSUE_EFF, rel=1e-3)
 
 
 def test_tma_step_counts_the_producer_per_k_step(tmp_path):
@@ -276,6 +309,25 @@ def test_swap_ab_up_to_128_rows_is_never_predicted_slower():
     gains = {(a.label, a.chip): b.time_s / a.time_s for b, a in rows}
     for label in ("Qwen3-8B q|o_proj M=128, in program", "Qwen3-8B down M=128, in program"):
         assert gains[(label, "h100")] >= 1.15 and gains[(label, "h200")] >= 1.15, label
+
+
+def test_promotions_under_the_wgmmas_are_never_predicted_slower():
+    """Where the prefill default promotes under its wgmmas (``MgpuConfig.overlap``), the model
+    predicts it faster than the tiles it replaced at every listed shape, H100 and H200 (two
+    compute warpgroups in step no longer leave the tensor core idle through each wait and
+    promotion), by >= 1.05x at M = 4096; its profile shows the promotion issuing under the
+    MMAs (most of the loop, where the plain 128x128 loop has a fifth)."""
+    rows = [(b, a) for change, b, a in gpu_targets.design_changes()
+            if change.startswith("prefill: promotions under the wgmmas")]  # fmt: skip
+    assert len(rows) >= 16
+    for before, after in rows:
+        assert "_o " in after.impl and "_o " not in before.impl, after.impl
+        assert after.time_s < before.time_s, (after.label, after.chip)
+        if "M=4096" in after.label:
+            assert before.time_s / after.time_s >= 1.05, (after.label, after.chip)
+    profs = gpu.load_profiles()
+    o, plain = (profs[n]["main_loop"] for n in ("mm_qarray_128x128_c2_o", "mm_qarray_128x128_c2"))
+    assert o["under_mma"] > 0.7 * o["total"] and plain["under_mma"] < 0.25 * plain["total"]
 
 
 def test_nearest_profile_takes_the_next_row_tile_up_and_its_split():
