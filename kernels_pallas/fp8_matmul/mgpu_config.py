@@ -234,11 +234,16 @@ def _overlap_fits(m: int, n: int, k: int, out_itemsize: int) -> bool:
     tiles, >= 2/3 of the SMs: the cluster rule below). Alone, each CTA reads its own weight
     tile from L2 at twice the 128x256 tiles' bytes per FLOP, and the model puts it 0.93-1.0x
     those on the grids of 3 M tiles it was tried on (Llama-3-70B gate|up M = 384)."""
-    tiles_m = -(-m // 128)
     cfg = _overlap_tile(n)
-    return m > 64 and (k // GROUP) % 2 == 0 and tiles_m % 2 == 0 and \
-        tiles_m * (n // cfg.block_n) >= NUM_SMS * 2 // 3 and \
+    return m > 64 and (k // GROUP) % 2 == 0 and _clustered(cfg, m, n) and \
         smem_bytes(cfg, k, 1, out_itemsize, False) <= SMEM_BYTES  # fmt: skip
+
+
+def _clustered(cfg: MgpuConfig, m: int, n: int) -> bool:
+    """Whether a prefill grid of ``cfg``'s tiles runs in 2-CTA clusters by default: an even
+    number of M tiles and >= 2/3 of the SMs' worth of CTAs."""
+    tiles_m = -(-m // cfg.block_m)
+    return tiles_m % 2 == 0 and tiles_m * (n // cfg.block_n) >= NUM_SMS * 2 // 3
 
 
 def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2,
@@ -277,9 +282,7 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
         cfg = MgpuConfig(block_m=128, block_n=256)
     else:
         cfg = MgpuConfig(block_m=128, block_n=128 if n % 128 == 0 else 64)
-    tiles_m = -(-m // cfg.block_m)
-    if not (fused or cfg.swap_ab) and tiles_m % 2 == 0 and \
-            tiles_m * (n // cfg.block_n) >= NUM_SMS * 2 // 3:  # fmt: skip
+    if not (fused or cfg.swap_ab) and _clustered(cfg, m, n):
         cfg = dataclasses.replace(cfg, cluster_m=2)
     x_itemsize = 2 if fused else 1
     for cluster_k in dict.fromkeys((cfg.cluster_k, False)):  # in-cluster sum if it fits

@@ -251,6 +251,20 @@ def quantize_check(paths: list[str], chip: str | None = None) -> list[dict]:
     return out
 
 
+def print_fit(rows: list[dict], grid: tuple, family_: str) -> None:
+    """One ``--fit`` table: the grid's columns ((header, key, format), in us), then the spread
+    of ``family_``'s measured / modelled ratios at each point."""
+    heads = [h for h, _, _ in grid] + [f"{family_} measured / modelled: median", "min", "max",
+                                       "coefficient of variation"]  # fmt: skip
+    print("| " + " | ".join(heads) + " |\n" + "|---" * len(heads) + "|")
+    if not rows:
+        print(f"| (no {family_} rows in these files: no fit) |" + " |" * (len(heads) - 1))
+    for r in rows:
+        cells = [f"{r[key] * 1e6:{fmt}}" for _, key, fmt in grid]
+        cells += [f"{r[k]:.2f}" for k in ("median", "min", "max")] + [f"{r['cv']:.3f}"]
+        print("| " + " | ".join(cells) + " |")
+
+
 def main(argv=None) -> int:
     args = list(argv if argv is not None else sys.argv[1:])
     show_fit = "--fit" in args
@@ -259,24 +273,12 @@ def main(argv=None) -> int:
         paths = [a for a in args if os.path.exists(a)]
     else:
         root = args[0] if args else DEFAULT_DIR
-        paths = [os.path.join(root, f) for f in DEFAULT_FILES]
+        paths = [p for f in DEFAULT_FILES if os.path.exists(p := os.path.join(root, f))]
     if show_fit:
-        print("| DRAM_LATENCY_S (us) | FILL_S (us) | mm_decode measured / modelled: median | min "
-              "| max | coefficient of variation |\n|---|---|---|---|---|---|")  # fmt: skip
-        rows = fit(paths)
-        if not rows:
-            print("| (no decode GEMM rows in these files: no fit) | | | | | |")
-        for r in rows:
-            print(f"| {r['latency_s'] * 1e6:.1f} | {r['fill_s'] * 1e6:.0f} | {r['median']:.2f} | "
-                  f"{r['min']:.2f} | {r['max']:.2f} | {r['cv']:.3f} |")  # fmt: skip
-        print("\n| WAVE_S (us) | mm_prefill measured / modelled: median | min | max | "
-              "coefficient of variation |\n|---|---|---|---|---|")  # fmt: skip
-        rows = fit_waves(paths)
-        if not rows:
-            print("| (no prefill GEMM rows in these files: no fit) | | | | |")
-        for r in rows:
-            print(f"| {r['wave_s'] * 1e6:.1f} | {r['median']:.2f} | {r['min']:.2f} | "
-                  f"{r['max']:.2f} | {r['cv']:.3f} |")  # fmt: skip
+        print_fit(fit(paths), (("DRAM_LATENCY_S (us)", "latency_s", ".1f"),
+                               ("FILL_S (us)", "fill_s", ".0f")), "mm_decode")  # fmt: skip
+        print()
+        print_fit(fit_waves(paths), (("WAVE_S (us)", "wave_s", ".1f"),), "mm_prefill")
         return 0
     print("| family | rows | measured / predicted: median | min | max | KERNEL_CALIBRATION |")
     print("|---|---|---|---|---|---|")
