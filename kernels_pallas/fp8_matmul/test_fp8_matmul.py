@@ -362,6 +362,19 @@ def test_device_tolerance_covers_emulated_hopper_accumulation():
 
 
 @pytest.mark.gpu
+def test_overlapped_prefill_default_on_hopper_equals_the_plain_tiles():
+    """On the device: the prefill default with promotions under the wgmmas (128x128 in 2-CTA
+    clusters) gives the bits of the tiles before it (128x256): each element's products are
+    promoted with the same scales in the same K order, and both run m64n128k32 wgmmas."""
+    m, k, n = 2048, 4096, 4096
+    _, _, xq, wq = _operands(m, k, n, seed=13)
+    cfg, plain = (mgpu.default_config(m, n, k, overlap=o) for o in (True, False))
+    assert cfg.overlap and cfg.cluster_m == 2 and not plain.overlap and plain.block_n == 256
+    y, y0 = (mgpu.fp8_matmul_mgpu(xq, wq, out_dtype=jnp.bfloat16, config=c) for c in (cfg, plain))
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y0, np.float32))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16, 64, 512])
 def test_mosaic_gpu_kernel_on_hopper_real_shapes(m):
     """On the device: within the Hopper FP8 accumulation bound (``hopper_fp8_numerics``)."""
