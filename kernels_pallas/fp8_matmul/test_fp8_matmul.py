@@ -224,6 +224,26 @@ def test_mosaic_gpu_overlapped_promotion_equals_the_plain_kernel(cfg, m, n):
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
 
 
+def test_default_dispatch_reaches_the_overlapped_tiles():
+    """``fp8_matmul``'s default on a prefill grid that clusters (2 M tiles x 44 N tiles = 88
+    CTAs) runs the overlapped tiles through the API (M = 200 padded to the cluster's 256 rows;
+    QArray x with F32 out, BF16 x quantized by the API with BF16 out) and matches the
+    reference (BF16 out: within one BF16 rounding of it)."""
+    m, k, n = 200, 256, 5632
+    assert mgpu.default_config(m, n, k).overlap
+    x, w, _, _ = _operands(m, k, n, E4M3, seed=17)
+    xq, wq = quantize_activations(x, 128, E4M3), quantize_weight(w, (128, 128), E4M3)
+    ref = np.asarray(fp8_matmul_reference(xq, wq, out_dtype=jnp.float32))
+    y = fp8_matmul(xq, wq, out_dtype=jnp.float32, impl="pallas_mosaic_gpu", interpret=True)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
+    xb = x.astype(jnp.bfloat16)
+    ref_b = np.asarray(fp8_matmul_reference(quantize_activations(xb, 128, E4M3), wq,
+                                            out_dtype=jnp.float32))  # fmt: skip
+    y_b = fp8_matmul(xb, wq, out_dtype=jnp.bfloat16, impl="pallas_mosaic_gpu", interpret=True)
+    np.testing.assert_allclose(np.asarray(y_b, np.float32), ref_b, rtol=2**-7,
+                               atol=1e-5 * np.max(np.abs(ref_b)))  # fmt: skip
+
+
 def test_overlap_config_legality():
     """The overlapped promotion needs one sub-tile per warpgroup (the pending 64x128 product
     beside the running and fresh accumulators would not fit the wide tiles' registers), a
