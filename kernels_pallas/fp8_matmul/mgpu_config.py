@@ -306,6 +306,8 @@ def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize
         return "the fused (BF16 x) kernel has no cluster variant"
     if fused and cfg.persistent:
         return "the fused (BF16 x) kernel has no persistent variant"
+    if fused and cfg.overlap:
+        return "the fused (BF16 x) kernel has no overlap variant"
     if fused and len(cfg.wg_subtiles) > 1:
         return "the fused (BF16 x) kernel takes 64/128 tiles only (one x slice per warpgroup)"
     if k % GROUP or k == 0:

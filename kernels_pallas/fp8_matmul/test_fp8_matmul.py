@@ -247,7 +247,7 @@ def test_default_dispatch_reaches_the_overlapped_tiles():
 def test_overlap_config_legality():
     """The overlapped promotion needs one sub-tile per warpgroup (the pending 64x128 product
     beside the running and fresh accumulators would not fit the wide tiles' registers), a
-    prefill tile and no persistent grid."""
+    prefill tile, no persistent grid and FP8 x (no fused BF16-x variant)."""
     ok = MgpuConfig(128, 128, 4, cluster_m=2, overlap=True)
     assert ok.invalid() is None
     for bad in (
@@ -257,6 +257,13 @@ def test_overlap_config_legality():
         MgpuConfig(128, 128, 4, persistent=132, overlap=True),
     ):
         assert "overlap" in bad.invalid()
+    alone = MgpuConfig(128, 128, 3, overlap=True)  # no cluster: the fused kernel has none
+    assert "overlap" in mgpu.supports(4096, 4096, 4096, alone, fused=True, x_itemsize=2,
+                                      out_itemsize=2)  # fmt: skip
+    three = dataclasses.replace(ok, max_concurrent_steps=3)  # 3 x 64 KiB of tiles: the deepest
+    assert mgpu.supports(4096, 4096, 4096, three, fused=False, x_itemsize=1, out_itemsize=2) is None
+    assert "SMEM" in mgpu.supports(4096, 4096, 4096, ok, fused=False, x_itemsize=1,
+                                   out_itemsize=2)  # fmt: skip
 
 
 @pytest.mark.parametrize(
