@@ -107,11 +107,11 @@ L2_BYTES_PER_CLK_PER_SM = 64  # one SM's L2 port (A100-era figure), binds when f
 HBM_EFF = 0.9  # best streaming fraction of HBM peak (STREAM-like copies reach ~90-93%)
 FILL_S = 4.0e-6  # per kernel: grid start, first TMA round trip, last epilogue (fitted, above)
 # Each later wave of a non-persistent grid: the new CTA's first load round trip. Fitted to the
-# same run's prefill GEMMs (``calibration.fit_waves``: 5 shapes of 4-12 waves and 32-128 K
-# steps of one tile config): a per-wave cost of 1 us leaves their measured / modelled ratios
-# spread 1.36-1.48 (coefficient of variation 0.033), 4 us (the fill again, the model until
-# then) 1.24-1.42 (0.052): the ratio then grew with K, the sign of a step cost (per K step),
-# not a wave cost, that the model misses.
+# same run's prefill GEMMs (``calibration.fit_waves``: 6 shapes of 4-12 waves and 32-128 K
+# steps): a per-wave cost of 0.5-1 us leaves their measured / modelled ratios spread least,
+# 0.99-1.08 at 1 us (coefficient of variation 0.034), 4 us (the fill again, the model until
+# then) 0.87-1.03 (0.054): with it the ratio grew with K, the sign of a per-step cost that the
+# model missed then (the warpgroups in step, ``step_cycles``), not of a per-wave one.
 WAVE_S = DRAM_LATENCY_S
 # The decode attention kernels' ring (``emit_pipeline`` in the compute warpgroup: a slot's next
 # load issued after the step that read it): their measured step times give one load round trip
