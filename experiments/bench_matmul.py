@@ -91,8 +91,9 @@ def _fp8(s, *, impl, raw, interpret, config=None):
 
 
 MGPU = "pallas_mosaic_gpu"
-# The Hopper kernel's prefill tiles before promotions ran under the wgmmas (``MgpuConfig
-# .overlap``), timed beside the default where the two differ: the arm ``fp8:<MGPU>:plain``.
+# The Hopper kernel's tiles before its latest changes (prefill: promotions under the wgmmas,
+# ``MgpuConfig.overlap``; decode: two 128-K slices per pipeline step, ``MgpuConfig.k_slices``),
+# timed beside the default where the two differ: the arm ``fp8:<MGPU>:plain``.
 PLAIN = ":plain"
 
 
@@ -106,10 +107,11 @@ def arm_config(label: str, m: int, n: int, k: int) -> dict | None:
 
 def hopper_config(m: int, n: int, k: int, arm: str = ""):
     """The tile config the Hopper kernel runs for an arm (QArray x, BF16 out): the default, or
-    (``PLAIN``) the default without ``overlap``."""
+    (``PLAIN``) the default without ``overlap`` or ``k_slices``."""
     from kernels_pallas.fp8_matmul import mgpu_config
 
-    return mgpu_config.default_config(m, n, k, overlap=arm != PLAIN)
+    new = arm != PLAIN
+    return mgpu_config.default_config(m, n, k, overlap=new, k_slices=new)
 
 
 def _plus_residual(op):

@@ -133,13 +133,22 @@ def test_the_device_times_the_default_and_the_models_fastest_configs():
     assert [s[0] for s in kept[:2]] == ["xla", BF16_FLOOR] and len(kept) == 6
     default = mgpu.default_config(m, n, k)
     assert kept[2][2] == default == every[2][2] and default.max_concurrent_steps == 4
-    # decode: the default's deep-ring twin is always timed too (api.DEEP_RING_STAGES)
-    deep = dataclasses.replace(default, max_concurrent_steps=api.DEEP_RING_STAGES)
-    assert kept[3][2] == deep == every[3][2] and kept[3][0] == "pallas_mosaic_gpu:32x128x6s/k8"
+    assert kept[2][0] == "pallas_mosaic_gpu:32x128x4s/k8/s2"  # two 128-K slices per step
+    # decode: the default's twins are always timed too: its one-slice tile (the default before
+    # two-slice stages); no deeper ring here, for K chunks of 4 slices (split 8) fill 4 stages
+    one = dataclasses.replace(default, k_slices=1)
+    assert kept[3][2] == one == every[3][2] and kept[3][0] == "pallas_mosaic_gpu:32x128x4s/k8"
     t = lambda cfg: gpu.predict_matmul("h200", m, n, k, "fp8", config=cfg,  # noqa: E731
                                        in_program=True).time_s  # fmt: skip
-    others = sorted(t(s[2]) for s in every[4:] if s[2] not in (default, deep))
+    others = sorted(t(s[2]) for s in every[4:] if s[2] not in (default, one))
     assert sorted(t(s[2]) for s in kept[4:]) == others[:2]
+    # q|k|v fused (N = 6144, 32 K steps): the deepest ring (api.DEEP_RING_STAGES) of the
+    # default's two-slice 32x64 tile fits (6 x 24.25 KiB) and is pinned third
+    qkv = api.tuning_specs(16, 6144, 4096, "gpu", limit=4, device_kind="NVIDIA H200")
+    d = mgpu.default_config(16, 6144, 4096)
+    assert [s[2] for s in qkv[2:5]] == [
+        d, dataclasses.replace(d, k_slices=1),
+        dataclasses.replace(d, max_concurrent_steps=api.DEEP_RING_STAGES)]  # fmt: skip
     assert len(every) > len(kept)
     # prefill: no twin (its ring is as deep as the SMEM allows), one pinned spec
     prefill = api.tuning_specs(4096, 4096, 4096, "gpu", limit=4, device_kind="NVIDIA H200")

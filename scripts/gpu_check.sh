@@ -12,9 +12,11 @@
 #            reference natively on the device, at real shapes (kernels_pallas/*/test_*.py)
 #   matmul   experiments/bench_matmul.py: fp8_matmul (Pallas kernel and XLA fallback) vs BF16
 #            jnp.dot, DeepSeek-V3 / Qwen3-8B layers, M in {4096, 16, 64, 8192}; at M 16 and 64
-#            also each GEMM with its residual-add consumer (the rollout program's form); at
-#            prefill M the tiles before promotions ran under the wgmmas (:plain) beside the
-#            default (the model: 1.06-1.47x; the first run measured the :plain tiles)
+#            also each GEMM with its residual-add consumer (the rollout program's form); the
+#            tiles before the latest defaults (:plain) beside them: at prefill M before
+#            promotions ran under the wgmmas (the model: 1.06-1.47x), at decode M one 128-K
+#            slice per pipeline step instead of two (H200 1.00-1.33x); the first run measured
+#            the :plain tiles
 #   quantize experiments/bench_quantize.py: per-token FP8 activation quantization (standalone,
 #            + RMSNorm, + SwiGLU), XLA's fusions vs the one-launch act_quantize kernels, M 16-16384
 #            (the kernels now run at every M: the prefill side had not been measured)
@@ -72,10 +74,12 @@
 # What the next lease should run (what the first one did not: the quantize stage, the pruned
 # fp8_matmul and the attention autotuners, the grouped kernel's device tests, Qwen3-8B's rollout,
 # the 5-stage FP8 attention default beside decode's :st3 and :bs128 arms, ~+20 s, 3 more
-# attention autotune candidates per shape, ~+30 s, and the overlapped prefill GEMM beside
-# matmul's :plain arm, ~+11 s), as two calls of ~6.5 minutes:
+# attention autotune candidates per shape, ~+30 s, and the overlapped prefill GEMM and the
+# two-slice decode GEMM beside matmul's :plain arm, ~+11 s and ~+60 s for M = 16), as two calls
+# of ~6.5 minutes:
 #   GPU_CHECK_BUDGET_S=400 GPU_CHECK_STAGES="pytest quantize autotune matmul"
-#     GPU_CHECK_BUDGETS="pytest=90 quantize=45 autotune=175 matmul=75" GPU_CHECK_ARGS_matmul="--ms 4096"
+#     GPU_CHECK_BUDGETS="pytest=90 quantize=45 autotune=120 matmul=135"
+#     GPU_CHECK_ARGS_matmul="--ms 4096 16"
 #   GPU_CHECK_BUDGET_S=400 GPU_CHECK_STAGES="rollout decode perf_model"
 #     GPU_CHECK_BUDGETS="rollout=300 decode=70 perf_model=20"
 #     GPU_CHECK_ARGS_rollout="--model qwen3-8b --variants bf16 w8a8_fp8kv"

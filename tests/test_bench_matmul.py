@@ -1,6 +1,7 @@
 """experiments/bench_matmul.py's arms, the model's prediction of each (perf_model.compare) and
 the report's judgement of them (gpu_report.matmul_targets)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -84,15 +85,20 @@ def test_compare_prints_device_and_wall_time_beside_the_prediction(tmp_path):
     assert cells[3:] == ["6.0", "9.0", f"{pred:.1f}", f"{6.0 / pred:.2f}", f"{9.0 / pred:.2f}"]
 
 
-def test_prefill_times_the_tiles_before_overlap_beside_the_default():
-    """Where the Hopper default promotes under its wgmmas (``MgpuConfig.overlap``), the bench
-    also times the tiles before it (``:plain``), and every Hopper row records the config it
-    ran, which ``compare`` models; rows without one (the first device run) ran the tiles of
-    then."""
+def test_the_bench_times_the_tiles_before_overlap_and_k_slices_beside_the_default():
+    """Where the Hopper default promotes under its wgmmas (``MgpuConfig.overlap``, prefill) or
+    takes two 128-K slices per step (``k_slices``, decode), the bench also times the tiles
+    before it (``:plain``), and every Hopper row records the config it ran, which ``compare``
+    models; rows without one (the first device run) ran the tiles of then."""
     labels = lambda m, n, k: [a[0] for a in bm._arms(["xla", bm.MGPU], False, m, (n, k))]
     assert "fp8:pallas_mosaic_gpu:plain" in labels(4096, 4096, 4096)
-    assert "fp8:pallas_mosaic_gpu:plain" not in labels(16, 4096, 4096)  # decode: same tiles
+    assert "fp8:pallas_mosaic_gpu:plain" in labels(16, 4096, 4096)  # decode: one slice a step
     assert "fp8:pallas_mosaic_gpu:plain" not in labels(4096, 4096, 384)  # 3 K slices: same
+    assert "fp8:pallas_mosaic_gpu:plain" not in labels(16, 4096, 384)
+    dec, dec_plain = (bm.arm_config(f"fp8:{bm.MGPU}{a}", 16, 4096, 4096) for a in ("", bm.PLAIN))
+    assert (dec["k_slices"], dec_plain["k_slices"]) == (2, 1)
+    legacy_decode = compare.matmul_config(dict(m=16, n=4096, k=4096, impl=f"fp8:{bm.MGPU}"))
+    assert dataclasses.asdict(legacy_decode) == dec_plain
     new, plain = (bm.arm_config(f"fp8:{bm.MGPU}{a}", 4096, 4096, 4096) for a in ("", bm.PLAIN))
     assert new["overlap"] and not plain["overlap"] and plain["block_n"] == 256
     assert bm.arm_config(f"fp8:{bm.MGPU}+quant", 4096, 4096, 4096) == new

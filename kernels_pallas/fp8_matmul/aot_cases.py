@@ -81,6 +81,7 @@ EXTRA = (
 
 _G, _T = mgpu.MgpuConfig, tpu.TpuConfig
 _CK = functools.partial(_G, cluster_k=True)  # split-K summed in the CTA cluster
+_S2 = functools.partial(_G, swap_ab=True, k_slices=2)  # decode tiles, two 128-K slices a step
 # The 128x256 tile (3 stages) at the issue-21 prefill shapes (K, N) at M = 4096: Qwen3-8B q|o,
 # k|v, gate|up, down; Llama-3-70B q|o, gate|up; DeepSeek-V3 (DeepGEMM's table) two GEMMs.
 WIDE_KN = ((4096, 4096), (4096, 1024), (4096, 12288), (12288, 4096), (8192, 8192),
@@ -138,6 +139,12 @@ TILES = (
     # M = 16 (2 chunks in-cluster, 148 KiB) and gate|up M = 64 (two warpgroups, 162 KiB)
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _CK(32, 128, 6, True, 2)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 12288, 64, _G(64, 128, 6, True)),
+    # two or four 128-K slices per pipeline step (k_slices): the deepest ring of 64x64 tiles
+    # (12 slices in flight), four slices of 32x128, F32 partials of 8 K chunks, 128 rows
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 64, _S2(64, 64, 6)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _S2(32, 128, 2, k_slices=4)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 1024, 16, _S2(32, 128, 4, split_k=8)),
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 128, _S2(128, 128, 2)),
     # the wide prefill tiles: 128x256 (f32 out: 2 stages, 230432 B of SMEM), 256x128
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 4096, 4096, _G(128, 256, 2)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4097, _G(256, 128, 3)),  # M tail

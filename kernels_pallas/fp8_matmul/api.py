@@ -161,8 +161,9 @@ TUNE_LIMIT = 6
 # at ~1.2 us of loaded HBM latency is 40-80 GB/s per SM (Little's law), 1.1-2.2x an SM's 36 GB/s
 # share of the peak: a thin margin that a deeper ring widens. 6 stages (the deepest
 # ``mgpu_config`` allows) compile with 0 spills and the same registers on every swap tile (SASS:
-# 8 more loop instructions), and SMEM is free at 1 CTA per SM. The default stays 4 stages until a
-# device measures the difference.
+# 8 more loop instructions), and SMEM is free at 1 CTA per SM. The default now widens each stage
+# instead (two 128-K slices: ``mgpu_config._DECODE_K_SLICES``), 4 stages where they fit; the
+# deeper ring stays a twin timed beside it until a device measures the difference.
 DEEP_RING_STAGES = 6
 
 
@@ -176,17 +177,33 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
     specs = [("xla", "xla", None), (autotune.BF16_FLOOR, autotune.BF16_FLOOR, None)]
     if platform == "gpu":
         G = mgpu.MgpuConfig
+        legal = lambda c: mgpu.supports(m, k, n, c, fused=False, x_itemsize=1,  # noqa: E731
+                                        out_itemsize=2) is None  # fmt: skip
         cfgs = [mgpu.default_config(m, n, k)]
-        # the default decode tile with the deepest ring (DEEP_RING_STAGES), pinned beside it
-        deep = dataclasses.replace(cfgs[0], max_concurrent_steps=DEEP_RING_STAGES)
-        twin = cfgs[0].swap_ab and mgpu.supports(m, k, n, deep, fused=False, x_itemsize=1,
-                                                 out_itemsize=2) is None  # fmt: skip
-        cfgs += [deep] if twin else []
+
+        # pinned beside a decode default: its one-slice-per-step tile (the default before
+        # two-slice stages), and the deepest ring (DEEP_RING_STAGES) of the default if it
+        # fits, else of the one-slice tile, where its K chunks have steps for the extra stages
+        def deeper(c):
+            d = dataclasses.replace(c, max_concurrent_steps=DEEP_RING_STAGES)
+            steps = k // c.k_block // c.split_k
+            return d if legal(d) and steps > c.max_concurrent_steps else None
+
+        twins = []
+        if cfgs[0].swap_ab:
+            one = mgpu.default_config(m, n, k, k_slices=False)
+            deep = [d for c in (cfgs[0], one) if (d := deeper(c)) is not None]
+            twins = [c for c in dict.fromkeys([one, *deep[:1]]) if c != cfgs[0]]
+        cfgs += twins
         rows = -(-m // SWAP_ROW_ALIGN) * SWAP_ROW_ALIGN  # the smallest legal swap tile for M
         if m <= 256:  # swap-AB: all rows as the wgmma N up to 128, tiles of 64 or 128 above
             bms = [min(rows, 128)] + ([64] if m > 64 else [])
             cfgs += [G(bm, bn, 4, True, split) for bm in bms for bn in (64, 128)
                      for split in (1, 2, 4, 8)]  # fmt: skip
+            # two 128-K slices per step (4 stages, or 3 where 4 do not fit)
+            cfgs += [next((c for c in (dataclasses.replace(c1, k_slices=2, max_concurrent_steps=st)
+                                       for st in (4, 3)) if legal(c)), c1)
+                     for c1 in cfgs[1 + len(twins):]]  # fmt: skip
             # the K chunks summed in the cluster (DSMEM), 3 stages where 4 do not fit
             for c in [c for c in cfgs[1:] if c.split_k > 1]:
                 c4, c3 = (dataclasses.replace(c, cluster_k=True, max_concurrent_steps=st)
@@ -208,19 +225,21 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
                 name = f"pallas_mosaic_gpu:{cfg.block_m}x{cfg.block_n}x{cfg.max_concurrent_steps}"
                 name += f"s/k{cfg.split_k}" if cfg.swap_ab else ""
                 name += "c" if cfg.cluster_k else ""
+                name += f"/s{cfg.k_slices}" if cfg.k_slices > 1 else ""
                 name += f"/c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""
                 name += f"/p{cfg.persistent}" if cfg.persistent else ""
                 name += "/o" if cfg.overlap else ""
                 specs.append((name, "pallas_mosaic_gpu", cfg))
         if limit is not None:
-            specs = specs[:2] + _model_ranked(specs[2:], m, n, k, limit, device_kind, 1 + twin)
+            specs = specs[:2] + _model_ranked(specs[2:], m, n, k, limit, device_kind,
+                                              1 + len(twins))  # fmt: skip
     elif platform == "tpu":
         specs.append(("pallas_tpu", "pallas_tpu", None))
     return specs
 
 
 def _model_ranked(specs, m: int, n: int, k: int, limit: int, device_kind: str, pinned: int = 1):
-    """The first ``pinned`` specs (the default config, and for decode its deep-ring twin) and
+    """The first ``pinned`` specs (the default config, and for decode its twins) and
     the ``limit - pinned`` others the performance model predicts fastest as a GEMM inside a
     program, in the order given."""
     from kernels_pallas.perf_model import compare, gpu

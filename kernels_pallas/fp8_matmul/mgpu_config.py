@@ -42,6 +42,8 @@ class MgpuConfig:
     # tile summed in one CTA's SMEM (DSMEM stores), which writes it: no f32 partials, no XLA sum
     overlap: bool = False  # prefill tiles of one sub-tile per warpgroup: each 128-K slice's
     # promotion runs under the next slice's wgmma, two slices per pipeline step (``k_pair_overlap``)
+    k_slices: int = 1  # swap_ab: 128-K slices per pipeline step (1, 2 or 4): each TMA stage
+    # holds 256-512 contiguous bytes of every weight row, and the ring that many times the bytes
 
     @property
     def num_compute_wgs(self) -> int:
@@ -50,8 +52,9 @@ class MgpuConfig:
 
     @property
     def k_block(self) -> int:
-        """K elements per pipeline step: one 128-K slice, two with ``overlap``."""
-        return 2 * GROUP if self.overlap else GROUP
+        """K elements per pipeline step: one 128-K slice, two with ``overlap``, ``k_slices``
+        on swap-AB tiles."""
+        return GROUP * (2 if self.overlap else self.k_slices)
 
     @property
     def wg_subtiles(self) -> tuple[tuple[int, int], ...]:
@@ -95,6 +98,8 @@ class MgpuConfig:
             # accumulators: one sub-tile per warpgroup
             return "overlap needs a prefill tile of one sub-tile per warpgroup (block_m, " \
                    "block_n <= 128, no swap_ab) and no persistent grid"  # fmt: skip
+        if self.k_slices not in (1, 2, 4) or (self.k_slices > 1 and not self.swap_ab):
+            return f"k_slices must be 1, or 2 or 4 with swap_ab, got {self.k_slices}"
         if not 2 <= self.max_concurrent_steps <= _MAX_STAGES:
             # Deeper rings spill registers (ptxas, H100: 64x64 tiles spill from 8 stages).
             steps = self.max_concurrent_steps
@@ -115,7 +120,8 @@ def smem_bytes(cfg: MgpuConfig, k: int, x_itemsize: int, out_itemsize: int, fuse
     kb = cfg.k_block
     stages = min(cfg.max_concurrent_steps, k // kb // cfg.split_k)  # never holds more
     ring = [cfg.block_m * kb * x_itemsize, cfg.block_n * kb]
-    ring += [] if fused or cfg.overlap else [cfg.block_m * 4]  # overlap: x scales from GMEM
+    # the x scales of a step's slices (overlap: from GMEM)
+    ring += [] if fused or cfg.overlap else [cfg.block_m * 4 * cfg.k_slices]
     total = sum(_align(stages * b) for b in ring) + 2 * stages * 8
     out_itemsize = 4 if cfg.split_k > 1 and not cfg.cluster_k else out_itemsize  # f32 partials
     total += _align(cfg.block_m * cfg.block_n * out_itemsize)  # epilogue tile
@@ -146,6 +152,19 @@ _DECODE_MIN_STEPS = 4  # K steps per chunk (the pipeline fill is paid per chunk)
 # 1.09-1.29x for a standalone call (the sum's launch saved), H100/H200; at 4-8 chunks the CTA
 # receiving 3-7 accumulators over the SM-to-SM network is predicted slower inside a program.
 _CLUSTER_K_SPLIT = 2
+# 128-K slices per pipeline step of the decode tiles (``default_config``: where 3-4 such stages
+# fit). The first device run's 64-weight-row swap tiles ran their K steps at the pace of one
+# load round trip per ring of 4 (575-590 cycles a step on the H200, the model's latency term
+# 530-551): a memory-bound decode GEMM goes as fast as the bytes its SMs keep in flight, and
+# two-slice stages double them at 1 CTA per SM, where SMEM is otherwise idle. Their compiled
+# K loop is shorter per slice (H100 SASS: 145 instructions and 3 TMA loads per two slices
+# against 2 x 86 and 2 x 3, the first slice's promotion under the second's wgmma; same
+# registers, 0 spills). The model (``perf_model.md``, 30 decode shapes x chip, standalone and
+# in a program): 1.00-1.33x on the H200, whose decode GEMMs it finds latency-bound, 1.00-1.19x
+# on the H100, where HBM binds most (in a program 1.00-1.01x); never slower. The autotuner pins
+# one slice per step beside it and the benchmark times it (``api.tuning_specs``,
+# ``bench_matmul``'s ``:plain`` arm).
+_DECODE_K_SLICES = 2
 
 
 def decode_split_k(ctas: int, k_steps: int, wgs_per_cta: int = 2) -> int:
@@ -247,7 +266,8 @@ def _clustered(cfg: MgpuConfig, m: int, n: int) -> bool:
 
 
 def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2,
-                   swap: bool | None = None, overlap: bool = True):  # fmt: skip
+                   swap: bool | None = None, overlap: bool = True,
+                   k_slices: bool = True):  # fmt: skip
     """Untuned defaults. Decode (M <= 64; 65-256 rows where K splits; unfused: ``swap_default``):
     swap-AB with 64 or 128 weight rows per CTA (``decode_config``), M rounded up to 32. Prefill:
     128x256 CTAs where their grid fills >= 2/3 of the SMs or saves a wave (``_wide_grid``) (the
@@ -271,7 +291,11 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     ran in step and the tensor core idled through each wait and promotion) puts them at
     1.06-1.47x those tiles (median 1.15x) over 104 prefill shapes x {H100, H200} of 96-8192
     rows, never slower. ``overlap=False``: the tiles before it (the model's before -> after, the
-    benchmark's ``:plain`` arm)."""
+    benchmark's ``:plain`` arm).
+
+    Decode (swap-AB) tiles take two 128-K slices per pipeline step where 3-4 such stages fit
+    the SMEM (``_DECODE_K_SLICES``: twice the bytes in flight per SM); ``k_slices=False``: one
+    slice per step (the tiles before it, the benchmark's ``:plain`` arm)."""
     if not fused and (swap_default(m, n, k) if swap is None else swap):
         cfg = decode_config(m, n, k)
     elif overlap and not fused and _overlap_fits(m, n, k, out_itemsize):
@@ -285,9 +309,14 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     if not (fused or cfg.swap_ab) and _clustered(cfg, m, n):
         cfg = dataclasses.replace(cfg, cluster_m=2)
     x_itemsize = 2 if fused else 1
+    # (k_slices, stages): a swap-AB ring of two-slice stages where >= 3 of them fit
+    rings = [(1, st) for st in range(cfg.max_concurrent_steps, 1, -1)]
+    if k_slices and cfg.swap_ab and (k // GROUP) % (_DECODE_K_SLICES * cfg.split_k) == 0:
+        rings = [(_DECODE_K_SLICES, st) for st in (cfg.max_concurrent_steps, 3)] + rings
     for cluster_k in dict.fromkeys((cfg.cluster_k, False)):  # in-cluster sum if it fits
-        for stages in range(cfg.max_concurrent_steps, 1, -1):
-            c = dataclasses.replace(cfg, max_concurrent_steps=stages, cluster_k=cluster_k)
+        for k_slices, stages in rings:
+            c = dataclasses.replace(cfg, max_concurrent_steps=stages, cluster_k=cluster_k,
+                                    k_slices=k_slices)  # fmt: skip
             if smem_bytes(c, k, x_itemsize, out_itemsize, fused) <= SMEM_BYTES:
                 return c
     return c
@@ -316,6 +345,9 @@ def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize
         return f"split_k={cfg.split_k} must divide the {k // GROUP} K steps"
     if cfg.overlap and (k // GROUP) % 2:
         return f"overlap takes two 128-K slices per step: K={k} must be a multiple of 256"
+    if (k // GROUP) % (cfg.split_k * cfg.k_slices):
+        return f"k_slices={cfg.k_slices} x split_k={cfg.split_k} must divide the {k // GROUP} " \
+               f"128-K slices of K={k}"  # fmt: skip
     if n % cfg.block_n:
         return f"N={n} must be a multiple of block_n={cfg.block_n}"
     if m < 1:

@@ -36,8 +36,9 @@ def quantize_rows(x, fp8_dtype):
 
 def pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, k_part=0, *, cfg, fused, wdt):
     """(BlockSpecs, GMEM views) of the K-step pipeline: x [bm, kb], K-major w [bn, kb], and
-    the x scales [1, bm] unless fused or ``overlap`` (kb = ``cfg.k_block``: 128, or 256 with
-    ``overlap``; transforms keyed on the 128-byte K row)."""
+    the x scales [k_slices, bm] unless fused or ``overlap`` (kb = ``cfg.k_block``: 128, 256
+    with ``overlap``, 128 x ``k_slices`` on swap-AB tiles; transforms keyed on the 128-byte K
+    row)."""
     bm, bn, kb = cfg.block_m, cfg.block_n, cfg.k_block
     in_specs = [
         plgpu.BlockSpec(
@@ -55,7 +56,7 @@ def pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, k_part=0, *, cf
     k_cols, k_rows = pl.ds(k_part * steps * GROUP, steps * GROUP), pl.ds(k_part * steps, steps)
     gmem_in = [x_gmem.at[m_slice, k_cols], w_gmem.at[n_slice, k_cols]]
     if not (fused or cfg.overlap):  # overlap: each warpgroup loads its x scales (k_pair_overlap)
-        in_specs.append(plgpu.BlockSpec((1, bm), lambda kk: (kk, 0)))
+        in_specs.append(plgpu.BlockSpec((cfg.k_slices, bm), lambda kk: (kk, 0)))
         gmem_in.append(sx_gmem.at[k_rows, m_slice])
     return in_specs, gmem_in
 
@@ -78,10 +79,18 @@ def promote(acc, lhs, rhs, sx, sw, swap: bool, zero=None):
 
 
 def k_step(x_smem, w_smem, sx_ref, acc, sw, xq_smem, *, cfg: MgpuConfig, fused: bool, wdt):
-    """One 128-K step of one compute warpgroup: ``acc + (x̂ ŵᵀ)_kb · s_x · s_w`` (or transposed)."""
+    """One pipeline step of one compute warpgroup: ``acc + (x̂ ŵᵀ)_kb · s_x · s_w`` (or
+    transposed) per 128-K slice: one, or ``cfg.k_slices`` on swap-AB tiles (``sw``: then a
+    tuple of their weight scales), each its own wgmma, wait and promotion."""
     wg = lax.axis_index("wg")
     tm, swap = _WGMMA_M, cfg.swap_ab
     wg_rows = pl.ds(wg * tm, tm)
+    if cfg.k_slices > 1:  # swap-AB only (MgpuConfig.invalid): the slices in turn
+        for j, sw_j in enumerate(sw):
+            cols = pl.ds(j * GROUP, GROUP)
+            acc = promote(acc, w_smem.at[wg_rows, cols], x_smem.at[:, cols].T, sx_ref[j, :],
+                          sw_j, swap)  # fmt: skip
+        return acc
     if fused:  # each warpgroup quantizes its 64 x rows (never swapped: see supports)
         xq, sx = quantize_rows(x_smem[wg_rows, :], wdt)
         xq_smem[wg] = xq

@@ -22,6 +22,12 @@ the weight is stored ``[N, K]`` (the QArray weight convention, ``qarray.py``) an
     split-K partials) have no transposed store: those write ``yᵀ``, transposed by the XLA fusion
     that sums the partials.
 
+Two-slice decode stages (``MgpuConfig.k_slices``, the decode default where 3-4 such stages
+fit): each pipeline step of a swap-AB tile brings two (or four) 128-K slices of x and w, 256-512
+contiguous bytes of every weight row per TMA, and each compute warpgroup runs the slices'
+wgmmas and promotions in turn, each with its own x and weight scales: twice the bytes in flight
+per SM on a memory-bound GEMM that runs one CTA per SM (``mgpu_config._DECODE_K_SLICES``).
+
 In-cluster split-K (``MgpuConfig.cluster_k``, the decode default at 2 chunks): a tile's K chunks
 run as one CTA cluster and are summed over the SM-to-SM network by the CTA that writes the tile
 (``mgpu_cluster_k.py``): no f32 partials in HBM, no XLA sum after the kernel.
@@ -228,7 +234,9 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
                     sws = tuple(sw_gmem[nb, 2 * kb + j] for j in range(2))
                     sxs = overlap_scales(sx_gmem, kb, pl.ds(a_idx * bm + wg * tm, tm))
                     return k_pair_overlap(x_smem, w_smem, sxs, acc, sws)
-                sw = sw_gmem[nb, kb]  # issued early: its latency overlaps
+                ks = cfg.k_slices  # issued early: their latency overlaps
+                sw = sw_gmem[nb, kb] if ks == 1 else \
+                    tuple(sw_gmem[nb, ks * kb + j] for j in range(ks))  # fmt: skip
                 step = functools.partial(k_step, cfg=cfg, fused=fused, wdt=wdt)
                 return step(x_smem, w_smem, sx_ref, acc, sw, xq_smem)
 

@@ -12,6 +12,7 @@ M=16, K=N=2048: reference 19.8 ms, kblock_fp8 43.5 ms, dequant_bf16 24.4 ms; M=1
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -224,6 +225,58 @@ def test_mosaic_gpu_overlapped_promotion_equals_the_plain_kernel(cfg, m, n):
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)))
 
 
+@pytest.mark.parametrize(
+    "cfg,m,n,out",
+    [
+        (MgpuConfig(32, 128, 2, swap_ab=True, k_slices=2), 5, 256, jnp.float32),  # 2 WGs, 4 steps
+        (MgpuConfig(32, 64, 3, swap_ab=True, k_slices=4), 40, 128, jnp.bfloat16),  # 2 steps, y
+        # K split in 2 (f32 partials summed by XLA) and in-cluster; 2 M tiles, the second a tail
+        (MgpuConfig(64, 64, 2, swap_ab=True, split_k=2, k_slices=2), 100, 192, jnp.float32),
+        (
+            MgpuConfig(32, 128, 2, swap_ab=True, split_k=2, cluster_k=True, k_slices=4),
+            16,
+            256,
+            jnp.bfloat16,
+        ),
+    ],
+)
+def test_mosaic_gpu_swap_k_slices_equal_one_slice_per_step(cfg, m, n, out):
+    """Swap-AB tiles with ``k_slices`` 128-K slices per pipeline step (256-512 B of every
+    weight row per TMA stage) promote each slice with its own x and weight scales in the same
+    order as one slice per step: the outputs are equal bit for bit. Weight blocks differ 10x
+    in magnitude along K and N, so a slice promoted with a neighbour's scale would show; K =
+    768 (6 slices) is rejected for 4 slices per step (and 2 x split 2 into 3-slice chunks)."""
+    x, w, _, _ = _operands(m, 1024, n, E4M3, seed=13)
+    w = w * 10.0 ** (jnp.arange(1024) // 128 % 3)[:, None] \
+        * jnp.repeat(10.0 ** (jnp.arange(-(-n // 128)) % 2), 128)[None, :n]  # fmt: skip
+    xq, wq = quantize_activations(x, 128, E4M3), quantize_weight(w, (128, 128), E4M3)
+    run = functools.partial(mgpu.fp8_matmul_mgpu, xq, wq, out_dtype=out, interpret=True)
+    y, y0 = run(config=cfg), run(config=dataclasses.replace(cfg, k_slices=1))
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y0, np.float32))
+    ref = np.asarray(fp8_matmul_reference(xq, wq, out_dtype=jnp.float32))
+    tol = 1e-5 if out == jnp.float32 else 2**-7
+    np.testing.assert_allclose(np.asarray(y, np.float32), ref, rtol=tol,
+                               atol=1e-5 * np.max(np.abs(ref)))  # fmt: skip
+    assert "must divide the 5" in mgpu.supports(
+        m, 640, n, cfg, fused=False, x_itemsize=1, out_itemsize=2)  # fmt: skip
+
+
+def test_k_slices_config_legality():
+    """``k_slices`` takes 1, 2 or 4 slices on swap-AB tiles only (the prefill tiles' two slices
+    per step are ``overlap``); the ring's SMEM grows with the slices (x, weight and x-scale
+    stages), so the deepest ring of 128-row tiles stops fitting."""
+    assert MgpuConfig(32, 128, 4, swap_ab=True, k_slices=2).invalid() is None
+    for bad in (MgpuConfig(32, 128, 4, swap_ab=True, k_slices=3),
+                MgpuConfig(128, 128, 4, k_slices=2)):  # fmt: skip
+        assert "k_slices" in bad.invalid()
+    one, two = (MgpuConfig(64, 128, 4, swap_ab=True, k_slices=s) for s in (1, 2))
+    assert mgpu.smem_bytes(two, 4096, 1, 2, False) - mgpu.smem_bytes(one, 4096, 1, 2, False) == \
+        4 * (64 * 128 + 128 * 128 + 64 * 4)  # fmt: skip
+    deep = MgpuConfig(128, 128, 6, swap_ab=True, k_slices=4)
+    assert "SMEM" in mgpu.supports(128, 4096, 4096, deep, fused=False, x_itemsize=1,
+                                   out_itemsize=2)  # fmt: skip
+
+
 def test_default_dispatch_reaches_the_overlapped_tiles():
     """``fp8_matmul``'s default on a prefill grid that clusters (2 M tiles x 44 N tiles = 88
     CTAs) runs the overlapped tiles through the API (M = 200 padded to the cluster's 256 rows;
@@ -398,6 +451,20 @@ def test_overlapped_prefill_default_on_hopper_equals_the_plain_tiles():
     cfg, plain = (mgpu.default_config(m, n, k, overlap=o) for o in (True, False))
     assert cfg.overlap and cfg.cluster_m == 2 and not plain.overlap and plain.block_n == 256
     y, y0 = (mgpu.fp8_matmul_mgpu(xq, wq, out_dtype=jnp.bfloat16, config=c) for c in (cfg, plain))
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y0, np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n", [(16, 4096), (64, 6144)])
+def test_two_slice_decode_default_on_hopper_equals_one_slice_per_step(m, n):
+    """On the device: the decode default with two 128-K slices per pipeline step gives the bits
+    of one slice per step (the same m64nMk32 wgmmas, each slice promoted with its own scales in
+    the same K order; o_proj-shaped: 2 K chunks summed in-cluster; q|k|v-shaped: 64-row tiles)."""
+    k = 4096
+    _, _, xq, wq = _operands(m, k, n, seed=19)
+    cfg, one = (mgpu.default_config(m, n, k, k_slices=s) for s in (True, False))
+    assert (cfg.k_slices, one.k_slices) == (2, 1) and cfg.swap_ab
+    y, y0 = (mgpu.fp8_matmul_mgpu(xq, wq, out_dtype=jnp.bfloat16, config=c) for c in (cfg, one))
     np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y0, np.float32))
 
 

@@ -1,6 +1,8 @@
 """The Hopper kernel's tile configurations (``mgpu_config.py``): legality, the SMEM they take as
 Mosaic GPU counts it, and the per-shape default tiles. Pure Python: no kernel runs here."""
 
+import dataclasses
+
 import pytest
 
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
@@ -43,7 +45,7 @@ def test_smem_count_is_mosaic_gpus_count():
         (4096, 12288, 4096, 4, (128, 256, 2, False, 2, False)),  # F32 out: 3 overlap stages miss
         (4096, 4096, 384, 2, (128, 256, 4, False, 2, False)),  # 3 K slices: not two per step
         (4096, 4160, 4096, 2, (128, 64, 3, False, 2, True)),  # N % 128
-        (64, 4096, 12288, 2, (64, 128, 4, True, 1, False)),  # decode (decode_config)
+        (64, 4096, 12288, 2, (64, 128, 3, True, 1, False)),  # decode: 3 two-slice stages
         # 128x256 where 128x128 would need a second wave of CTAs and 128x256 does not
         (384, 6144, 4096, 2, (128, 256, 3, False, 1, False)),  # 144 -> 72 CTAs (3 M tiles)
         (160, 10240, 8192, 2, (128, 128, 3, False, 2, True)),  # 160 CTAs in clusters
@@ -149,11 +151,36 @@ def test_decode_split_k_caps_warpgroups_and_keeps_chunks_long(ctas, k_steps, wgs
 )
 def test_decode_config_prefers_two_warpgroup_tiles(m, n, k, tile):
     assert mgpu.swap_default(m, n, k)
-    cfg = mgpu.default_config(m, n, k)
+    cfg = mgpu.default_config(m, n, k, k_slices=False)  # (the stages: test_two_slice_stages)
     assert cfg == mgpu.decode_config(m, n, k)
     assert (cfg.block_m, cfg.block_n, cfg.split_k) == tile and cfg.swap_ab
     assert cfg.cluster_k == (cfg.split_k == 2)  # two chunks summed in their cluster
     assert mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None
+
+
+@pytest.mark.parametrize(
+    "m,n,k,ring",
+    [  # (M, N, K) -> (k_slices, stages) of the default decode tile: two-slice stages where
+        # 3-4 fit the SMEM (as many bytes in flight as 6-8 one-slice stages), else one slice
+        (16, 4096, 4096, (2, 4)),  # o_proj 32x128, 2 chunks in-cluster: 185 KiB
+        (64, 4096, 4096, (2, 3)),  # 64x128 in-cluster: 194 KiB (4 stages: 242 KiB)
+        (16, 6144, 4096, (2, 4)),  # q|k|v fused, 32x64
+        (16, 1024, 4096, (2, 4)),  # k/v_proj, split 8: chunks of 4 slices, 2 steps
+        (128, 4096, 4096, (1, 4)),  # 128 rows, in-cluster: 3 two-slice stages miss by 64 KiB
+        (16, 4096, 384, (1, 4)),  # 3 slices: no whole two-slice steps
+        (16, 4096, 640, (1, 4)),  # 5 slices: odd
+    ],
+)
+def test_two_slice_stages(m, n, k, ring):
+    cfg = mgpu.default_config(m, n, k)
+    assert (cfg.k_slices, cfg.max_concurrent_steps) == ring
+    assert mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None
+    one = mgpu.default_config(m, n, k, k_slices=False)
+    assert one.k_slices == 1 and dataclasses.replace(cfg, k_slices=1,
+                                                     max_concurrent_steps=4) == one  # fmt: skip
+    assert cfg.k_block == 128 * cfg.k_slices
+    # prefill tiles never take them (overlap is their two-slice step)
+    assert mgpu.default_config(4096, n, k).k_slices == 1
 
 
 def test_cluster_k_legality_and_smem():

@@ -87,6 +87,9 @@ def supports(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: MgpuConf
         return f"{cfg.block_m}x{cfg.block_n} tiles / cluster_m={cfg.cluster_m}: dense kernel only"
     if cfg.persistent:
         return "persistent grids are a fp8_matmul (dense) option; the grouped kernel has none"
+    if cfg.overlap or cfg.k_slices > 1:  # its K step is one 128-K slice
+        return "overlap / k_slices (several 128-K slices per step) are fp8_matmul (dense) " \
+               "options; the grouped kernel takes one slice per step"  # fmt: skip
     if len(ns) > _MAX_STACKS:
         return f"at most {_MAX_STACKS} weight stacks per launch, got {len(ns)}"
     if len(ns) > 1 and cfg.max_concurrent_steps > _MAX_STAGES_STACKED:

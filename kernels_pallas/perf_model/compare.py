@@ -46,12 +46,14 @@ def predicted_us(chip: str, row: dict) -> float | None:
 
 def matmul_config(row: dict):
     """The Hopper tile config a bench_matmul row ran: recorded (``config``), or for rows of
-    runs before it was (the H200 run of 2026-12-04) the default of then, without ``overlap``."""
+    runs before it was (the H200 run of 2026-12-04) the default of then, without ``overlap``
+    or ``k_slices``."""
     from kernels_pallas.fp8_matmul import mgpu_config
 
     if row.get("config"):
         return mgpu_config.MgpuConfig(**row["config"])
-    return mgpu_config.default_config(row["m"], row["n"], row["k"], overlap=False)
+    return mgpu_config.default_config(row["m"], row["n"], row["k"], overlap=False,
+                                      k_slices=False)  # fmt: skip
 
 
 # bench_decode rows without ``num_stages`` (the H200 run of 2026-12-04) ran the defaults of then

@@ -112,8 +112,10 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
         for m in (m for m in ms if m <= 64):
             for chip in GPU_CHIPS:
                 label = f"{model} {layer} M={m}"
-                after = predict_matmul(chip, m, n, k, "bf16", label=label)
-                before = predict_matmul(chip, m, n, k, "bf16", label=label, split_k=1)
+                one = mgpu.default_config(m, n, k, k_slices=False)  # the tiles of then
+                after = predict_matmul(chip, m, n, k, "bf16", label=label, config=one)
+                before = predict_matmul(chip, m, n, k, "bf16", label=label, split_k=1,
+                                        config=one)  # fmt: skip
                 if before.impl != after.impl:
                     out.append(("decode GEMM: split-K to fill the SMs", before, after))
     for model, layer, n, k, ms in (*MATMUL_LAYERS, *DECODE_ROWS_LAYERS):
@@ -121,13 +123,14 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
             for chip in GPU_CHIPS:
                 pairs = _standalone_and_in_program(
                     chip, m, n, k, f"{model} {layer} M={m}",
-                    mgpu.default_config(m, n, k, swap=False), mgpu.default_config(m, n, k),
+                    mgpu.default_config(m, n, k, swap=False),
+                    mgpu.default_config(m, n, k, k_slices=False),
                 )  # fmt: skip
                 change = "decode GEMM: swap-AB up to 128 rows (65-256-row batches)"
                 out += [(change, b, a) for b, a in pairs if b.impl != a.impl]
     for model, layer, n, k, ms in (*MATMUL_LAYERS, *DECODE_ROWS_LAYERS):
         for m in (m for m in ms if m <= 256):
-            now = mgpu.default_config(m, n, k)
+            now = mgpu.default_config(m, n, k, k_slices=False)
             if not now.cluster_k:
                 continue
             for chip in GPU_CHIPS:
@@ -136,6 +139,16 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                     dataclasses.replace(now, cluster_k=False), now,
                 )  # fmt: skip
                 change = "decode GEMM: 2 K chunks summed in their CTA cluster (DSMEM)"
+                out += [(change, b, a) for b, a in pairs]
+    for model, layer, n, k, ms in (*MATMUL_LAYERS, *DECODE_ROWS_LAYERS):
+        for m in (m for m in ms if m <= 256):
+            now, was = (mgpu.default_config(m, n, k, k_slices=s) for s in (True, False))
+            if now == was:
+                continue
+            for chip in GPU_CHIPS:
+                pairs = _standalone_and_in_program(chip, m, n, k, f"{model} {layer} M={m}",
+                                                   was, now)  # fmt: skip
+                change = "decode GEMM: two 128-K slices per pipeline step (bytes in flight x2)"
                 out += [(change, b, a) for b, a in pairs]
     for model, layer, n, k, m in WAVE_ROWS:
         tiles_m = -(-m // 128)  # before: 128x128, clustered by default_config's unchanged rule

@@ -119,6 +119,24 @@ def variants() -> dict:
             f"mm_swap_{m}x128_k2c": (*mm(m, "fp8", G(m, 128, 4, True, 2, cluster_k=True)), mm_loads)
             for m in (32, 64, 128)
         },  # fmt: skip
+        # several 128-K slices per step (MgpuConfig.k_slices): the same K loop at every split
+        **{
+            f"mm_swap_{m}x{n}" + (f"_k{s}c" if s > 1 else "") + f"_s{ks}": (
+                *mm(m, "fp8", G(m, n, st, True, s, cluster_k=s > 1, k_slices=ks)),
+                mm_loads,
+            )
+            for m, n, s, ks, st in (
+                (32, 128, 1, 2, 4),
+                (32, 128, 1, 4, 2),
+                (32, 64, 1, 2, 4),
+                (32, 64, 1, 4, 4),
+                (64, 128, 1, 2, 4),
+                (64, 64, 1, 2, 4),
+                (128, 128, 1, 2, 2),
+                (32, 128, 2, 2, 4),
+                (64, 128, 2, 2, 3),
+            )
+        },
         "mm_swap_128x64": (*mm(128, "fp8", G(128, 64, 4, True)), mm_loads),  # N % 128 != 0
         "mm_swap_128x64_k4": (*mm(128, "fp8", G(128, 64, 4, True, 4)), mm_loads),
         # decode attention: swap-AB (the default), and unswapped (the query group padded to 64)

@@ -15,12 +15,18 @@ SASS_JSON = os.path.join(
 )  # fmt: skip
 
 
+# a variant name's split-K (``_k4``, ``_k2c``) and K-slices (``_s2``) suffixes: the producer
+# issues the same loads per step whatever the chunk or the slices per stage
+_SPLIT_OR_SLICES = re.compile(r"_k\d+c?(?=_s|$)|_s\d+$")
+
+
 @functools.cache
 def load_profiles(path: str = SASS_JSON) -> dict:
     """variant name -> its first kernel's profile (registers, smem, main_loop, tma_loop), with
     ``tma_step``: the producer warpgroup's instructions per K step (``tma_step_instructions``;
     a loop ptxas unrolled completely takes the per-step count of the same tile's other
-    variants, the same code in a loop: e.g. ``mm_swap_16x64_k4`` from ``mm_swap_16x64``)."""
+    variants, the same code in a loop: e.g. ``mm_swap_16x64_k4`` from ``mm_swap_16x64``,
+    ``mm_swap_32x64_s4`` from ``mm_swap_32x64(_s2)``)."""
     with open(path) as f:
         data = json.load(f)
     profs = {}
@@ -31,9 +37,9 @@ def load_profiles(path: str = SASS_JSON) -> dict:
         prof["tma_step"] = tma_step_instructions(prof)
     for name, prof in profs.items():
         if prof["tma_step"] is None:  # the producer's K loop fully unrolled: no loop left
-            family = re.sub(r"_k\d+$", "", name)
+            family = _SPLIT_OR_SLICES.sub("", name)
             same = [p["tma_step"] for n, p in profs.items()
-                    if re.sub(r"_k\d+$", "", n) == family and p["tma_step"]]  # fmt: skip
+                    if _SPLIT_OR_SLICES.sub("", n) == family and p["tma_step"]]  # fmt: skip
             prof["tma_step"] = min(same) if same else 0.0
     return profs
 

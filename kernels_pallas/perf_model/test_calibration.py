@@ -153,15 +153,17 @@ def test_calibrated_rollout_predicts_the_measured_one():
 
 def test_a_qwen3_8b_rollout_file_is_predicted_at_its_own_shape(tmp_path):
     """``bench_rollout.py --model qwen3-8b`` (issue 21's target shape): the model predicts its
-    decode step at the file's batch and mean context, the Qwen3-8B widths, and the FP8
-    attention ring depth it records (a file without one: the first run's 3 stages)."""
+    decode step at the file's batch and mean context, the Qwen3-8B widths, the FP8 attention
+    ring depth and the decode GEMM tiles it records (a file without them: the first run's 3
+    stages and one 128-K slice per step)."""
     import json
 
     from kernels_pallas.perf_model import gpu_rollout
 
     row = dict(batch=64, prompt_len=1024, new_tokens=4096, ms_per_step=10.0)
     data = dict(
-        meta=dict(model="qwen3-8b", device_kind="NVIDIA H200", fp8_attention_stages=5),
+        meta=dict(model="qwen3-8b", device_kind="NVIDIA H200", fp8_attention_stages=5,
+                  decode_k_slices=True),  # fmt: skip
         rows=[dict(row, variant="bf16", ms_per_step=14.0), dict(row, variant="w8a8_fp8kv")],
     )
     path = tmp_path / "bench_rollout.json"
@@ -171,9 +173,11 @@ def test_a_qwen3_8b_rollout_file_is_predicted_at_its_own_shape(tmp_path):
     want = gpu_rollout.decode_step("h200", gpu_rollout.QWEN3_8B, 64, 1024 + 2048)
     assert v["calibrated"].ratio == pytest.approx(want.ratio)
     assert v["label"] == "Qwen3-8B shape, h200, B = 64, context 3,072"
-    del data["meta"]["fp8_attention_stages"]
+    assert v["now"].ratio == pytest.approx(want.ratio)  # today's defaults: the same here
+    del data["meta"]["fp8_attention_stages"], data["meta"]["decode_k_slices"]
     path.write_text(json.dumps(data))
-    old = gpu_rollout.decode_step("h200", gpu_rollout.QWEN3_8B, 64, 1024 + 2048, attn_stages=3)
+    old = gpu_rollout.decode_step("h200", gpu_rollout.QWEN3_8B, 64, 1024 + 2048, attn_stages=3,
+                                  k_slices=False)  # fmt: skip
     assert gpu_rollout.validation(str(path))["calibrated"].ratio == pytest.approx(old.ratio)
     assert old.ratio < want.ratio  # the 3-stage ring: latency-bound on an H200
 
