@@ -154,7 +154,7 @@ _DECODE_MIN_STEPS = 4  # K steps per chunk (the pipeline fill is paid per chunk)
 _CLUSTER_K_SPLIT = 2
 # 128-K slices per pipeline step of the decode tiles (``default_config``: where 3-4 such stages
 # fit). The first device run's 64-weight-row swap tiles ran their K steps at the pace of one
-# load round trip per ring of 4 (575-590 cycles a step on the H200, the model's latency term
+# load round trip per ring of 4 (569-588 cycles a step on the H200, the model's latency term
 # 530-551): a memory-bound decode GEMM goes as fast as the bytes its SMs keep in flight, and
 # two-slice stages double them at 1 CTA per SM, where SMEM is otherwise idle. Their compiled
 # K loop is shorter per slice (H100 SASS: 145 instructions and 3 TMA loads per two slices

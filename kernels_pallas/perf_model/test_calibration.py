@@ -162,8 +162,12 @@ def test_a_qwen3_8b_rollout_file_is_predicted_at_its_own_shape(tmp_path):
 
     row = dict(batch=64, prompt_len=1024, new_tokens=4096, ms_per_step=10.0)
     data = dict(
-        meta=dict(model="qwen3-8b", device_kind="NVIDIA H200", fp8_attention_stages=5,
-                  decode_k_slices=True),  # fmt: skip
+        meta=dict(
+            model="qwen3-8b",
+            device_kind="NVIDIA H200",
+            fp8_attention_stages=5,
+            decode_k_slices=True,
+        ),
         rows=[dict(row, variant="bf16", ms_per_step=14.0), dict(row, variant="w8a8_fp8kv")],
     )
     path = tmp_path / "bench_rollout.json"
