@@ -143,8 +143,11 @@ def _spread(paths: list[str], family_: str, **constants) -> dict | None:
     finally:
         for k, v0 in saved.items():
             setattr(gpu, k, v0)
-    if not v:
-        return None
+    return _stats(v) if v else None
+
+
+def _stats(v: list[float]) -> dict:
+    """Median, min, max and coefficient of variation of measured / modelled ratios."""
     return dict(median=statistics.median(v), min=min(v), max=max(v),
                 cv=statistics.pstdev(v) / statistics.mean(v))  # fmt: skip
 
@@ -175,6 +178,31 @@ def fit_waves(paths: list[str], family_: str = "mm_prefill", waves=FIT_WAVES_S) 
         if sp is None:
             return []
         out.append(dict(sp, wave_s=w))
+    return out
+
+
+def baseline_fill(paths: list[str], max_m: int = 256) -> list[dict]:
+    """The BF16 ``jnp.dot`` baseline's memory-bound rows (M <= ``max_m``): the spread of their
+    measured / modelled times without and with the per-kernel ``gpu.FILL_S``
+    (``gpu.bf16_gemm_s``'s ``fill``), launch excluded as in ``ratios``."""
+    import json
+
+    from kernels_pallas.perf_model import compare, gpu
+
+    out = []
+    for fill in (False, True):
+        v = []
+        for path in paths:
+            with open(path) as f:
+                data = json.load(f)
+            chip = compare.chip_of(data.get("meta", {}).get("device_kind", ""))
+            for r in data.get("rows", []):
+                if r.get("impl") == "bf16" and r.get("median_us") and r["m"] <= max_m and chip:
+                    pred = gpu.bf16_gemm_s(chip, r["m"], r["n"], r["k"], fill) - gpu.LAUNCH_S
+                    v.append(r["median_us"] * 1e-6 / pred)
+        if not v:
+            return []
+        out.append(dict(_stats(v), fill_s=gpu.FILL_S if fill else 0.0))
     return out
 
 
@@ -279,6 +307,9 @@ def main(argv=None) -> int:
                                ("FILL_S (us)", "fill_s", ".0f")), "mm_decode")  # fmt: skip
         print()
         print_fit(fit_waves(paths), (("WAVE_S (us)", "wave_s", ".1f"),), "mm_prefill")
+        print()
+        print_fit(baseline_fill(paths), (("BF16 GEMM fill (us)", "fill_s", ".0f"),),
+                  "bf16 GEMM, M <= 256")  # fmt: skip
         return 0
     print("| family | rows | measured / predicted: median | min | max | KERNEL_CALIBRATION |")
     print("|---|---|---|---|---|---|")

@@ -238,12 +238,18 @@ def finish(op, label, chip, impl, t_compute, terms, hbm_bytes, flops, base, base
 # --- fp8_matmul -----------------------------------------------------------------------------
 
 
-def bf16_gemm_s(chip: str, m: int, n: int, k: int) -> float:
-    """XLA BF16 ``jnp.dot`` [M, K] x [K, N] at the stated efficiencies."""
+def bf16_gemm_s(chip: str, m: int, n: int, k: int, fill: bool = True) -> float:
+    """XLA BF16 ``jnp.dot`` [M, K] x [K, N] at the stated efficiencies. Memory-bound, a GEMM
+    timed on its own pays the per-kernel ``FILL_S`` as ours do: the first device run's cuBLAS
+    GEMMs at M = 16-64 took 0.95-1.79x the model without it (median 1.26, coefficient of
+    variation 0.19) and 0.89-1.24x with it (median 0.95, 0.11; ``calibration --fit``,
+    ``baseline_fill``), its M = 4096 ones (compute-bound) 0.93-1.02x either way.
+    ``fill=False``: inside a program (``gpu_rollout``), whose measured BF16 step the model
+    already puts 11% slow without it."""
     c = CHIPS[chip]
     t_mma = 2 * m * n * k / (c.bf16_flops_per_s * BF16_GEMM_EFF)
     t_bw = 2 * (m * k + n * k + m * n) / (c.hbm_bytes_per_s * BF16_GEMM_BW_EFF)
-    return max(t_mma, t_bw) + LAUNCH_S
+    return max(t_mma, t_bw + (FILL_S if fill else 0.0)) + LAUNCH_S
 
 
 def add_fusion_s(chip: str, m: int, n: int) -> float:
@@ -365,7 +371,8 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
     base = f"XLA BF16 jnp.dot ({BF16_GEMM_EFF:.0%} of peak / {BF16_GEMM_BW_EFF:.0%} of HBM)"
     scale = calibration("mm_decode" if cfg.swap_ab else "mm_prefill")
     return finish("fp8_matmul", label or f"M={m} N={n} K={k}", chip, impl, t, terms, hbm,
-                   2 * m * n * k, base, bf16_gemm_s(chip, m, n, k), quant_s + epilogue,
+                   2 * m * n * k, base, bf16_gemm_s(chip, m, n, k, fill=not in_program),
+                   quant_s + epilogue,
                    scale)  # fmt: skip
 
 

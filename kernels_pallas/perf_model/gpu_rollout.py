@@ -132,7 +132,7 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: st
         "4 producer+quantize kernels": 2 * quant(d) + quant(q_n) + quant(cfg.ffn),
         f"{fp8_n.per_layer['xla']} other fusions": fp8_n.per_layer["xla"] * gpu.LAUNCH_S,
     }
-    bf = lambda n, k: gpu.bf16_gemm_s(chip, batch, n, k)  # noqa: E731
+    bf = lambda n, k: gpu.bf16_gemm_s(chip, batch, n, k, fill=False)  # noqa: E731
     bf16 = {
         "q|k|v (XLA fuses the dots)": bf(q_n + 2 * kv_n, d),
         "attention (BF16 cache)": gpu.bf16_attention_s(chip, batch, context, cfg.kv_heads, c),

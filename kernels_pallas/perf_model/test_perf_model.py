@@ -187,7 +187,7 @@ def test_rollout_step_sums_its_kernels():
     other_fp8, other_bf16 = n["fp8"]["64"].per_layer["xla"], n["bf16"]["64"].per_layer["xla"]
     assert p.fp8_parts[f"{other_fp8} other fusions"] == pytest.approx(36 * other_fp8 * 2e-6)
     assert p.bf16_parts[f"{other_bf16} other fusions"] == pytest.approx(36 * other_bf16 * 2e-6)
-    qkv = gpu.bf16_gemm_s("h100", 64, 6144, 4096)
+    qkv = gpu.bf16_gemm_s("h100", 64, 6144, 4096, fill=False)  # inside the program
     assert p.bf16_parts["q|k|v (XLA fuses the dots)"] == pytest.approx(36 * qkv)
     # x arrives FP8 from its producer's kernel, one launch each (RMSNorm x2, combine, SiLU)
     alone = gpu.predict_matmul("h100", 64, 6144, 4096, "fp8")
