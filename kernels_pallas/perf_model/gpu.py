@@ -58,10 +58,12 @@ accumulators over the SM-to-SM network (``DSMEM_LATENCY_S`` + the bytes at its 1
 
 Baselines are not our code, so they get a stated efficiency from published measurements:
 BF16 ``jnp.dot`` (cuBLAS / XLA Triton GEMM) ``BF16_GEMM_EFF`` of dense peak when compute-bound
-and ``BF16_GEMM_BW_EFF`` of HBM when memory-bound; BF16-cache decode attention
-``BF16_ATTN_BW_EFF`` of HBM. Assumptions (each a constant below) are the model's knobs; the
-first device run (H200, ``scripts/gpu_check.sh`` prints measured beside predicted) confirmed the
-baselines' and scaled our FP8 kernels' times by measured factors (``KERNEL_CALIBRATION``).
+and ``BF16_GEMM_BW_EFF`` of HBM when memory-bound, then timed on its own plus the per-kernel
+``FILL_S`` our kernels pay (the first device run's cuBLAS rows at M = 16-64 say so:
+``bf16_gemm_s``); BF16-cache decode attention ``BF16_ATTN_BW_EFF`` of HBM. Assumptions (each
+a constant below) are the model's knobs; the first device run (H200, ``scripts/gpu_check.sh``
+prints measured beside predicted) confirmed the baselines' and scaled our FP8 kernels' times by
+measured factors (``KERNEL_CALIBRATION``).
 """
 
 from __future__ import annotations
