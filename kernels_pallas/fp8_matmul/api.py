@@ -208,8 +208,7 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
             for c in [c for c in cfgs[1:] if c.split_k > 1]:
                 c4, c3 = (dataclasses.replace(c, cluster_k=True, max_concurrent_steps=st)
                           for st in (4, 3))  # fmt: skip
-                fits = mgpu.supports(m, k, n, c4, fused=False, x_itemsize=1, out_itemsize=2)
-                cfgs.append(c4 if fits is None else c3)
+                cfgs.append(c4 if legal(c4) else c3)
         if m <= 256:
             cfgs += [G(min(64, rows), 64, 4, True), G(64, 128, 4)]
         cfgs += [G(128, 256, 3, cluster_m=2), G(128, 256, 3), G(256, 128, 3)]
@@ -221,7 +220,7 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
             cfgs += [G(bm, bn, 3, cluster_m=cl, overlap=True) for bm, bn in ((128, 128), (128, 64))
                      for cl in (2, 1)]  # fmt: skip
         for cfg in dict.fromkeys(cfgs):
-            if mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None:
+            if legal(cfg):
                 name = f"pallas_mosaic_gpu:{cfg.block_m}x{cfg.block_n}x{cfg.max_concurrent_steps}"
                 name += f"s/k{cfg.split_k}" if cfg.swap_ab else ""
                 name += "c" if cfg.cluster_k else ""

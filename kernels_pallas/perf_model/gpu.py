@@ -297,15 +297,8 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     key = name + (f"_k{split}" if split > 1 else "")
     prof = profs.get(key + "c" + sl) if in_cluster else None
     own = prof is not None
-    if prof is None and sl:  # several 128-K slices a step: their own (longer) K loop, the same
-        # at every split, else the nearest row tile's at or above (the safe side) or the widest
-        rows = sorted(a for a in range(32, 129, 32) if f"mm_swap_{a}x{cfg.block_n}{sl}" in profs)
-        above = [a for a in rows if a >= cfg.block_m] or rows[-1:]
-        if not above:  # KeyError: ``api._model_ranked`` ranks such a config last
-            raise KeyError(f"no SASS profile of {name}{sl} (profile_gpu.variants)")
-        prof = profs.get(key + sl) or profs[f"mm_swap_{above[0]}x{cfg.block_n}{sl}"]
-    if prof is None:
-        prof = nearest_profile(key, profs)
+    if prof is None:  # several slices a step: a loop of as many (KeyError if none profiled:
+        prof = nearest_profile(key + sl, profs)  # ``api._model_ranked`` ranks those last)
     if in_cluster and not own:  # same K loop; the SMEM of the received accumulators, no f32
         from kernels_pallas.fp8_matmul.mgpu_config import smem_bytes  # partial tile
 

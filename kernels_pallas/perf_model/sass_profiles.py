@@ -61,6 +61,7 @@ def tma_step_instructions(prof: dict) -> float | None:
 
 
 _TILE_NAME = re.compile(r"^(?P<family>.+)_(?P<a>\d+)x(?P<b>\d+)(?P<rest>.*)$")
+_SLICES = re.compile(r"_s\d+$")  # MgpuConfig.k_slices > 1
 
 
 def nearest_profile(name: str, profs: dict) -> dict:
@@ -68,7 +69,8 @@ def nearest_profile(name: str, profs: dict) -> dict:
     tile with the nearest row tile at or above it (more instructions per step: the safe side;
     else the widest profiled), with the same suffix (split-K) if profiled, else unsuffixed;
     else (no profile of that column tile) the same by the next wider column tile; else (no
-    tile in the name) the family's last."""
+    tile in the name) the family's last. A K-slices suffix (``_s2``: several 128-K slices a
+    step, a longer K loop) is kept: only profiles with it stand in (none: KeyError)."""
     name = name.split(" ")[0]
     if name in profs:
         return profs[name]
@@ -78,10 +80,17 @@ def nearest_profile(name: str, profs: dict) -> dict:
             g = _TILE_NAME.match(k)
             if g and (g["family"], g["b"]) == (want["family"], want["b"]):
                 tiles.setdefault(int(g["a"]), {})[g["rest"]] = k
+        base = _SLICES.search(want["rest"])
+        base = base.group() if base else ""
+        if base:  # only loops of as many slices a step
+            tiles = {a: t for a, s in tiles.items()
+                     if (t := {r: n for r, n in s.items() if r.endswith(base)})}  # fmt: skip
+            if not tiles:
+                raise KeyError(f"perf_model.gpu: no SASS profile for {name} (run profile_gpu)")
         if tiles:
             above = [a for a in tiles if a >= int(want["a"])]
             same = tiles[min(above) if above else max(tiles)]
-            return profs[same.get(want["rest"]) or same.get("") or next(iter(same.values()))]
+            return profs[same.get(want["rest"]) or same.get(base) or next(iter(same.values()))]
         cols = sorted({int(g["b"]) for k in profs if (g := _TILE_NAME.match(k)) is not None
                        and g["family"] == want["family"]})  # fmt: skip
         if wider := [b for b in cols if b > int(want["b"])]:  # more work per step: safe side

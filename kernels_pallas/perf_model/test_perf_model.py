@@ -350,6 +350,13 @@ def test_nearest_profile_takes_the_next_row_tile_up_and_its_split():
     assert pick("mm_swap_64x32_k2") == "mm_swap_64x64_k2"
     with pytest.raises(KeyError, match="no SASS profile"):
         pick("mm_fused_64x64")
+    # several 128-K slices a step (``_s2``): only a loop of as many slices stands in
+    p |= {n: {"name": n} for n in ("mm_swap_64x64_s2", "mm_swap_16x64_k2c_s2")}
+    assert pick("mm_swap_48x64_k2_s2") == "mm_swap_64x64_s2"  # up, unsplit (same loop)
+    assert pick("mm_swap_16x64_k2c_s2") == "mm_swap_16x64_k2c_s2"
+    assert pick("mm_swap_96x64_s2") == "mm_swap_64x64_s2"  # none above: the widest with it
+    with pytest.raises(KeyError, match="no SASS profile"):
+        pick("mm_swap_64x128_s2")  # its one-slice profile would undercount the loop
 
 
 def test_in_cluster_split_k_pays_the_sm_network_not_the_sum():
