@@ -42,6 +42,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments import bench_common as bc  # noqa: E402
+from kernels_pallas import dependent_launch  # noqa: E402
 from kernels_pallas.backend import default_impl, prepare_gpu_interpret  # noqa: E402
 from kernels_pallas.decode_attention import DecodeBlocks, decode_attention  # noqa: E402
 
@@ -202,6 +203,8 @@ def bench_shape(model, b, s, h, k, c, impls, runs, interpret, pk, copy_bw) -> li
                     bytes=nbytes, gbps=gbps, copy_frac=gbps * 1e9 / copy_bw, max_err=err,
                     hbm_frac=gbps * 1e9 / pk.hbm_bytes_s if pk.hbm_bytes_s else None,
                     num_stages=ring_depth(impl, cache, b, s, k, c),
+                    # the Hopper kernels launch dependent unless FP8RL_PDL=0 (the model's launch)
+                    pdl=impl.startswith("pallas_mosaic_gpu") and dependent_launch.enabled(),
                 ))  # fmt: skip
     return rows
 

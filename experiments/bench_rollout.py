@@ -298,12 +298,14 @@ def _fp8_attention_stages() -> int:
     return mgpu.default_stages(jnp.float8_e4m3fn)
 
 
-def _decode_k_slices() -> bool:
-    """Whether the Hopper fp8_matmul's decode tiles take several 128-K slices per pipeline
-    step by default (the performance model's validation predicts this run with them)."""
+def _decode_tiles() -> dict:
+    """How the Hopper fp8_matmul's decode tiles run by default: several 128-K slices per
+    pipeline step, launched dependent (the performance model's validation predicts this run
+    with the tiles it ran)."""
     from kernels_pallas.fp8_matmul import mgpu_config
 
-    return mgpu_config.default_config(32, 4096, 4096).k_slices > 1
+    cfg = mgpu_config.default_config(32, 4096, 4096)
+    return dict(decode_k_slices=cfg.k_slices > 1, decode_pdl=cfg.pdl)
 
 
 def main(argv=None) -> dict:
@@ -332,7 +334,7 @@ def main(argv=None) -> dict:
         bench="rollout", model=model, model_config=str(cfg), quick=args.quick, reps=args.reps,
         warmup=args.warmup, data="random weights (init_weights, BF16), random prompt ids, "
         "temperature 1, no stop tokens", kv_memory=kv_memory(cfg, p + a, args.budget_gib),
-        fp8_attention_stages=_fp8_attention_stages(), decode_k_slices=_decode_k_slices(),
+        fp8_attention_stages=_fp8_attention_stages(), **_decode_tiles(),
     )  # fmt: skip
     out = args.out or bc.default_out("bench_rollout")
     fallbacks = _Fallbacks()

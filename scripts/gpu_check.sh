@@ -16,7 +16,10 @@
 #            tiles before the latest defaults (:plain) beside them: at prefill M before
 #            promotions ran under the wgmmas (the model: 1.06-1.47x), at decode M one 128-K
 #            slice per pipeline step instead of two (H200 1.00-1.33x); the first run measured
-#            the :plain tiles
+#            the :plain tiles. At decode M also the default launched plainly (:nopdl; the
+#            default launches dependent, MgpuConfig.pdl): compare their "wall us" (the wall
+#            clock per GEMM of a chain of them), for CUPTI's kernel time leaves out the gap
+#            between kernels that dependent launch shortens (the model: 2.0 -> 0.5 us a GEMM)
 #   quantize experiments/bench_quantize.py: per-token FP8 activation quantization (standalone,
 #            + RMSNorm, + SwiGLU), XLA's fusions vs the one-launch act_quantize kernels, M 16-16384
 #            (the kernels now run at every M: the prefill side had not been measured)
@@ -75,8 +78,9 @@
 # fp8_matmul and the attention autotuners, the grouped kernel's device tests, Qwen3-8B's rollout,
 # the 5-stage FP8 attention default beside decode's :st3 and :bs128 arms, ~+20 s, 3 more
 # attention autotune candidates per shape, ~+30 s, and the overlapped prefill GEMM and the
-# two-slice decode GEMM beside matmul's :plain arm, ~+11 s and ~+60 s for M = 16), as two calls
-# of ~6.5 minutes:
+# two-slice decode GEMM beside matmul's :plain arm, ~+11 s and ~+60 s for M = 16; the decode
+# GEMMs launched dependent beside matmul's :nopdl arm, and pytest's chain of dependent GEMMs,
+# ~+20 s), as two calls of ~6.5 minutes:
 #   GPU_CHECK_BUDGET_S=400 GPU_CHECK_STAGES="pytest quantize autotune matmul"
 #     GPU_CHECK_BUDGETS="pytest=90 quantize=45 autotune=120 matmul=135"
 #     GPU_CHECK_ARGS_matmul="--ms 4096 16"

@@ -28,6 +28,9 @@ def test_quick_run_times_the_gemm_with_its_consumer_against_bf16_with_its_consum
     assert base["rel_err_vs_bf16"] == 0.0
     assert 0 < add["rel_err_vs_bf16"] < 0.05
     assert 0 < rows["fp8:xla"]["rel_err_vs_bf16"] < 0.1
+    # the wall clock's ratio beside CUPTI's (on CPU both are the wall clock)
+    assert add["wall_speedup_vs_bf16"] == pytest.approx(
+        base["wall_median_us"] / add["wall_median_us"])  # fmt: skip
 
 
 def test_consumer_arms_only_at_decode_rows():
@@ -98,7 +101,7 @@ def test_the_bench_times_the_tiles_before_overlap_and_k_slices_beside_the_defaul
     dec, dec_plain = (bm.arm_config(f"fp8:{bm.MGPU}{a}", 16, 4096, 4096) for a in ("", bm.PLAIN))
     assert (dec["k_slices"], dec_plain["k_slices"]) == (2, 1)
     legacy_decode = compare.matmul_config(dict(m=16, n=4096, k=4096, impl=f"fp8:{bm.MGPU}"))
-    assert dataclasses.asdict(legacy_decode) == dec_plain
+    assert dataclasses.asdict(legacy_decode) == dict(dec_plain, pdl=False)  # launched plainly
     new, plain = (bm.arm_config(f"fp8:{bm.MGPU}{a}", 4096, 4096, 4096) for a in ("", bm.PLAIN))
     assert new["overlap"] and not plain["overlap"] and plain["block_n"] == 256
     assert bm.arm_config(f"fp8:{bm.MGPU}+quant", 4096, 4096, 4096) == new
@@ -109,3 +112,17 @@ def test_the_bench_times_the_tiles_before_overlap_and_k_slices_beside_the_defaul
     want = gpu.predict_matmul("h100", 4096, 4096, 4096, "fp8", config=recorded).time_s * 1e6
     assert compare.predicted_us("h100", dict(row, config=new)) == pytest.approx(want)
     assert compare.predicted_us("h100", row) > 1.1 * want  # the model's 1.12-1.20x
+
+
+def test_the_bench_times_the_decode_default_launched_plainly_beside_it():
+    """Decode tiles launch dependent by default (``MgpuConfig.pdl``): the ``:nopdl`` arm runs the
+    same tile launched after its predecessor completes; prefill tiles launch plainly anyway."""
+    labels = lambda m, n, k: [a[0] for a in bm._arms(["xla", bm.MGPU], False, m, (n, k))]
+    assert "fp8:pallas_mosaic_gpu:nopdl" in labels(16, 4096, 4096)
+    assert "fp8:pallas_mosaic_gpu:nopdl" not in labels(4096, 4096, 4096)
+    dec, nopdl = (bm.arm_config(f"fp8:{bm.MGPU}{a}", 16, 4096, 4096) for a in ("", bm.NOPDL))
+    assert dec["pdl"] and dict(dec, pdl=False) == nopdl
+    # the model sees the launch: the same kernel, the gap it saves (gpu.PDL_LAUNCH_S)
+    row = dict(m=16, n=4096, k=4096, impl=f"fp8:{bm.MGPU}")
+    us = [compare.predicted_us("h100", dict(row, config=c)) for c in (dec, nopdl)]
+    assert us[1] - us[0] == pytest.approx((gpu.LAUNCH_S - gpu.PDL_LAUNCH_S) * 1e6)

@@ -36,6 +36,7 @@ from kernels_pallas.decode_attention.mgpu_tile import (
     transforms,
     write_chunk,
 )
+from kernels_pallas.dependent_launch import dependent_launch
 
 MAX_N = 64  # the widest query group compiled (``aot_cases``): Oᵀ [128, 64] f32 is 64 registers
 
@@ -162,6 +163,7 @@ def write(st: Static, outs, acc, m_i, l_i, where) -> None:
 
 def kernel(starts, lengths, lo, cnt, k_scale, q_gmem, k_gmem, v_gmem, *rest, st: Static):
     """The dense cache's kernel: one CTA per (KV head, row, chunk)."""
+    dependent_launch(interpret=not st.hw)  # before the first read (the row's new slot, q)
     scales, outs = (rest[:2], rest[2:]) if st.dynamic else ((), rest)
     kh, row, j = lax.axis_index("kv"), lax.axis_index("row"), lax.axis_index("split")
     c = q_gmem.shape[-1]

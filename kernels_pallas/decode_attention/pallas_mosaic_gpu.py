@@ -40,6 +40,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels_pallas.act_quantize import fused
 from kernels_pallas.decode_attention import common, mgpu_swap, mgpu_tile
+from kernels_pallas.dependent_launch import dependent_launch
 
 _TILE_M = 64  # wgmma M: the query group is a 64-row window
 
@@ -106,6 +107,7 @@ def _add_pv(st: _Static, acc, p16, v_smem, p_smem):
 
 
 def _kernel(starts, lengths, lo, cnt, k_scale, q_gmem, k_gmem, v_gmem, *rest, st: _Static):
+    dependent_launch(interpret=not st.hw)  # before the first read (the row's new slot, q)
     scales, outs = (rest[:2], rest[2:]) if st.dynamic else ((), rest)
     kh, row, j = lax.axis_index("kv"), lax.axis_index("row"), lax.axis_index("split")
     c, bs, dt = q_gmem.shape[-1], st.bs, st.mma_dtype

@@ -104,6 +104,16 @@ PERSISTENT = tuple(
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096,
      _G(128, 128, 4, cluster_m=2, persistent=_P)),
 )  # fmt: skip
+# Dependent launch (MgpuConfig.pdl; the decode defaults above launch so) on other tiles: a
+# 4-slice ring of F32 partials, the wide and clustered prefill tiles, and a persistent grid
+# (no prefetch: the loop picks its first tile)
+DEPENDENT = (
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 1024, 16,
+     _S2(32, 128, 2, split_k=2, k_slices=4, pdl=True)),
+) + tuple(
+    ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, dataclasses.replace(c, pdl=True))
+    for c in (_G(128, 256, 3), _GO(128, 128, 3, cluster_m=2), _G(128, 128, 4, persistent=_P))
+)  # fmt: skip
 # Tile configurations the support check accepts beyond the per-shape defaults above:
 # (impl, targets, activations, output dtype, K, N, M, config)
 TILES = (
@@ -160,6 +170,7 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, _GO(128, 128, 3, cluster_m=2)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 2112, 4096, _GO(128, 64, 3, cluster_m=2)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 7168, 4096, 300, _GO(128, 128, 3)),
+    *DEPENDENT,
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 384, 256, 48, _T(block_m=32, block_k=256)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _F32, 4096, 4096, 4096, _T(512, block_k=1024)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 4096, _T(1024, block_k=2048)),

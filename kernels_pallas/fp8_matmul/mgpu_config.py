@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from kernels_pallas.dependent_launch import enabled as pdl_enabled
+
 GROUP = 128  # K group of activation scales and K block (and N block) of weight scales
 SMEM_BYTES = 232448  # H100/H200 shared_memory_per_block_optin (227 KiB), Mosaic GPU's budget
 _WGMMA_M = 64  # rows of one warpgroup's wgmma tile
@@ -44,6 +46,8 @@ class MgpuConfig:
     # promotion runs under the next slice's wgmma, two slices per pipeline step (``k_pair_overlap``)
     k_slices: int = 1  # swap_ab: 128-K slices per pipeline step (1, 2 or 4): each TMA stage
     # holds 256-512 contiguous bytes of every weight row, and the ring that many times the bytes
+    pdl: bool = False  # dependent launch (``kernels_pallas/dependent_launch.py``): the grid starts
+    # while its predecessor drains, prefetches its first ring of weight tiles into L2, then waits
 
     @property
     def num_compute_wgs(self) -> int:
@@ -165,6 +169,16 @@ _CLUSTER_K_SPLIT = 2
 # one slice per step beside it and the benchmark times it (``api.tuning_specs``,
 # ``bench_matmul``'s ``:plain`` arm).
 _DECODE_K_SLICES = 2
+# Dependent launch of the decode tiles (``MgpuConfig.pdl``, ``kernels_pallas/dependent_launch``):
+# a decode GEMM is a few microseconds of weight bytes under a fixed cost per kernel of the same
+# order (the first device run: cuBLAS's BF16 GEMMs at M = 16 had a 4.3 us intercept), and the
+# launch is part of it. Launched dependent, its grid starts as its predecessor's CTAs exit (not
+# once the predecessor has completed), initialises its barriers and puts its first ring of
+# weight tiles in flight to L2 while the predecessor drains; no operand is read before the wait.
+# H100 SASS: one UTMAPF per 128-K slice of the ring, then ACQBULK, before the first TMA load;
+# same registers and main loop, 0 spills (both jax). Prefill tiles (many waves) are left as they
+# were: the launch is under 2% of their time.
+_DECODE_PDL = True
 
 
 def decode_split_k(ctas: int, k_steps: int, wgs_per_cta: int = 2) -> int:
@@ -267,7 +281,7 @@ def _clustered(cfg: MgpuConfig, m: int, n: int) -> bool:
 
 def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2,
                    swap: bool | None = None, overlap: bool = True,
-                   k_slices: bool = True):  # fmt: skip
+                   k_slices: bool = True, pdl: bool = True):  # fmt: skip
     """Untuned defaults. Decode (M <= 64; 65-256 rows where K splits; unfused: ``swap_default``):
     swap-AB with 64 or 128 weight rows per CTA (``decode_config``), M rounded up to 32. Prefill:
     128x256 CTAs where their grid fills >= 2/3 of the SMs or saves a wave (``_wide_grid``) (the
@@ -295,7 +309,11 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
 
     Decode (swap-AB) tiles take two 128-K slices per pipeline step where 3-4 such stages fit
     the SMEM (``_DECODE_K_SLICES``: twice the bytes in flight per SM); ``k_slices=False``: one
-    slice per step (the tiles before it, the benchmark's ``:plain`` arm)."""
+    slice per step (the tiles before it, the benchmark's ``:plain`` arm).
+
+    Decode (swap-AB) tiles launch dependent (``MgpuConfig.pdl``, ``_DECODE_PDL``) unless
+    ``FP8RL_PDL=0``; ``pdl=False``: launched after their predecessor completes (the benchmark's
+    ``:nopdl`` arm)."""
     if not fused and (swap_default(m, n, k) if swap is None else swap):
         cfg = decode_config(m, n, k)
     elif overlap and not fused and _overlap_fits(m, n, k, out_itemsize):
@@ -313,6 +331,7 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     rings = [(1, st) for st in range(cfg.max_concurrent_steps, 1, -1)]
     if k_slices and cfg.swap_ab and (k // GROUP) % (_DECODE_K_SLICES * cfg.split_k) == 0:
         rings = [(_DECODE_K_SLICES, st) for st in (cfg.max_concurrent_steps, 3)] + rings
+    cfg = dataclasses.replace(cfg, pdl=pdl and _DECODE_PDL and cfg.swap_ab and pdl_enabled())
     for cluster_k in dict.fromkeys((cfg.cluster_k, False)):  # in-cluster sum if it fits
         for k_slices, stages in rings:
             c = dataclasses.replace(cfg, max_concurrent_steps=stages, cluster_k=cluster_k,

@@ -28,6 +28,11 @@ contiguous bytes of every weight row per TMA, and each compute warpgroup runs th
 wgmmas and promotions in turn, each with its own x and weight scales: twice the bytes in flight
 per SM on a memory-bound GEMM that runs one CTA per SM (``mgpu_config._DECODE_K_SLICES``).
 
+Dependent launch (``MgpuConfig.pdl``, the decode default: ``kernels_pallas/dependent_launch``):
+the grid starts as its predecessor's CTAs exit, prefetches its first ring's weight tiles into
+L2 (``_first_weights``: one TMA box per 128-K slice), and waits for the predecessor before its
+first load; a decode GEMM's fixed cost per kernel is of the order of its weight bytes' time.
+
 In-cluster split-K (``MgpuConfig.cluster_k``, the decode default at 2 chunks): a tile's K chunks
 run as one CTA cluster and are summed over the SM-to-SM network by the CTA that writes the tile
 (``mgpu_cluster_k.py``): no f32 partials in HBM, no XLA sum after the kernel.
@@ -86,6 +91,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from kernels_pallas.dependent_launch import dependent_launch
 from kernels_pallas.fp8_matmul import mgpu_cluster_k as cluster_k
 
 # The tile configuration (legality, SMEM count, defaults) lives in mgpu_config; re-exported here.
@@ -139,6 +145,9 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
         )  # fmt: skip
 
     in_specs, gmem_in = operands(0, 0)  # every tile's views have the same shapes
+    if cfg.pdl:  # launched under the predecessor's drain; the first ring's weights into L2
+        dependent_launch(_first_weights(w_gmem, cfg, steps, k_part), leader=("wg", 0),
+                         interpret=interpret)  # fmt: skip
 
     def get_pipeline(body, compute_context):
         return plgpu.emit_pipeline_warp_specialized(
@@ -254,6 +263,18 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
             tile(a_idx, lax.axis_index("b"))
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def _first_weights(w_gmem, cfg: MgpuConfig, steps: int, k_part) -> list:
+    """The weight tiles of this CTA's first ``max_concurrent_steps`` K steps, one [block_n, 128]
+    TMA box per 128-K slice (none for a persistent grid, whose first tile the loop picks)."""
+    if cfg.persistent:
+        return []
+    n_idx = lax.axis_index("a" if cfg.swap_ab else "b")
+    k0 = k_part * steps * cfg.k_block
+    slices = min(cfg.max_concurrent_steps, steps) * cfg.k_block // GROUP
+    rows = pl.ds(n_idx * cfg.block_n, cfg.block_n)
+    return [w_gmem.at[rows, pl.ds(k0 + j * GROUP, GROUP)] for j in range(slices)]
 
 
 def _persistent_loop(tile, m_tiles: int, n_tiles: int, band: int, cluster_m: int) -> None:

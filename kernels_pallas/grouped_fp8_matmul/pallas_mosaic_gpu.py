@@ -90,6 +90,8 @@ def supports(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: MgpuConf
     if cfg.overlap or cfg.k_slices > 1:  # its K step is one 128-K slice
         return "overlap / k_slices (several 128-K slices per step) are fp8_matmul (dense) " \
                "options; the grouped kernel takes one slice per step"  # fmt: skip
+    if cfg.pdl:  # its weight tiles follow the routed groups: no first ring to prefetch
+        return "pdl (dependent launch) is an fp8_matmul (dense) option"
     if len(ns) > _MAX_STACKS:
         return f"at most {_MAX_STACKS} weight stacks per launch, got {len(ns)}"
     if len(ns) > 1 and cfg.max_concurrent_steps > _MAX_STAGES_STACKED:

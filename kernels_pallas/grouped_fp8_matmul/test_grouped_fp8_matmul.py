@@ -331,6 +331,8 @@ def test_mosaic_gpu_support_check_and_defaults():
         # the dense kernel's several 128-K slices per step: refused, not run on one-slice steps
         sliced = MgpuConfig(32, 128, 4, True, k_slices=2)
         assert "k_slices" in _supports("pallas_mosaic_gpu", x, w, gs, sliced)
+        dependent = MgpuConfig(32, 128, 4, True, pdl=True)  # the dense decode tiles' launch
+        assert "pdl" in _supports("pallas_mosaic_gpu", x, w, gs, dependent)
     assert "Hopper" in _supports("pallas_mosaic_gpu", *_sds(16, 256, 256, 4))  # CPU target
     # Decode-sized groups swap A and B with 32..64-row tiles (>= twice the mean group size);
     # large groups get 128x128 CTAs.

@@ -24,6 +24,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels_pallas.decode_attention import common, mgpu_swap, mgpu_tile
 from kernels_pallas.decode_attention import pallas_mosaic_gpu as dense
+from kernels_pallas.dependent_launch import dependent_launch
 from kernels_pallas.paged_attention.common import PagedBlocks
 
 _TILE_M = dense._TILE_M  # noqa: SLF001
@@ -34,6 +35,7 @@ _STAGES = dense._STAGES  # noqa: SLF001
 
 
 def _kernel(lengths, lo, cnt, table, k_scale, q_gmem, k_gmem, v_gmem, *outs, st):
+    dependent_launch(interpret=not st.hw)  # before the first read: the row's pages, lengths
     kh, row, j = jax.lax.axis_index("kv"), jax.lax.axis_index("row"), jax.lax.axis_index("split")
     c, bs, dt = q_gmem.shape[-1], st.bs, st.mma_dtype
     bounds = (lo[row, j], 0, lengths[row], st.score_scale * k_scale[kh])
@@ -83,6 +85,7 @@ def _kernel(lengths, lo, cnt, table, k_scale, q_gmem, k_gmem, v_gmem, *outs, st)
 
 def _kernel_swap(lengths, lo, cnt, table, k_scale, q_gmem, k_gmem, v_gmem, *outs, st):
     """The swap-AB kernel (``mgpu_swap``) over the page pool."""
+    dependent_launch(interpret=not st.hw)
     kh, row, j = jax.lax.axis_index("kv"), jax.lax.axis_index("row"), jax.lax.axis_index("split")
     c, bs = q_gmem.shape[-1], st.bs
     bounds = (lo[row, j], 0, lengths[row], st.score_scale * k_scale[kh])

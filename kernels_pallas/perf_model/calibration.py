@@ -100,9 +100,21 @@ def family(row: dict) -> str | None:
     return None
 
 
+def _launch_us(chip: str, row: dict) -> float:
+    """The launch the model's prediction of a bench row holds (CUPTI's kernel time has none):
+    ``gpu.PDL_LAUNCH_S`` for a kernel launched dependent, else ``gpu.LAUNCH_S``."""
+    from kernels_pallas.perf_model import compare, gpu
+
+    if "cache" in row:
+        p = compare.attention_prediction(chip, row)
+        return (p.terms["launch_s"] if p is not None else gpu.LAUNCH_S) * 1e6
+    pdl = getattr(compare.matmul_config(row), "pdl", False) if "m" in row else False
+    return (gpu.PDL_LAUNCH_S if pdl else gpu.LAUNCH_S) * 1e6
+
+
 def ratios(paths: list[str], chip: str | None = None) -> dict[str, list[float]]:
     """family -> measured / predicted kernel time (the uncalibrated model, launch excluded)."""
-    from kernels_pallas.perf_model import compare, gpu
+    from kernels_pallas.perf_model import compare
 
     out = collections.defaultdict(list)
     for path in paths:
@@ -116,7 +128,7 @@ def ratios(paths: list[str], chip: str | None = None) -> dict[str, list[float]]:
             with imported_uncalibrated():
                 pred = compare.predicted_us(c, row)
             if pred is not None:
-                out[fam].append(meas / (pred - gpu.LAUNCH_S * 1e6))
+                out[fam].append(meas / (pred - _launch_us(c, row)))
     return dict(out)
 
 

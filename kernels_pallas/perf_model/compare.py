@@ -46,14 +46,14 @@ def predicted_us(chip: str, row: dict) -> float | None:
 
 def matmul_config(row: dict):
     """The Hopper tile config a bench_matmul row ran: recorded (``config``), or for rows of
-    runs before it was (the H200 run of 2026-12-04) the default of then, without ``overlap``
-    or ``k_slices``."""
+    runs before it was (the H200 run of 2026-12-04) the default of then, without ``overlap``,
+    ``k_slices`` or ``pdl``."""
     from kernels_pallas.fp8_matmul import mgpu_config
 
     if row.get("config"):
         return mgpu_config.MgpuConfig(**row["config"])
     return mgpu_config.default_config(row["m"], row["n"], row["k"], overlap=False,
-                                      k_slices=False)  # fmt: skip
+                                      k_slices=False, pdl=False)  # fmt: skip
 
 
 # bench_decode rows without ``num_stages`` (the H200 run of 2026-12-04) ran the defaults of then
@@ -73,8 +73,9 @@ def ring_depth(row: dict) -> int:
 
 def attention_prediction(chip: str, row: dict):
     """The model's ``Prediction`` for one bench_decode row of the Hopper kernel (swap-AB,
-    ``:unswapped``, ``:bs128``, ``:st3`` / ``:st5``) at its ring depth (``ring_depth``) with every
-    slot live (the model reads full rows); None for the rest. Its terms carry the tile
+    ``:unswapped``, ``:bs128``, ``:st3`` / ``:st5``) at its ring depth (``ring_depth``) and its
+    launch (``pdl``: rows of the runs before it launched plainly) with every slot live (the
+    model reads full rows); None for the rest. Its terms carry the tile
     (``block_s``) and chunk count (``splits``) it ran."""
     impl = row.get("impl", "")
     if row.get("lengths") != "full" or not impl.startswith("pallas_mosaic_gpu"):
@@ -84,7 +85,8 @@ def attention_prediction(chip: str, row: dict):
                                  row["k"], row["c"], cache,
                                  swap_ab=not impl.endswith(":unswapped"),
                                  block_s=128 if impl.endswith(":bs128") else None,
-                                 stages=ring_depth(row))  # fmt: skip
+                                 stages=ring_depth(row),
+                                 pdl=row.get("pdl", False))  # fmt: skip
 
 
 def _attention_us(chip: str, row: dict) -> float | None:

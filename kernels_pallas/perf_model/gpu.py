@@ -39,6 +39,12 @@ predicts, for one SM holding ``c`` CTAs that each advance one loop iteration ("s
          streaming at the HBM bound; WAVE what each later wave adds (a finished CTA's
          successor on the SM waits one load round trip for its first tiles: ``DRAM_LATENCY_S``).
 
+A kernel launched dependent (the decode GEMMs, ``MgpuConfig.pdl``, and the decode and paged
+attention kernels: ``kernels_pallas/dependent_launch``) pays ``PDL_LAUNCH_S`` instead of
+``LAUNCH_S``: its grid starts as its predecessor's CTAs exit, and only the predecessor's flush
+is left between them (an assumption until a device measures it: ``bench_matmul``'s ``:nopdl``
+arm, by the wall clock). Rows of the first device run launched plainly.
+
 A persistent grid (``MgpuConfig.persistent``: P CTAs looping over the output tiles) runs the
 same rounds of at most P tiles, paying ``TILE_SWITCH_S`` between its tiles: the pipeline
 (``emit_pipeline_warp_specialized`` without ``pipeline_state``) lets the TMA warpgroup issue
@@ -124,6 +130,13 @@ WAVE_S = DRAM_LATENCY_S
 ATTN_LOAD_LATENCY_S = 3.5e-6
 TILE_SWITCH_S = DRAM_LATENCY_S  # persistent grid, between a CTA's tiles (module docstring)
 LAUNCH_S = 2.0e-6  # per kernel (or XLA fusion): launch and grid start; baselines pay it too
+# A kernel launched dependent (``MgpuConfig.pdl``: the decode GEMMs) starts its grid as its
+# predecessor's CTAs exit and waits (griddepcontrol.wait) for the predecessor's completion and
+# memory flush, so of the gap between two kernels, which ``LAUNCH_S`` stands for, it pays only
+# that flush: assumed 0.5 us, not yet measured (``bench_matmul``'s ``:nopdl`` arm, wall clock,
+# measures it). The weight prefetch it issues before the wait is not credited: with the
+# predecessor's CTAs gone, the wait is too short for a load round trip to hide under it.
+PDL_LAUNCH_S = 0.5e-6
 # per predicate the host reads (a data-dependent while's, a conditional's branch index: XLA's GPU
 # runtime copies it to the host and waits): the small copy's round trip (~5 us) plus the next
 # launch from an idle GPU (~5 us). Zero if XLA runs the loop as a command buffer with device-side
@@ -224,15 +237,22 @@ def grid_time(chip: str, loop: Loop, prof: dict, ctas: int, steps: int,
 
 
 def finish(op, label, chip, impl, t_compute, terms, hbm_bytes, flops, base, base_s, extra_s=0.0,
-           scale=1.0):  # fmt: skip
+           scale=1.0, launch_s=LAUNCH_S):  # fmt: skip
     """The prediction: ``scale`` (``calibration``) x the kernel's max(compute, HBM) time, then
-    its launch and ``extra_s`` (epilogue fusions, quantization) on top."""
+    its launch (``launch_s``) and ``extra_s`` (epilogue fusions, quantization) on top."""
     t_hbm = hbm_bytes / (CHIPS[chip].hbm_bytes_per_s * HBM_EFF) + FILL_S
-    t = scale * max(t_compute, t_hbm) + LAUNCH_S + extra_s
+    t = scale * max(t_compute, t_hbm) + launch_s + extra_s
     bound = "hbm" if t_hbm >= t_compute else max(
         ("mma", "issue", "chain", "l2", "smem", "latency"), key=lambda k: terms.get(k, 0)
     )  # fmt: skip
-    terms = dict(terms, compute_s=t_compute, hbm_s=t_hbm, extra_s=extra_s, calibration=scale)
+    terms = dict(
+        terms,
+        compute_s=t_compute,
+        hbm_s=t_hbm,
+        extra_s=extra_s,
+        calibration=scale,
+        launch_s=launch_s,
+    )
     return Prediction(op, label, chip, impl, t, base, base_s, bound, terms, int(hbm_bytes),
                       int(flops))  # fmt: skip
 
@@ -357,6 +377,8 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
         cfg = dataclasses.replace(cfg, split_k=split_k)
     t, epilogue, terms, name = matmul_kernel(chip, m, n, k, cfg, fused,
                                              epilogue_launch=not in_program)  # fmt: skip
+    pdl = getattr(cfg, "pdl", False)  # after a kernel in a program, or a quantize kernel
+    name += " pdl" if pdl else ""
     quant_s = quantize_s(chip, m, k, quant) if (x == "bf16" and not fused) else 0.0
     out_b = 2
     hbm = (m * k * (2 if fused else 1) + n * k + m * n * out_b + (n // 128) * (k // 128) * 4
@@ -366,9 +388,9 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
     base = f"XLA BF16 jnp.dot ({BF16_GEMM_EFF:.0%} of peak / {BF16_GEMM_BW_EFF:.0%} of HBM)"
     scale = calibration("mm_decode" if cfg.swap_ab else "mm_prefill")
     return finish("fp8_matmul", label or f"M={m} N={n} K={k}", chip, impl, t, terms, hbm,
-                   2 * m * n * k, base, bf16_gemm_s(chip, m, n, k, fill=not in_program),
-                   quant_s + epilogue,
-                   scale)  # fmt: skip
+                   2 * m * n * k, base,
+                   bf16_gemm_s(chip, m, n, k, fill=not in_program), quant_s + epilogue, scale,
+                   PDL_LAUNCH_S if pdl else LAUNCH_S)  # fmt: skip
 
 
 # --- decode / paged attention ---------------------------------------------------------------
@@ -382,7 +404,7 @@ def bf16_attention_s(chip: str, b: int, s: int, n_kv: int, d: int) -> float:
 def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: int,
                       cache: str = "fp8", *, splits: int | None = None, label: str = "",
                       in_program: bool = False, swap_ab: bool = True, block_s: int | None = None,
-                      stages: int | None = None) -> Prediction:  # fmt: skip
+                      stages: int | None = None, pdl: bool = True) -> Prediction:  # fmt: skip
     """Decode attention (dense, or paged with 64-slot pages) over full rows of ``s`` slots;
     ``in_program``: the chunks' XLA combine is a launch the program's count holds. ``swap_ab``
     (the kernels' default): the query group is the wgmma N (``mgpu_swap.swap_n``), its MMAs
@@ -391,7 +413,8 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
     FP8 candidate (profile ``decode_fp8_bs128``; the 64-slot kernel's calibration factor);
     ``stages`` (None: ``default_stages``): the K/V ring's depth (the same profile: the loop's
     instructions do not depend on it; its SMEM, compiled at the default depth, grows or shrinks
-    by the K/V tiles of each other stage)."""
+    by the K/V tiles of each other stage). ``pdl`` (the kernels' default): launched dependent,
+    ``PDL_LAUNCH_S`` for the launch (``kernels_pallas/dependent_launch``)."""
     import jax
     import jax.numpy as jnp
 
@@ -441,4 +464,4 @@ def predict_attention(chip: str, op: str, b: int, s: int, h: int, n_kv: int, d: 
     label = label or f"B={b} S={s} H/K={h}/{n_kv}"
     scale = calibration("attn_fp8" + ("" if swap_ab else "_unswapped")) if fp8 else 1.0
     return finish(op, label, chip, impl, t, terms, nbytes, 4 * b * h * s * d, base, base_s, extra,
-                  scale)  # fmt: skip
+                  scale, PDL_LAUNCH_S if pdl else LAUNCH_S)  # fmt: skip

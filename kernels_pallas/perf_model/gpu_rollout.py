@@ -99,11 +99,13 @@ def _counts(precision: str, batch: int, engine: str) -> hlo_launches.Launches:
 
 def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: str = "static",
                 attn_stages: int | None = None,
-                k_slices: bool = True) -> StepPrediction:  # fmt: skip
+                k_slices: bool = True, pdl: bool = True) -> StepPrediction:  # fmt: skip
     """One decode step of ``batch`` rows at ``context`` slots on ``engine``, FP8 and BF16
     (module docstring); ``attn_stages``: the FP8 attention's ring depth (None: the default);
     ``k_slices=False``: the GEMMs' tiles of one 128-K slice per step (before the default took
-    two: ``mgpu_config._DECODE_K_SLICES``)."""
+    two: ``mgpu_config._DECODE_K_SLICES``); ``pdl=False``: the GEMMs and the attention kernel
+    launched after their predecessor completes (before they launched dependent:
+    ``kernels_pallas/dependent_launch``)."""
     from kernels_pallas.fp8_matmul import mgpu_config
 
     d, c = cfg.hidden, cfg.head_dim
@@ -115,14 +117,15 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: st
     assert (bf16_n.per_layer["xla_gemm"], bf16_n.per_layer["mosaic"]) == (5, 1), bf16_n
 
     def mm(n, k):  # x arrives FP8 from its producer's kernel (counted below)
-        tile = mgpu_config.default_config(batch, n, k, k_slices=k_slices)
+        tile = mgpu_config.default_config(batch, n, k, k_slices=k_slices, pdl=pdl)
         return gpu.predict_matmul(chip, batch, n, k, "fp8", in_program=True, config=tile).time_s
 
     def quant(k):  # a producer + quantization kernel writing [batch, k] FP8
         return gpu.quantize_s(chip, batch, k)
 
     attn = gpu.predict_attention(chip, "paged_attention", batch, context, cfg.heads,
-                                 cfg.kv_heads, c, in_program=True, stages=attn_stages)  # fmt: skip
+                                 cfg.kv_heads, c, in_program=True, stages=attn_stages,
+                                 pdl=pdl)  # fmt: skip
     fp8 = {
         "q|k|v fused": mm(q_n + 2 * kv_n, d),
         "attention (FP8 cache)": attn.time_s,
@@ -189,10 +192,14 @@ def validation(path: str | None = None) -> dict | None:
     ctx = fp8["prompt_len"] + fp8["new_tokens"] // 2
     st = meta.get("fp8_attention_stages", MEASURED_ROLLOUT_ATTN_STAGES)
     # the GEMM tiles it ran: two-slice decode tiles where its meta says so (later runs)
-    slices = bool(meta.get("decode_k_slices", False))
+    ran = dict(
+        attn_stages=st,
+        k_slices=bool(meta.get("decode_k_slices", False)),
+        pdl=bool(meta.get("decode_pdl", False)),
+    )  # and their launch
     with gpu.uncalibrated():
-        raw = decode_step(chip, cfg, fp8["batch"], ctx, attn_stages=st, k_slices=slices)
-    cal = decode_step(chip, cfg, fp8["batch"], ctx, attn_stages=st, k_slices=slices)
+        raw = decode_step(chip, cfg, fp8["batch"], ctx, **ran)
+    cal = decode_step(chip, cfg, fp8["batch"], ctx, **ran)
     now = decode_step(chip, cfg, fp8["batch"], ctx)
     return dict(measured_fp8_ms=fp8["ms_per_step"], measured_bf16_ms=bf16["ms_per_step"],
                 measured_ratio=bf16["ms_per_step"] / fp8["ms_per_step"], raw=raw,

@@ -88,6 +88,22 @@ def _standalone_and_in_program(chip, m, n, k, label, cfg_before, cfg_after):
         )  # fmt: skip
 
 
+def _decode_change(change: str, configs) -> list[tuple[str, Prediction, Prediction]]:
+    """``change``'s rows (standalone and in a program, each chip) at every decode shape (M <=
+    256) whose tiles ``configs(m, n, k)`` -> (before, after) differ."""
+    out = []
+    for model, layer, n, k, ms in (*MATMUL_LAYERS, *DECODE_ROWS_LAYERS):
+        for m in (m for m in ms if m <= 256):
+            was, now = configs(m, n, k)
+            if now == was:
+                continue
+            for chip in GPU_CHIPS:
+                pairs = _standalone_and_in_program(chip, m, n, k, f"{model} {layer} M={m}",
+                                                   was, now)  # fmt: skip
+                out += [(change, b, a) for b, a in pairs]
+    return out
+
+
 def design_changes() -> list[tuple[str, Prediction, Prediction]]:
     """(change, before, after) at every case the change touches, on H100 and H200."""
     from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
@@ -112,7 +128,7 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
         for m in (m for m in ms if m <= 64):
             for chip in GPU_CHIPS:
                 label = f"{model} {layer} M={m}"
-                one = mgpu.default_config(m, n, k, k_slices=False)  # the tiles of then
+                one = mgpu.default_config(m, n, k, k_slices=False, pdl=False)  # the tiles of then
                 after = predict_matmul(chip, m, n, k, "bf16", label=label, config=one)
                 before = predict_matmul(chip, m, n, k, "bf16", label=label, split_k=1,
                                         config=one)  # fmt: skip
@@ -124,13 +140,13 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                 pairs = _standalone_and_in_program(
                     chip, m, n, k, f"{model} {layer} M={m}",
                     mgpu.default_config(m, n, k, swap=False),
-                    mgpu.default_config(m, n, k, k_slices=False),
+                    mgpu.default_config(m, n, k, k_slices=False, pdl=False),
                 )  # fmt: skip
                 change = "decode GEMM: swap-AB up to 128 rows (65-256-row batches)"
                 out += [(change, b, a) for b, a in pairs if b.impl != a.impl]
     for model, layer, n, k, ms in (*MATMUL_LAYERS, *DECODE_ROWS_LAYERS):
         for m in (m for m in ms if m <= 256):
-            now = mgpu.default_config(m, n, k, k_slices=False)
+            now = mgpu.default_config(m, n, k, k_slices=False, pdl=False)
             if not now.cluster_k:
                 continue
             for chip in GPU_CHIPS:
@@ -140,16 +156,15 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                 )  # fmt: skip
                 change = "decode GEMM: 2 K chunks summed in their CTA cluster (DSMEM)"
                 out += [(change, b, a) for b, a in pairs]
-    for model, layer, n, k, ms in (*MATMUL_LAYERS, *DECODE_ROWS_LAYERS):
-        for m in (m for m in ms if m <= 256):
-            now, was = (mgpu.default_config(m, n, k, k_slices=s) for s in (True, False))
-            if now == was:
-                continue
-            for chip in GPU_CHIPS:
-                pairs = _standalone_and_in_program(chip, m, n, k, f"{model} {layer} M={m}",
-                                                   was, now)  # fmt: skip
-                change = "decode GEMM: two 128-K slices per pipeline step (bytes in flight x2)"
-                out += [(change, b, a) for b, a in pairs]
+    out += _decode_change(
+        "decode GEMM: two 128-K slices per pipeline step (bytes in flight x2)",
+        lambda m, n, k: [mgpu.default_config(m, n, k, k_slices=s, pdl=False)
+                         for s in (False, True)],
+    )  # fmt: skip
+    out += _decode_change(
+        "decode GEMM: dependent launch (PDL), first ring's weights to L2",
+        lambda m, n, k: [mgpu.default_config(m, n, k, pdl=d) for d in (False, True)],
+    )
     for model, layer, n, k, m in WAVE_ROWS:
         tiles_m = -(-m // 128)  # before: 128x128, clustered by default_config's unchanged rule
         cl = 2 if tiles_m % 2 == 0 and tiles_m * n // 128 >= NUM_SMS * 2 // 3 else 1

@@ -137,6 +137,13 @@ def variants() -> dict:
                 (64, 128, 2, 2, 3),
             )
         },
+        # the decode default (Qwen3-8B o_proj, M = 16) launched dependent (MgpuConfig.pdl): the
+        # same K loop; its prologue prefetches the first ring's weights (8 slices) to L2, then
+        # waits for the predecessor before any load (``sass.dependent_launch``)
+        "mm_swap_32x128_k2c_s2_pdl": (
+            *mm(32, "fp8", G(32, 128, 4, True, 2, cluster_k=True, k_slices=2, pdl=True)),
+            mm_loads,
+        ),
         "mm_swap_128x64": (*mm(128, "fp8", G(128, 64, 4, True)), mm_loads),  # N % 128 != 0
         "mm_swap_128x64_k4": (*mm(128, "fp8", G(128, 64, 4, True, 4)), mm_loads),
         # decode attention: swap-AB (the default), and unswapped (the query group padded to 64)
@@ -189,6 +196,7 @@ def profile(fn, args) -> dict:
                 smem_bytes=smem, instructions=len(instrs),
                 main_loop=dataclasses.asdict(main) if main else None,
                 tma_loop=dataclasses.asdict(mem) if mem else None,
+                dependent_launch=sass.dependent_launch(instrs),
             ))  # fmt: skip
     return dict(kernels=kernels)
 

@@ -152,3 +152,37 @@ def tma_loop(instrs: list[Instr]) -> LoopProfile | None:
     """The innermost loop issuing TMA loads (``UTMALDG``) and no MMA: the producer's K loop."""
     cands = [p for p in all_loops(instrs) if p.by_op.get("UTMALDG") and not p.mma]
     return min(cands, key=lambda p: p.end - p.start) if cands else None
+
+
+# global memory traffic: TMA loads / stores / bulk copies, plain loads / stores / atomics,
+# async copies to SMEM (a read of an operand before the grid dependency wait is a race)
+_GLOBAL_ACCESS = (
+    "UTMALDG",
+    "UTMASTG",
+    "UTMAREDG",
+    "UBLKCP",
+    "LDG",
+    "STG",
+    "ATOMG",
+    "REDG",
+    "LDGSTS",
+)
+
+
+def dependent_launch(instrs: list[Instr]) -> dict | None:
+    """A dependent-launch kernel's prologue (``kernels_pallas/dependent_launch.py``), or None if
+    it does not wait for its predecessor (no ``ACQBULK``, ``griddepcontrol.wait``): the L2
+    prefetches (``UTMAPF``) issued before the wait, and the global memory accesses placed before
+    it (none in a correct kernel: the prologue is straight-line code, so address order is issue
+    order there)."""
+    waits = [i.addr for i in instrs if i.op == "ACQBULK"]
+    if not waits:
+        return None
+    first = min(waits)
+    before = [i for i in instrs if i.addr < first]
+    return dict(
+        waits=len(waits),
+        prefetches=sum(i.op == "UTMAPF" for i in before),
+        accesses_before_wait=sum(i.op in _GLOBAL_ACCESS for i in before),
+        triggers=sum(i.op == "PREEXIT" for i in instrs),
+    )

@@ -15,9 +15,10 @@ SASS_JSON = os.path.join(
 )  # fmt: skip
 
 
-# a variant name's split-K (``_k4``, ``_k2c``) and K-slices (``_s2``) suffixes: the producer
-# issues the same loads per step whatever the chunk or the slices per stage
-_SPLIT_OR_SLICES = re.compile(r"_k\d+c?(?=_s|$)|_s\d+$")
+# a variant name's split-K (``_k4``, ``_k2c``), K-slices (``_s2``) and dependent-launch (``_pdl``)
+# suffixes: the producer issues the same loads per step whatever the chunk, the slices per stage
+# or the launch
+_SPLIT_OR_SLICES = re.compile(r"_k\d+c?(?=_s|_pdl|$)|_s\d+(?=_pdl|$)|_pdl$")
 
 
 @functools.cache

@@ -172,8 +172,8 @@ def test_calibrated_rollout_predicts_the_measured_one():
 def test_a_qwen3_8b_rollout_file_is_predicted_at_its_own_shape(tmp_path):
     """``bench_rollout.py --model qwen3-8b`` (issue 21's target shape): the model predicts its
     decode step at the file's batch and mean context, the Qwen3-8B widths, the FP8 attention
-    ring depth and the decode GEMM tiles it records (a file without them: the first run's 3
-    stages and one 128-K slice per step)."""
+    ring depth and the decode GEMM tiles it records and their launch (a file without them: the
+    first run's 3 stages, one 128-K slice per step, launched plainly)."""
     import json
 
     from kernels_pallas.perf_model import gpu_rollout
@@ -185,6 +185,7 @@ def test_a_qwen3_8b_rollout_file_is_predicted_at_its_own_shape(tmp_path):
             device_kind="NVIDIA H200",
             fp8_attention_stages=5,
             decode_k_slices=True,
+            decode_pdl=True,
         ),
         rows=[dict(row, variant="bf16", ms_per_step=14.0), dict(row, variant="w8a8_fp8kv")],
     )
@@ -196,10 +197,11 @@ def test_a_qwen3_8b_rollout_file_is_predicted_at_its_own_shape(tmp_path):
     assert v["calibrated"].ratio == pytest.approx(want.ratio)
     assert v["label"] == "Qwen3-8B shape, h200, B = 64, context 3,072"
     assert v["now"].ratio == pytest.approx(want.ratio)  # today's defaults: the same here
-    del data["meta"]["fp8_attention_stages"], data["meta"]["decode_k_slices"]
+    for key in ("fp8_attention_stages", "decode_k_slices", "decode_pdl"):
+        del data["meta"][key]
     path.write_text(json.dumps(data))
     old = gpu_rollout.decode_step("h200", gpu_rollout.QWEN3_8B, 64, 1024 + 2048, attn_stages=3,
-                                  k_slices=False)  # fmt: skip
+                                  k_slices=False, pdl=False)  # fmt: skip
     assert gpu_rollout.validation(str(path))["calibrated"].ratio == pytest.approx(old.ratio)
     assert old.ratio < want.ratio  # the 3-stage ring: latency-bound on an H200
 

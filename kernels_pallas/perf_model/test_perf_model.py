@@ -261,30 +261,33 @@ def test_compare_predicts_the_decode_attention_rows():
     """bench_decode rows of the Hopper kernel with every slot live get the model's time for
     their arm (swap-AB, ``:unswapped``, ``:bs128``, which the 128-slot profile models,
     ``:st3`` / ``:st5``) at their ring depth: recorded (``num_stages``), or for the first run's
-    rows the defaults of then (3 stages on FP8); ragged rows and the XLA reference get none."""
+    rows the defaults of then (3 stages on FP8), and their launch (``pdl``: the first run's
+    rows launched plainly); ragged rows and the XLA reference get none."""
     from kernels_pallas.perf_model import compare
 
     row = dict(model="Qwen3-8B", b=32, s=8192, h=32, k=8, c=128, cache="fp8_static",
                lengths="full", impl="pallas_mosaic_gpu")  # fmt: skip
     want = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8",
-                                 stages=3)  # fmt: skip
+                                 stages=3, pdl=False)  # fmt: skip
     assert compare.predicted_us("h200", row) == pytest.approx(want.time_s * 1e6)
     assert compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:st3")) == \
         pytest.approx(want.time_s * 1e6)  # fmt: skip
     now = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8")
-    assert compare.predicted_us("h200", dict(row, num_stages=5)) == \
+    assert compare.predicted_us("h200", dict(row, num_stages=5, pdl=True)) == \
         pytest.approx(now.time_s * 1e6)  # fmt: skip
+    assert compare.predicted_us("h200", dict(row, num_stages=5)) == \
+        pytest.approx((now.time_s + gpu.LAUNCH_S - gpu.PDL_LAUNCH_S) * 1e6)  # fmt: skip
     assert now.time_s < 0.8 * want.time_s  # the 5-stage default: past the 3-stage latency bound
     un = compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:unswapped"))
     assert un >= compare.predicted_us("h200", row)
     wide = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8",
-                                 block_s=128, stages=3)  # fmt: skip
+                                 block_s=128, stages=3, pdl=False)  # fmt: skip
     assert wide.impl == "decode_fp8_bs128 J=1 3 stages" and wide.terms["registers"] > 128
     assert wide.terms["ctas_per_sm_max"] == 1  # 200 registers x 256 threads: one CTA per SM
     got = compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:bs128"))
     assert got == pytest.approx(wide.time_s * 1e6)
     deep = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8",
-                                 stages=5)  # fmt: skip
+                                 stages=5, pdl=False)  # fmt: skip
     got = compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:st5"))
     assert got == pytest.approx(deep.time_s * 1e6) and deep.terms["ctas_per_sm"] == 2
     bf16 = compare.predicted_us("h200", dict(row, cache="bf16"))
