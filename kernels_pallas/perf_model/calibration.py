@@ -224,7 +224,7 @@ def attention_latency(paths: list[str], chip: str | None = None) -> list[dict]:
     ``gpu.step_cycles``: a slot turns over once per load plus the step that reads it), with
     ``step`` the measured time over the CTA's tile steps and waves, ``stages`` the row's ring
     depth (``compare.ring_depth``) and ``chain`` the SASS model's serial path of one step. What
-    set ``gpu.ATTN_LOAD_LATENCY_S``; on a later run, whether a deeper ring kept it."""
+    set ``gpu_attention.ATTN_LOAD_LATENCY_S``; on a later run, whether a deeper ring kept it."""
     from kernels_pallas.perf_model import compare, gpu
     from kernels_pallas.perf_model.common import CHIPS
 

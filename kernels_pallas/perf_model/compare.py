@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from kernels_pallas.perf_model import gpu
+from kernels_pallas.perf_model import gpu, gpu_attention
 
 
 def chip_of(device_kind: str) -> str | None:
@@ -81,7 +81,7 @@ def attention_prediction(chip: str, row: dict):
     if row.get("lengths") != "full" or not impl.startswith("pallas_mosaic_gpu"):
         return None
     cache = "bf16" if row["cache"] == "bf16" else "fp8"
-    return gpu.predict_attention(chip, "decode_attention", row["b"], row["s"], row["h"],
+    return gpu_attention.predict_attention(chip, "decode_attention", row["b"], row["s"], row["h"],
                                  row["k"], row["c"], cache,
                                  swap_ab=not impl.endswith(":unswapped"),
                                  block_s=128 if impl.endswith(":bs128") else None,

@@ -6,12 +6,12 @@ launch (``hlo_launches``: counted in the H100 decode loops, ``rollout_launches.j
 
   FP8 rollout (``fp8rl_jax.models.fused``): q|k|v as one GEMM, decode attention on the FP8
       cache, o_proj, gate+up as one GEMM, down_proj (``gpu.predict_matmul`` with x FP8;
-      ``gpu.predict_attention``), each GEMM's input quantized by its producer's kernel
+      ``gpu_attention.predict_attention``), each GEMM's input quantized by its producer's kernel
       (``act_quantize.fused``: RMSNorm x2, the attention chunks' combine, SiLU product: the
       program's four Triton launches per layer, ``gpu.quantize_s`` each);
   BF16 rollout: q|k|v as one GEMM (XLA fuses the three dots: the count says so), o, gate, up
       and down as BF16 GEMMs (``gpu.bf16_gemm_s``), BF16-cache decode attention
-      (``gpu.bf16_attention_s``);
+      (``gpu_attention.bf16_attention_s``);
 
 plus each program's own count of other XLA fusions per layer (QK-norm and RoPE, the cache write,
 residual adds with the swap-AB GEMM outputs' transposes and split-K sums, which XLA fuses into their
@@ -32,8 +32,8 @@ predicate of its release / admission / page-growth bookkeeping, which runs under
 only when due, the slots' sampling state, loop-carried copies: ``hlo_launches
 .paged_step_launches``; admission and prefill are left out as above). The attention kernel is the
 paged one in both (the dense kernel's model is the same at these shapes:
-``gpu.predict_attention``). ``paged_bookkeeping_change`` gives the paged step before -> after
-that cond.
+``gpu_attention.predict_attention``). ``paged_bookkeeping_change`` gives the paged step before
+-> after that cond.
 
 Both programs also pay, per step, the predicates the host reads (``hlo_launches
 .decode_body_syncs``, ``.paged_step_syncs``: the decode loop's; in the paged engine also its
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kernels_pallas.perf_model import gpu, hlo_launches
+from kernels_pallas.perf_model import gpu, gpu_attention, hlo_launches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +123,7 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: st
     def quant(k):  # a producer + quantization kernel writing [batch, k] FP8
         return gpu.quantize_s(chip, batch, k)
 
-    attn = gpu.predict_attention(chip, "paged_attention", batch, context, cfg.heads,
+    attn = gpu_attention.predict_attention(chip, "paged_attention", batch, context, cfg.heads,
                                  cfg.kv_heads, c, in_program=True, stages=attn_stages,
                                  pdl=pdl)  # fmt: skip
     fp8 = {
@@ -138,7 +138,9 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: st
     bf = lambda n, k: gpu.bf16_gemm_s(chip, batch, n, k, fill=False)  # noqa: E731
     bf16 = {
         "q|k|v (XLA fuses the dots)": bf(q_n + 2 * kv_n, d),
-        "attention (BF16 cache)": gpu.bf16_attention_s(chip, batch, context, cfg.kv_heads, c),
+        "attention (BF16 cache)": gpu_attention.bf16_attention_s(
+            chip, batch, context, cfg.kv_heads, c
+        ),
         "o_proj": bf(d, q_n),
         "gate, up": 2 * bf(cfg.ffn, d),
         "down_proj": bf(d, cfg.ffn),

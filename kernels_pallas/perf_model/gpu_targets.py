@@ -8,7 +8,8 @@ import dataclasses
 
 from kernels_pallas.fp8_matmul.mgpu_config import NUM_SMS
 from kernels_pallas.perf_model.common import GPU_CHIPS, Case, Prediction
-from kernels_pallas.perf_model.gpu import predict_attention, predict_matmul
+from kernels_pallas.perf_model.gpu import predict_matmul
+from kernels_pallas.perf_model.gpu_attention import predict_attention
 
 # --- the cases the GPU half predicts --------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from kernels_pallas.perf_model import gpu
+from kernels_pallas.perf_model import gpu, gpu_attention
 
 
 def test_compare_reads_the_rows_there_are_and_names_a_missing_file(tmp_path):
@@ -89,10 +89,10 @@ def test_prefill_steps_are_the_chain_in_step_and_a_later_wave_one_round_trip():
 
 
 def test_attention_load_latency_is_the_one_both_caches_measured():
-    """``gpu.ATTN_LOAD_LATENCY_S`` is the median load round trip the swap-AB attention kernels'
-    measured steps imply (``calibration.attention_latency``), and the FP8 (3 stages) and BF16 (2
-    stages) kernels imply the same one within 10%: one latency explains both caches' rates, so
-    the ring depth, not the cache, set the FP8 kernel's 58-68% of HBM."""
+    """``gpu_attention.ATTN_LOAD_LATENCY_S`` is the median load round trip the swap-AB attention
+    kernels' measured steps imply (``calibration.attention_latency``), and the FP8 (3 stages) and
+    BF16 (2 stages) kernels imply the same one within 10%: one latency explains both caches'
+    rates, so the ring depth, not the cache, set the FP8 kernel's 58-68% of HBM."""
     import statistics
 
     from kernels_pallas.perf_model import calibration
@@ -103,7 +103,7 @@ def test_attention_load_latency_is_the_one_both_caches_measured():
           for c in ("fp8", "bf16")}  # fmt: skip
     assert len(rows) == 9 and by["fp8"] == pytest.approx(by["bf16"], rel=0.1)
     med = statistics.median(r["latency_s"] for r in rows)
-    assert med == pytest.approx(gpu.ATTN_LOAD_LATENCY_S, rel=0.05)
+    assert med == pytest.approx(gpu_attention.ATTN_LOAD_LATENCY_S, rel=0.05)
     assert gpu.KERNEL_CALIBRATION["attn_fp8"] == pytest.approx(1.0, abs=0.05)
 
 

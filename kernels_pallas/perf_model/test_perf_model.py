@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from kernels_pallas.perf_model import common, gpu, gpu_grouped, gpu_targets, sass, sass_profiles
+from kernels_pallas.perf_model import (
+    common,
+    gpu,
+    gpu_attention,
+    gpu_grouped,
+    gpu_targets,
+    sass,
+    sass_profiles,
+)
 
 LISTING = """
         /*0100*/                   MOV R1, R2 ;
@@ -126,7 +134,7 @@ def test_predictions_are_consistent():
     q = gpu.predict_matmul("h200", 4096, 4096, 4096, "fp8")
     assert p.ratio == pytest.approx(p.baseline_s / p.time_s)
     assert q.time_s <= p.time_s  # same compute, more bandwidth
-    a = gpu.predict_attention("h100", "decode_attention", 32, 32768, 32, 8, 128)
+    a = gpu_attention.predict_attention("h100", "decode_attention", 32, 32768, 32, 8, 128)
     assert 0 < a.hbm_fraction() <= gpu.HBM_EFF + 1e-9  # never above the streaming ceiling
     assert "h100" in common.CHIPS and common.CHIPS["h100"].kind == "gpu"
     md = common.table([p, a])
@@ -146,7 +154,7 @@ def test_swap_ab_attention_profiles_and_predictions():
         assert sw["registers"] < un["registers"] and sw["spill_bytes"] == 0, name
     for op in ("decode_attention", "paged_attention"):
         for chip in ("h100", "h200"):
-            sw, un = (gpu.predict_attention(chip, op, 8, 32768, 32, 8, 128, swap_ab=s)
+            sw, un = (gpu_attention.predict_attention(chip, op, 8, 32768, 32, 8, 128, swap_ab=s)
                       for s in (True, False))  # fmt: skip
             assert sw.time_s <= un.time_s, (op, chip)
             assert sw.impl.split()[0] + "_unswapped" == un.impl.split()[0]
@@ -267,12 +275,12 @@ def test_compare_predicts_the_decode_attention_rows():
 
     row = dict(model="Qwen3-8B", b=32, s=8192, h=32, k=8, c=128, cache="fp8_static",
                lengths="full", impl="pallas_mosaic_gpu")  # fmt: skip
-    want = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8",
+    want = gpu_attention.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8",
                                  stages=3, pdl=False)  # fmt: skip
     assert compare.predicted_us("h200", row) == pytest.approx(want.time_s * 1e6)
     assert compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:st3")) == \
         pytest.approx(want.time_s * 1e6)  # fmt: skip
-    now = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8")
+    now = gpu_attention.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8")
     assert compare.predicted_us("h200", dict(row, num_stages=5, pdl=True)) == \
         pytest.approx(now.time_s * 1e6)  # fmt: skip
     assert compare.predicted_us("h200", dict(row, num_stages=5)) == \
@@ -280,13 +288,13 @@ def test_compare_predicts_the_decode_attention_rows():
     assert now.time_s < 0.8 * want.time_s  # the 5-stage default: past the 3-stage latency bound
     un = compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:unswapped"))
     assert un >= compare.predicted_us("h200", row)
-    wide = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8",
+    wide = gpu_attention.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8",
                                  block_s=128, stages=3, pdl=False)  # fmt: skip
     assert wide.impl == "decode_fp8_bs128 J=1 3 stages" and wide.terms["registers"] > 128
     assert wide.terms["ctas_per_sm_max"] == 1  # 200 registers x 256 threads: one CTA per SM
     got = compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:bs128"))
     assert got == pytest.approx(wide.time_s * 1e6)
-    deep = gpu.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8",
+    deep = gpu_attention.predict_attention("h200", "decode_attention", 32, 8192, 32, 8, 128, "fp8",
                                  stages=5, pdl=False)  # fmt: skip
     got = compare.predicted_us("h200", dict(row, impl="pallas_mosaic_gpu:st5"))
     assert got == pytest.approx(deep.time_s * 1e6) and deep.terms["ctas_per_sm"] == 2
