@@ -132,10 +132,16 @@ def rollout_targets(bench: dict | None, on_gpu: bool) -> list[dict]:
 
 
 def read_status(stages: pathlib.Path) -> list[dict]:
-    """``status.tsv``: stage, exit code, seconds, budget, note (one line per stage)."""
+    """``status.tsv``: stage, exit code, seconds, budget, note (one line per stage; a line
+    without those fields continues the note before it: a multi-line command that ``gpu_check.sh``
+    recorded before it flattened notes)."""
     out = []
     path = stages / "status.tsv"
     for line in path.read_text().splitlines() if path.exists() else []:
+        if line.count("\t") < 3:
+            if out:
+                out[-1]["note"] += " " + line.strip()
+            continue
         name, rc, secs, budget, *note = line.split("\t")
         rc = int(rc) if rc.lstrip("-").isdigit() else None
         state = {0: "ok", 124: "TIMEOUT", 137: "TIMEOUT (killed)", None: "skipped"}.get(rc, "FAIL")

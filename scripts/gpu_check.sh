@@ -120,8 +120,10 @@ FAILED=()
 
 log() { echo "[gpu_check $(($(date +%s) - START))s] $*"; }
 
-record() { # name rc seconds budget note
-  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${5:-}" >>"$STAGES/status.tsv"
+record() { # name rc seconds budget note (one line: the note's tabs and newlines as spaces)
+  local note=${5:-}
+  note=${note//$'\n'/ }
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${note//$'\t'/ }" >>"$STAGES/status.tsv"
 }
 
 # run_stage NAME BUDGET_S CMD...: runs CMD under `timeout` (the smaller of BUDGET_S and what is

@@ -305,6 +305,24 @@ def print_fit(rows: list[dict], grid: tuple, family_: str) -> None:
         print("| " + " | ".join(cells) + " |")
 
 
+def modelled(paths: list[str]) -> tuple[list[str], list[str]]:
+    """(the bench files whose device the model has, notes naming the others): a CPU run's
+    files (``gpu_check.sh --quick``) have no chip to predict."""
+    import json
+
+    from kernels_pallas.perf_model import compare
+
+    keep, notes = [], []
+    for path in paths:
+        with open(path) as f:
+            kind = json.load(f).get("meta", {}).get("device_kind", "")
+        if compare.chip_of(kind) is None:
+            notes.append(f"({path}: device {kind or '?'}: no model)")
+        else:
+            keep.append(path)
+    return keep, notes
+
+
 def main(argv=None) -> int:
     args = list(argv if argv is not None else sys.argv[1:])
     show_fit = "--fit" in args
@@ -314,6 +332,9 @@ def main(argv=None) -> int:
     else:
         root = args[0] if args else DEFAULT_DIR
         paths = [p for f in DEFAULT_FILES if os.path.exists(p := os.path.join(root, f))]
+    paths, notes = modelled(paths)
+    for note in notes:
+        print(note)
     if show_fit:
         print_fit(fit(paths), (("DRAM_LATENCY_S (us)", "latency_s", ".1f"),
                                ("FILL_S (us)", "fill_s", ".0f")), "mm_decode")  # fmt: skip
