@@ -25,7 +25,7 @@ from kernels_pallas import act_quantize, autotune
 from kernels_pallas.backend import Implementation, ImplTable, device_reason, target_device
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.fp8_matmul import pallas_tpu as tpu
-from kernels_pallas.fp8_matmul.mgpu_config import NUM_SMS, SWAP_ROW_ALIGN
+from kernels_pallas.fp8_matmul.mgpu_config import NUM_SMS, SWAP_ROW_ALIGN, decode_pdl
 from kernels_pallas.fp8_matmul.reference import check_operands
 from kernels_pallas.fp8_matmul.xla import XlaConfig, fp8_matmul_xla
 from kernels_pallas.qarray import QArray
@@ -222,8 +222,7 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
         # every swap-AB tile launched as the default's is (dependent: ``MgpuConfig.pdl``), so
         # the timer compares tiles; the launch itself is judged by the benchmark's wall clock
         # (``bench_matmul``'s ``:nopdl`` arm), which sees the gaps CUPTI leaves out
-        pdl = m <= 256 and mgpu.default_config(m, n, k, swap=True).pdl
-        cfgs = [dataclasses.replace(c, pdl=pdl and c.swap_ab) for c in cfgs]
+        cfgs = [dataclasses.replace(c, pdl=c.swap_ab and decode_pdl()) for c in cfgs]
         for cfg in dict.fromkeys(cfgs):
             if legal(cfg):
                 name = f"pallas_mosaic_gpu:{cfg.block_m}x{cfg.block_n}x{cfg.max_concurrent_steps}"

@@ -181,6 +181,12 @@ _DECODE_K_SLICES = 2
 _DECODE_PDL = True
 
 
+def decode_pdl() -> bool:
+    """Whether swap-AB decode tiles launch dependent by default (``_DECODE_PDL``, unless
+    ``FP8RL_PDL=0``)."""
+    return _DECODE_PDL and pdl_enabled()
+
+
 def decode_split_k(ctas: int, k_steps: int, wgs_per_cta: int = 2) -> int:
     """K chunks for a decode grid of ``ctas`` CTAs: the largest power of two dividing the K
     steps with ``ctas · wgs_per_cta · split <= 160`` and >= 4 K steps per chunk."""
@@ -331,7 +337,7 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     rings = [(1, st) for st in range(cfg.max_concurrent_steps, 1, -1)]
     if k_slices and cfg.swap_ab and (k // GROUP) % (_DECODE_K_SLICES * cfg.split_k) == 0:
         rings = [(_DECODE_K_SLICES, st) for st in (cfg.max_concurrent_steps, 3)] + rings
-    cfg = dataclasses.replace(cfg, pdl=pdl and _DECODE_PDL and cfg.swap_ab and pdl_enabled())
+    cfg = dataclasses.replace(cfg, pdl=pdl and cfg.swap_ab and decode_pdl())
     for cluster_k in dict.fromkeys((cfg.cluster_k, False)):  # in-cluster sum if it fits
         for k_slices, stages in rings:
             c = dataclasses.replace(cfg, max_concurrent_steps=stages, cluster_k=cluster_k,

@@ -100,15 +100,13 @@ def family(row: dict) -> str | None:
     return None
 
 
-def _launch_us(chip: str, row: dict) -> float:
+def _launch_us(row: dict) -> float:
     """The launch the model's prediction of a bench row holds (CUPTI's kernel time has none):
-    ``gpu.PDL_LAUNCH_S`` for a kernel launched dependent, else ``gpu.LAUNCH_S``."""
+    ``gpu.PDL_LAUNCH_S`` for a kernel launched dependent (as ``compare`` reads the row), else
+    ``gpu.LAUNCH_S``."""
     from kernels_pallas.perf_model import compare, gpu
 
-    if "cache" in row:
-        p = compare.attention_prediction(chip, row)
-        return (p.terms["launch_s"] if p is not None else gpu.LAUNCH_S) * 1e6
-    pdl = getattr(compare.matmul_config(row), "pdl", False) if "m" in row else False
+    pdl = row.get("pdl", False) if "cache" in row else compare.matmul_config(row).pdl
     return (gpu.PDL_LAUNCH_S if pdl else gpu.LAUNCH_S) * 1e6
 
 
@@ -128,7 +126,7 @@ def ratios(paths: list[str], chip: str | None = None) -> dict[str, list[float]]:
             with imported_uncalibrated():
                 pred = compare.predicted_us(c, row)
             if pred is not None:
-                out[fam].append(meas / (pred - _launch_us(c, row)))
+                out[fam].append(meas / (pred - _launch_us(row)))
     return dict(out)
 
 
