@@ -8,7 +8,9 @@ Rows per shape (M, N, K):
     above; the exact reference on CPU) and the target's kernel (``pallas_mosaic_gpu`` on Hopper);
   * ``fp8:<kernel>+quant``: from BF16 x, as the model calls it (activation quantization timed:
     once, by the ``act_quantize`` kernel on Hopper (by XLA elsewhere; on Hopper by XLA above
-    256 rows until 2026-12-04: the first H200 run's rows), then the QArray kernel, at every M);
+    256 rows until 2026-12-04: the first H200 run's rows), then the QArray kernel; on Hopper at
+    M <= 16 in-kernel, by the fused decode kernel, one launch: the row's ``fused``), and at
+    those M ``fp8:<kernel>+quant:once``: the quantize-once path beside it;
   * at M <= 64, ``bf16+add`` and ``fp8:<kernel>+add``: the GEMM as the rollout program runs it,
     followed by its consumer (a residual add of a BF16 [M, N] ``r``), x already FP8 (quantized
     by its producer's kernel in the program): XLA fuses the split-K partials' sum into that
@@ -51,6 +53,7 @@ import numpy as np  # noqa: E402
 
 from experiments import bench_common as bc  # noqa: E402
 from kernels_pallas.backend import prepare_gpu_interpret  # noqa: E402
+from kernels_pallas.fp8_matmul import api as fp8_api  # noqa: E402
 from kernels_pallas.fp8_matmul import default_impl, fp8_matmul  # noqa: E402
 from kernels_pallas.quantize import quantize_activations, quantize_weight  # noqa: E402
 
@@ -99,14 +102,27 @@ PLAIN = ":plain"
 # the arm ``fp8:<MGPU>:nopdl``. What it changes is the gap between kernels, which CUPTI's kernel
 # time leaves out: compare the rows' wall clock per GEMM (``wall us``, ``x bf16 (wall)``).
 NOPDL = ":nopdl"
+# Raw x at decode M runs the fused kernel (``+quant``: x quantized in-kernel, one launch) where
+# ``fused_default`` says; the arm ``fp8:<MGPU>+quant:once`` times the quantize-once path
+# (``act_quantize``, then the QArray kernel) beside it.
+ONCE = "+quant:once"
 
 
 def arm_config(label: str, m: int, n: int, k: int) -> dict | None:
     """The Hopper tile config an arm runs, as its row records it (None for other arms)."""
     if not label.startswith(f"fp8:{MGPU}"):
         return None
+    if arm_fused(label, m, n, k):
+        from kernels_pallas.fp8_matmul import mgpu_config
+
+        return dataclasses.asdict(mgpu_config.default_config(m, n, k, fused=True))
     return dataclasses.asdict(hopper_config(m, n, k, label.removeprefix(f"fp8:{MGPU}")
                                             .split("+")[0]))  # fmt: skip
+
+
+def arm_fused(label: str, m: int, n: int, k: int) -> bool:
+    """Whether an arm runs the fused (in-kernel quantization) kernel: ``+quant`` at decode M."""
+    return label == f"fp8:{MGPU}+quant" and fp8_api.fused_default(m, n, k)
 
 
 def hopper_config(m: int, n: int, k: int, arm: str = ""):
@@ -116,6 +132,14 @@ def hopper_config(m: int, n: int, k: int, arm: str = ""):
 
     new = arm != PLAIN
     return mgpu_config.default_config(m, n, k, overlap=new, k_slices=new, pdl=arm != NOPDL)
+
+
+def _quantized_once(s, *, interpret):
+    """Raw x quantized once by ``act_quantize``, then the QArray kernel's default tile: what
+    ``+quant`` ran at every M before the fused decode kernel (``fp8_api.fused_default``)."""
+    m = s["x"].shape[0]
+    xq = fp8_api.quantize_once(s["x"], s["wq"], interpret=interpret)
+    return fp8_matmul(xq, s["wq"], out_dtype=jnp.bfloat16, impl=MGPU, interpret=interpret)[:m]
 
 
 def _plus_residual(op):
@@ -142,6 +166,9 @@ def _arms(impls: list[str], interpret: bool, m: int, n_k: tuple[int, int] = (128
             arms.append((f"fp8:{MGPU}{arm}", op, ("xq", "wq")))
     quant = functools.partial(_fp8, impl=impls[-1], raw=True, interpret=interpret)
     arms.append((f"fp8:{impls[-1]}+quant", quant, ("x", "wq")))
+    if impls[-1] == MGPU and fp8_api.fused_default(m, *n_k):  # the fused kernel's baseline
+        arms.append((f"fp8:{MGPU}{ONCE}", functools.partial(_quantized_once, interpret=interpret),
+                     ("x", "wq")))  # fmt: skip
     if m <= ADD_MAX_M:
         kernel = functools.partial(_fp8, impl=impls[-1], raw=False, interpret=interpret)
         arms.append(("bf16+add", _plus_residual(_bf16), ("x", "w", "r")))
@@ -170,6 +197,7 @@ def bench_shape(model, layer, m, n, k, impls, runs, interpret) -> list[dict]:
         row = dict(model=model, layer=layer, m=m, n=n, k=k, impl=label)
         if (cfg := arm_config(label, m, n, k)) is not None:  # the tiles it ran (for the model)
             row["config"] = cfg
+            row["fused"] = arm_fused(label, m, n, k)
         try:
             args = [{r: s[r] for r in reads} for s in sets]
             fn = lambda ss, op=op: [op(s) for s in ss]

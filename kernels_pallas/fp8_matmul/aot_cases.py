@@ -9,7 +9,7 @@ fallback on H100 (``XLA_LAYERS``: FP8 GEMMs batched over K blocks for M <= 32, B
 GEMM above). ``EXTRA`` adds E5M2 and F32-output cases (the F32 fused epilogue is the tightest SMEM
 fit); ``TILES`` compiles non-default tile configurations the checks accept (both compute-warpgroup
 counts, swap-AB from 32 to 128 rows, split-K, deep rings, N % 128 != 0, K tails of the ring, big TPU
-tiles, the opt-in fused kernel: raw x with a non-swap config).
+tiles, the fused kernel: raw x with a non-swap config (opt-in) and the fused decode tiles).
 Every case is one the support check accepts (``fp8_matmul`` raises for an explicit impl it
 rejects), so compiling them all proves the check for these shapes.
 """
@@ -114,6 +114,29 @@ DEPENDENT = (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, dataclasses.replace(c, pdl=True))
     for c in (_G(128, 256, 3), _GO(128, 128, 3, cluster_m=2), _G(128, 128, 4, persistent=_P))
 )  # fmt: skip
+# The fused (BF16 x) decode kernel (mgpu_fused_swap; the default at M <= 16 compiles in KINDS'
+# "bf16" rows) on the other ways its warpgroups split the quantization: a 32-row slice each
+# (two slices a step), row halves of 32 and of 16 rows (one slice a step), two slices each
+# (four a step), one warpgroup alone, and with F32 out (yᵀ) and 2 chunks summed in-cluster
+_PDL = functools.partial(_G, swap_ab=True, pdl=True)
+FUSED = (
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 32, _PDL(32, 128, 3, k_slices=2)),
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 12288, 64, _PDL(64, 128, 4)),
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 20, _PDL(32, 128, 4)),
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 4096, 16, _PDL(16, 128, 2, k_slices=4)),
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _BF, 4096, 6144, 16, _PDL(16, 64, 4, k_slices=2)),
+    ("pallas_mosaic_gpu", ("h100",), "bf16", _F32, 4096, 4096, 16, _PDL(16, 128, 4, k_slices=2)),
+    (
+        "pallas_mosaic_gpu",
+        ("h100",),
+        "bf16",
+        _BF,
+        4096,
+        4096,
+        32,
+        _PDL(32, 128, 3, split_k=2, cluster_k=True, k_slices=2),
+    ),
+)
 # Tile configurations the support check accepts beyond the per-shape defaults above:
 # (impl, targets, activations, output dtype, K, N, M, config)
 TILES = (
@@ -171,6 +194,7 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 2112, 4096, _GO(128, 64, 3, cluster_m=2)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 7168, 4096, 300, _GO(128, 128, 3)),
     *DEPENDENT,
+    *FUSED,
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 384, 256, 48, _T(block_m=32, block_k=256)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _F32, 4096, 4096, 4096, _T(512, block_k=1024)),
     ("pallas_tpu", ("v5e", "v6e"), "fp8", _BF, 4096, 4096, 4096, _T(1024, block_k=2048)),

@@ -3,8 +3,10 @@
 Implementations (``backend.ImplTable``; ``impl="auto"`` takes the target's kernel when its
 support check passes, else ``xla`` with one log line; an explicit impl that cannot run raises):
   * ``xla``: ``xla.fp8_matmul_xla`` (any shape; the exact reference on CPU, fast paths on GPU);
-  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16/F32 x quantized once first, by
-    the one-launch ``act_quantize`` kernel; or in-kernel with an explicit non-swap config);
+  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16 x at M <= 16 quantized in-kernel
+    by the fused decode tile, ``fused_default``; above, and F32 x, quantized once first by the
+    one-launch ``act_quantize`` kernel; in-kernel wherever an explicit config is one the fused
+    kernel runs);
   * ``impl="auto"`` with ``FP8RL_AUTOTUNE=1`` on a GPU/TPU: the fastest candidate timed on the
     device (``kernels_pallas.autotune``), cached per device kind, jax version and shape;
   * ``pallas_tpu``: the Mosaic TPU kernel.
@@ -25,7 +27,14 @@ from kernels_pallas import act_quantize, autotune
 from kernels_pallas.backend import Implementation, ImplTable, device_reason, target_device
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.fp8_matmul import pallas_tpu as tpu
-from kernels_pallas.fp8_matmul.mgpu_config import NUM_SMS, SWAP_ROW_ALIGN, decode_pdl
+from kernels_pallas.fp8_matmul.mgpu_config import (
+    FUSED_DECODE_ROWS,
+    NUM_SMS,
+    SWAP_ROW_ALIGN,
+    decode_pdl,
+    fused_refuses,
+    fused_rows,
+)
 from kernels_pallas.fp8_matmul.reference import check_operands
 from kernels_pallas.fp8_matmul.xla import XlaConfig, fp8_matmul_xla
 from kernels_pallas.qarray import QArray
@@ -39,26 +48,36 @@ def _rows(x) -> int:
 
 
 def fused_default(m: int, n: int, k: int) -> bool:
-    """Whether raw BF16/F16 x [M, K] takes the fused (in-kernel quantization) kernel by default.
+    """Whether raw BF16/F16 x [M, K] takes the fused (in-kernel quantization) kernel by default:
+    decode batches of M <= ``FUSED_DECODE_ROWS`` (16) rows, on its 16-row swap-AB tile.
 
-    Never: x is quantized once per 1x128 group (one ``act_quantize`` launch) and the QArray
-    kernel runs, at every M. The fused kernel re-quantizes its x slice in every CTA (N/128
-    times over): its K loop is 725 SASS instructions per warp against 128 for the QArray kernel
-    (``perf_model_sass.json``), issue-bound at a predicted 0.57-0.66x the quantize-once time on
-    H100 at every shape of ``perf_model.gpu_targets.MATMUL_LAYERS`` (M 65-8192). It stays available
-    with an explicit non-swap ``MgpuConfig`` and raw x.
-    """
-    del m, n, k
-    return False
+    There the CTA's compute warpgroups quantize the tile's 16 x rows per 128-K slice between
+    them (``mgpu_fused_swap``), under the weight bytes that bound a decode GEMM, and the call is
+    one kernel: no ``act_quantize`` launch before it, no padding of M to the 32-row tile of FP8
+    x (whose ring carries 128-B stages of x scales) and no slice of the output after it. The
+    performance model (the compiled K loops: 263-267 SASS instructions per warp per two-slice
+    step at 16 rows, 350 at 32 rows, 318 per slice at 64 rows, against 145-147 unfused) puts
+    it 1.02-1.26x faster than quantize-once at M = 1-16 on every decode shape of
+    ``perf_model.gpu_targets`` on the H100 and the H200; at 17-32 rows faster on the H100 but
+    up to 12% slower on the H200, where the faster HBM leaves less issue time per weight byte;
+    at 33-64 rows slower on most shapes (issue-bound). Above 16 rows x is quantized once per
+    1x128 group (one ``act_quantize`` launch) and the QArray kernel runs; an explicit swap-AB
+    config with raw x runs fused (``_fused``), so the autotuner times fused tiles there. A
+    prefill CTA re-quantizing its x slice N/128 times over is issue-bound (725 instructions per
+    K step against 128; 0.57-0.66x the quantize-once time at M 65-8192): the fused prefill
+    tiles run only with an explicit config."""
+    del n, k
+    return m <= FUSED_DECODE_ROWS
 
 
 def _fused(x, config, n: int = 0, k: int = 0) -> bool:
-    """Raw BF16/F16 x goes to the fused kernel where ``fused_default`` says (or an explicit
-    non-swap 64/128 config asks)."""
+    """Raw BF16/F16 x goes to the fused kernel where ``fused_default`` says, or where an
+    explicit config is one it runs (``mgpu_config.fused_refuses``); otherwise ``act_quantize``
+    quantizes it once."""
     if isinstance(x, QArray) or x.dtype not in _RAW_16BIT:
         return False
-    if config is not None:  # wide tiles, clusters: no fused variant, act_quantize quantizes x
-        return not config.swap_ab and len(config.wg_subtiles) == 1 and config.cluster_m == 1
+    if config is not None:
+        return fused_refuses(config) is None
     return fused_default(_rows(x), n, k)
 
 
@@ -117,6 +136,15 @@ def _run_xla(x, w_q, *, config, out_dtype, interpret):
                           platform=platform)  # fmt: skip
 
 
+def quantize_once(x: jax.Array, w_q: QArray, *, interpret: bool = False) -> QArray:
+    """Raw x [M, K] as the Hopper kernel's quantize-once path makes it for its default tile
+    (``act_quantize``'s one launch, rows padded to the tile): what ``fp8_matmul`` runs above
+    ``FUSED_DECODE_ROWS`` rows, here at any M (``bench_matmul``'s ``+quant:once`` arm, beside
+    the fused kernel at decode M). ``fp8_matmul`` of it returns the padded rows."""
+    m, (n, k) = _rows(x), w_q.shape
+    return _mgpu_quantized(x, w_q, mgpu.default_config(m, n, k), interpret)
+
+
 def _mgpu_quantized(x, w_q: QArray, cfg, interpret: bool) -> QArray:
     """x as the Hopper kernel reads it: a QArray as given; raw x quantized by the one-launch
     ``act_quantize`` kernel (padded to the CTA row tile), which reads x once where XLA's
@@ -168,18 +196,26 @@ DEEP_RING_STAGES = 6
 
 
 def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None,
-                 device_kind: str = "") -> list[tuple[str, str, object]]:  # fmt: skip
+                 device_kind: str = "",
+                 raw_x: bool = False) -> list[tuple[str, str, object]]:  # fmt: skip
     """(name, impl, config) the autotuner times at [M, K] x [N, K] on ``platform``: the XLA FP8
     path, the Pallas kernel's tile configs the support check can accept, and the BF16 floor.
     ``limit`` (GPU): only the default config and the ``limit - 1`` others the performance model
     predicts fastest in a program (``perf_model.gpu``, on the H200's or H100's constants by
-    ``device_kind``); None: every legal config."""
+    ``device_kind``); None: every legal config. ``raw_x``: x arrives BF16/F16, so each config
+    runs as ``fp8_matmul`` runs it then (the fused kernel where it takes the config: ``_fused``)
+    and the default is the fused one where ``fused_default`` says."""
     specs = [("xla", "xla", None), (autotune.BF16_FLOOR, autotune.BF16_FLOOR, None)]
     if platform == "gpu":
         G = mgpu.MgpuConfig
-        legal = lambda c: mgpu.supports(m, k, n, c, fused=False, x_itemsize=1,  # noqa: E731
-                                        out_itemsize=2) is None  # fmt: skip
-        cfgs = [mgpu.default_config(m, n, k)]
+
+        def legal(c) -> bool:
+            fused = raw_x and fused_refuses(c) is None
+            return mgpu.supports(m, k, n, c, fused=fused, x_itemsize=2 if fused else 1,
+                                 out_itemsize=2) is None  # fmt: skip
+
+        fz = raw_x and fused_default(m, n, k)  # the default runs fused
+        cfgs = [mgpu.default_config(m, n, k, fused=fz)]
 
         # pinned beside a decode default: its one-slice-per-step tile (the default before
         # two-slice stages), and the deepest ring (DEEP_RING_STAGES) of the default if it
@@ -191,11 +227,12 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
 
         twins = []
         if cfgs[0].swap_ab:
-            one = mgpu.default_config(m, n, k, k_slices=False)
+            one = mgpu.default_config(m, n, k, fused=fz, k_slices=False)
             deep = [d for c in (cfgs[0], one) if (d := deeper(c)) is not None]
             twins = [c for c in dict.fromkeys([one, *deep[:1]]) if c != cfgs[0]]
         cfgs += twins
-        rows = -(-m // SWAP_ROW_ALIGN) * SWAP_ROW_ALIGN  # the smallest legal swap tile for M
+        # the smallest legal swap tile for M
+        rows = fused_rows(m) if fz else -(-m // SWAP_ROW_ALIGN) * SWAP_ROW_ALIGN
         if m <= 256:  # swap-AB: all rows as the wgmma N up to 128, tiles of 64 or 128 above
             bms = [min(rows, 128)] + ([64] if m > 64 else [])
             cfgs += [G(bm, bn, 4, True, split) for bm in bms for bn in (64, 128)
@@ -235,23 +272,27 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
                 specs.append((name, "pallas_mosaic_gpu", cfg))
         if limit is not None:
             specs = specs[:2] + _model_ranked(specs[2:], m, n, k, limit, device_kind,
-                                              1 + len(twins))  # fmt: skip
+                                              1 + len(twins), raw_x)  # fmt: skip
     elif platform == "tpu":
         specs.append(("pallas_tpu", "pallas_tpu", None))
     return specs
 
 
-def _model_ranked(specs, m: int, n: int, k: int, limit: int, device_kind: str, pinned: int = 1):
+def _model_ranked(specs, m: int, n: int, k: int, limit: int, device_kind: str, pinned: int = 1,
+                  raw_x: bool = False):  # fmt: skip
     """The first ``pinned`` specs (the default config, and for decode its twins) and
     the ``limit - pinned`` others the performance model predicts fastest as a GEMM inside a
-    program, in the order given."""
+    program, in the order given (with raw x: as ``fp8_matmul`` runs each, fused or not)."""
     from kernels_pallas.perf_model import compare, gpu
 
     chip = compare.chip_of(device_kind) or "h100"
 
     def predicted(cfg) -> float:
+        fused = raw_x and fused_refuses(cfg) is None
+        x, mode = ("bf16", "fused" if fused else "qarray") if raw_x else ("fp8", "default")
         try:
-            return gpu.predict_matmul(chip, m, n, k, "fp8", config=cfg, in_program=True).time_s
+            return gpu.predict_matmul(chip, m, n, k, x, mode=mode, config=cfg,
+                                      in_program=True).time_s  # fmt: skip
         except KeyError:  # no SASS profile of this variant's family: rank it last
             return float("inf")
 
@@ -279,7 +320,9 @@ def _autotuned(x2, w_q: QArray, out_dtype):
     if dev.platform not in ("gpu", "tpu"):
         return "auto", None
     m, (n, k) = _rows(x2), w_q.shape
-    specs = tuning_specs(m, n, k, dev.platform, limit=TUNE_LIMIT, device_kind=dev.device_kind)
+    raw = not isinstance(x2, QArray) and x2.dtype in _RAW_16BIT
+    specs = tuning_specs(m, n, k, dev.platform, limit=TUNE_LIMIT, device_kind=dev.device_kind,
+                         raw_x=raw)  # fmt: skip
     shape = (m, n, k, str(w_q.values.dtype), str(out_dtype), isinstance(x2, QArray))
     key = autotune.key(dev.device_kind, jax.__version__, "fp8_matmul", shape)
 
@@ -343,8 +386,9 @@ def fp8_matmul(
 
     ``x``: a QArray [..., K] with (128,) groups or a plain array [..., K], quantized per token in
     groups of the weight's K block once, by ``quantize_activations`` or its one-launch kernel
-    (``act_quantize`` on Hopper: same bits), in-kernel only with an explicit non-swap
-    ``MgpuConfig`` (``fused_default``); leading axes are flattened into M.
+    (``act_quantize`` on Hopper: same bits), or on Hopper in-kernel (the fused decode tile at
+    M <= 16, ``fused_default``; an explicit ``MgpuConfig`` the fused kernel runs); leading axes
+    are flattened into M.
     ``w_q``: a QArray [N, K] (``quantize_weight``). ``impl``: "auto" | "xla" |
     "pallas_mosaic_gpu" | "pallas_tpu"; ``config``: the implementation's tile config
     (``XlaConfig``, ``MgpuConfig``, ``TpuConfig``; None: per-shape default).

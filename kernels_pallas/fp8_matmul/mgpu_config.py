@@ -18,6 +18,10 @@ _SWAP_MAX_M = 128
 # addresses and the stages lie back to back (16-row tiles, 64-B stages, stopped an H200 with
 # CUDA_ERROR_MISALIGNED_ADDRESS; 32 rows and up ran; a compile cannot see it)
 SWAP_ROW_ALIGN = 32
+# The fused (BF16 x) swap-AB tiles carry no x scales in the ring: 16-row multiples (the wgmma N
+# is a multiple of 8; a 16-row BF16 stage is 4 KiB per 128-K slice), so M = 16 needs no padding
+FUSED_ROW_ALIGN = 16
+FUSED_DECODE_ROWS = 16  # raw x up to this many rows runs fused by default (api.fused_default)
 _SMEM_ALIGN = 1024  # Mosaic GPU rounds every SMEM scratch buffer up to this (SMEM_ALIGNMENT)
 _MAX_STAGES = 6  # deepest ring that compiled without spills for every tile shape tried
 _MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 - 1)
@@ -77,9 +81,10 @@ class MgpuConfig:
         if self.block_n == 256 and (self.swap_ab or self.block_m != 128):
             # 64 rows x 256 columns per warpgroup is the register limit (wg_subtiles)
             return "block_n=256 needs block_m=128 and no swap_ab"
-        if self.swap_ab and (self.block_m % SWAP_ROW_ALIGN or self.block_m > _SWAP_MAX_M):
-            return f"swap_ab block_m must be a multiple of {SWAP_ROW_ALIGN} (128-B TMA stages " \
-                   f"of f32 x scales) up to {_SWAP_MAX_M}, got {self.block_m}"  # fmt: skip
+        if self.swap_ab and (self.block_m % FUSED_ROW_ALIGN or self.block_m > _SWAP_MAX_M):
+            return f"swap_ab block_m must be a multiple of {FUSED_ROW_ALIGN} (of " \
+                   f"{SWAP_ROW_ALIGN} with FP8 x) up to {_SWAP_MAX_M}, got " \
+                   f"{self.block_m}"  # fmt: skip
         if not self.swap_ab and self.block_m not in (64, 128, 256):
             return f"block_m must be 64, 128 or 256, got {self.block_m}"
         if not self.swap_ab and self.block_m == 256 and self.block_n != 128:
@@ -132,7 +137,12 @@ def smem_bytes(cfg: MgpuConfig, k: int, x_itemsize: int, out_itemsize: int, fuse
     if cfg.cluster_k:  # the other chunks' f32 accumulators, one barrier per compute warpgroup
         total += _align((cfg.split_k - 1) * cfg.block_m * cfg.block_n * 4)
         total += 8 * cfg.num_compute_wgs
-    if fused:
+    if fused and cfg.swap_ab:  # x̂ tiles and x scales, a buffer per compute warpgroup, barriers
+        bufs = cfg.num_compute_wgs
+        total += _align(bufs * cfg.k_slices * cfg.block_m * GROUP)
+        total += _align(bufs * cfg.k_slices * cfg.block_m * 4) + _REDUCTION_SCRATCH
+        total += 16 if bufs > 1 else 0
+    elif fused:
         total += _align(cfg.block_m * GROUP) + _REDUCTION_SCRATCH  # x̂ tile, amax scratch
     return total
 
@@ -215,11 +225,11 @@ def swap_default(m: int, n: int, k: int) -> bool:
     return decode_config(m, n, k).split_k > 1
 
 
-def decode_config(m: int, n: int, k: int) -> MgpuConfig:
-    """The swap-AB tile for decode rows (``swap_default``): all M rows (rounded up to 32) as the
-    wgmma N up to 128, tiles of 128 rows above; 128 weight rows per CTA (two compute
-    warpgroups, each its own wgmma chain, half the x re-reads of 64-row tiles) with K split by
-    ``decode_split_k`` over the grid of M tiles x N tiles; 64 rows where N % 128 != 0, or
+def decode_config(m: int, n: int, k: int, fused: bool = False) -> MgpuConfig:
+    """The swap-AB tile for decode rows (``swap_default``): all M rows (rounded up to 32; fused:
+    ``fused_rows``) as the wgmma N up to 128, tiles of 128 rows above; 128 weight rows per CTA
+    (two compute warpgroups, each its own wgmma chain, half the x re-reads of 64-row tiles) with
+    K split by ``decode_split_k`` over the grid of M tiles x N tiles; 64 rows where N % 128 != 0, or
     (M <= 64) where 128 rows leave an unsplit grid of under half the SMs that 64 rows fill
     within one wave (Qwen3-8B q|k|v fused: 96 CTAs, not 48; above 64 x rows, a one-warpgroup
     CTA's serial wgmma chain binds instead: Llama-3-70B o_proj M = 128 1.66x against 2.12x).
@@ -234,6 +244,8 @@ def decode_config(m: int, n: int, k: int) -> MgpuConfig:
     M = 16 1.01x -> 1.17x, no shape more than 4% slower. The on-device autotuner
     (``kernels_pallas.autotune``) times split 1-8 x 64/128 rows (standalone calls)."""
     rows = min(-(-m // SWAP_ROW_ALIGN) * SWAP_ROW_ALIGN, _SWAP_MAX_M)
+    if fused:  # M <= 64: no scales in the ring, 16-row tiles (``fused_rows``)
+        rows = fused_rows(m)
     m_tiles = -(-m // rows)
     steps = k // GROUP
 
@@ -289,7 +301,8 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
                    swap: bool | None = None, overlap: bool = True,
                    k_slices: bool = True, pdl: bool = True):  # fmt: skip
     """Untuned defaults. Decode (M <= 64; 65-256 rows where K splits; unfused: ``swap_default``):
-    swap-AB with 64 or 128 weight rows per CTA (``decode_config``), M rounded up to 32. Prefill:
+    swap-AB with 64 or 128 weight rows per CTA (``decode_config``), M rounded up to 32; fused
+    (BF16 x quantized in-kernel, M <= 64) to 16, 32 or 64 rows (``fused_rows``). Prefill:
     128x256 CTAs where their grid fills >= 2/3 of the SMs or saves a wave (``_wide_grid``) (the
     performance model, H100: 1.33-1.44x faster than 128x128 there, 0.5-0.96x on grids of <= 64 CTAs:
     ``perf_model.md``), else 128x128 with two compute warpgroups (64x128 if N % 128). Unfused
@@ -320,8 +333,8 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     Decode (swap-AB) tiles launch dependent (``MgpuConfig.pdl``, ``_DECODE_PDL``) unless
     ``FP8RL_PDL=0``; ``pdl=False``: launched after their predecessor completes (the benchmark's
     ``:nopdl`` arm)."""
-    if not fused and (swap_default(m, n, k) if swap is None else swap):
-        cfg = decode_config(m, n, k)
+    if (swap_default(m, n, k) if swap is None else swap) and (not fused or m <= _WGMMA_M):
+        cfg = decode_config(m, n, k, fused)
     elif overlap and not fused and _overlap_fits(m, n, k, out_itemsize):
         cfg = _overlap_tile(n)
     elif m <= 64:
@@ -347,23 +360,48 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     return c
 
 
+def fused_refuses(cfg: MgpuConfig) -> str | None:
+    """Why the fused (BF16 x, in-kernel quantization) kernel cannot run ``cfg``, or None. It
+    takes tiles of one sub-tile per warpgroup, unclustered and not persistent, and swap-AB
+    tiles whose units of quantization (``fused_unit_rows``) are 16, 32 or a multiple of 64 x
+    rows (the register layouts of its row amax: ``mgpu_fused_swap._rows_layout``)."""
+    if cfg.cluster_m > 1:
+        return "the fused (BF16 x) kernel has no cluster variant"
+    if cfg.persistent:
+        return "the fused (BF16 x) kernel has no persistent variant"
+    if cfg.overlap:
+        return "the fused (BF16 x) kernel has no overlap variant"
+    if len(cfg.wg_subtiles) > 1:
+        return "the fused (BF16 x) kernel takes 64/128 tiles only (one x slice per warpgroup)"
+    if cfg.swap_ab and (rows := fused_unit_rows(cfg)) not in (16, 32) and rows % _WGMMA_M:
+        return f"the fused (BF16 x) swap-AB kernel quantizes x in units of 16, 32 or 64 rows " \
+               f"(block_m, halved with two compute warpgroups and one slice a step), got " \
+               f"{rows} (block_m={cfg.block_m})"  # fmt: skip
+    return None
+
+
+def fused_unit_rows(cfg: MgpuConfig) -> int:
+    """x rows of one unit of the fused swap-AB step's quantization (``mgpu_fused_swap``): the
+    tile's, or half of them where two compute warpgroups split one slice a step."""
+    nwg = cfg.num_compute_wgs
+    return cfg.block_m if nwg == 1 or cfg.k_slices >= nwg else cfg.block_m // nwg
+
+
+def fused_rows(m: int) -> int:
+    """x rows of the fused kernel's swap-AB tile for M <= 64 rows: 16, 32 or 64."""
+    return next(r for r in (16, 32, _WGMMA_M) if m <= r)
+
+
 def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize: int,
              out_itemsize: int) -> str | None:  # fmt: skip
     """None if the kernel compiles for these shapes and this tile configuration, else why not."""
     if (bad := cfg.invalid()) is not None:
         return bad
-    if fused and cfg.swap_ab:
-        # Mosaic GPU's layout inference finds no register layout for the row amax of a tile of
-        # fewer than 64 rows, and at 64 rows swapping gains nothing.
-        return "the fused (BF16 x) kernel has no swap_ab variant"
-    if fused and cfg.cluster_m > 1:
-        return "the fused (BF16 x) kernel has no cluster variant"
-    if fused and cfg.persistent:
-        return "the fused (BF16 x) kernel has no persistent variant"
-    if fused and cfg.overlap:
-        return "the fused (BF16 x) kernel has no overlap variant"
-    if fused and len(cfg.wg_subtiles) > 1:
-        return "the fused (BF16 x) kernel takes 64/128 tiles only (one x slice per warpgroup)"
+    if cfg.swap_ab and not fused and cfg.block_m % SWAP_ROW_ALIGN:
+        return f"swap_ab block_m must be a multiple of {SWAP_ROW_ALIGN} with FP8 x (128-B TMA " \
+               f"stages of f32 x scales), got {cfg.block_m}"  # fmt: skip
+    if fused and (bad := fused_refuses(cfg)) is not None:
+        return bad
     if k % GROUP or k == 0:
         return f"K={k} must be a positive multiple of {GROUP}"
     if (k // GROUP) % cfg.split_k:

@@ -72,10 +72,13 @@ bands sized by ``snake_band``), each calling the warp-specialized pipeline on it
 views with one set of SMEM allocations; the epilogue waits for the previous tile's TMA store to
 have read the output SMEM tile before overwriting it, so that store overlaps the next tile.
 
-Fused activation quantization (``fp8_matmul_mgpu_fused``, prefill order): ``x`` arrives in
-BF16/F16; each compute warpgroup loads its [64, 128] slice, takes the row amax, computes
+Fused activation quantization (``fp8_matmul_mgpu_fused``): ``x`` arrives in BF16/F16. Prefill
+order (opt-in): each compute warpgroup loads its [64, 128] slice, takes the row amax, computes
 ``s = max(amax, tiny) / fp8_max``, casts ``clip(x / s)`` to FP8 and stores it into a private
-swizzled SMEM tile that feeds the wgmma: the formula of ``quantize_activations``.
+swizzled SMEM tile that feeds the wgmma: the formula of ``quantize_activations``. Swap-AB (the
+default for raw x at M <= 16: ``api.fused_default``): the compute warpgroups split the tile's
+x rows per 128-K slice between them and meet at an mbarrier (``mgpu_fused_swap.py``); 16-row
+tiles, as the ring carries no x scales.
 
 GPU interpret mode (``InterpretGPUParams``) checks semantics only; the deviceless H100 compile
 (``aot_cases.py``) checks the hardware rules (K-major, SMEM budget, registers, spills).
@@ -93,6 +96,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels_pallas.dependent_launch import dependent_launch
 from kernels_pallas.fp8_matmul import mgpu_cluster_k as cluster_k
+from kernels_pallas.fp8_matmul import mgpu_fused_swap as fused_swap
 
 # The tile configuration (legality, SMEM count, defaults) lives in mgpu_config; re-exported here.
 from kernels_pallas.fp8_matmul.mgpu_config import (  # noqa: F401
@@ -180,9 +184,7 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
             out_dtype,
             transforms=smem_transforms(out_dtype, out_tile[1]),
         ),  # fmt: skip
-        xq_smem=plgpu.SMEM((nwg, tm, GROUP), wdt, transforms=smem_transforms(wdt, GROUP))
-        if fused
-        else None,
+        xq_smem=_quantized_x_scratch(cfg, wdt, interpret) if fused else None,
         **red,
     )  # fmt: skip
 
@@ -246,6 +248,10 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
                 ks = cfg.k_slices  # issued early: their latency overlaps
                 sw = sw_gmem[nb, kb] if ks == 1 else \
                     tuple(sw_gmem[nb, ks * kb + j] for j in range(ks))  # fmt: skip
+                if fused and swap:  # the step's x rows quantized by the warpgroups together
+                    sws = sw if ks > 1 else (sw,)
+                    return fused_swap.step(x_smem, w_smem, acc, sws, xq_smem, idx[0], cfg=cfg,
+                                           wdt=wdt)  # fmt: skip
                 step = functools.partial(k_step, cfg=cfg, fused=fused, wdt=wdt)
                 return step(x_smem, w_smem, sx_ref, acc, sw, xq_smem)
 
@@ -263,6 +269,15 @@ def _kernel(x_gmem, sx_gmem, w_gmem, sw_gmem, out_gmem, red_gmem=None, *, cfg: M
             tile(a_idx, lax.axis_index("b"))
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def _quantized_x_scratch(cfg: MgpuConfig, wdt, interpret: bool):
+    """SMEM of the fused (BF16 x) kernel's in-kernel quantization: per compute warpgroup its
+    FP8 x tile of 64 rows (the wgmma operand), or on swap-AB tiles ``mgpu_fused_swap.scratch``."""
+    if cfg.swap_ab:
+        return fused_swap.scratch(cfg, wdt, smem_transforms(wdt, GROUP), interpret)
+    nwg = cfg.num_compute_wgs
+    return plgpu.SMEM((nwg, _WGMMA_M, GROUP), wdt, transforms=smem_transforms(wdt, GROUP))
 
 
 def _first_weights(w_gmem, cfg: MgpuConfig, steps: int, k_part) -> list:

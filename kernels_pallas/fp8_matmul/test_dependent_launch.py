@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from kernels_pallas.fp8_matmul import mgpu_config
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.perf_model.sass_profiles import SASS_JSON
 from kernels_pallas.quantize import quantize_activations, quantize_weight
@@ -27,9 +28,12 @@ def test_decode_tiles_launch_dependent(m, n, k):
     plain = mgpu.default_config(m, n, k, pdl=False)
     assert not plain.pdl and dataclasses.replace(cfg, pdl=False) == plain
     assert mgpu.supports(m, k, n, cfg, fused=False, x_itemsize=1, out_itemsize=2) is None
-    # prefill tiles and the fused kernel launch as before
+    # prefill tiles and the fused prefill kernel launch as before; the fused decode tile (raw
+    # x, in-kernel quantization) is a decode tile too
     assert not mgpu.default_config(4096, n, k).pdl
-    assert not mgpu.default_config(m, n, k, fused=True).pdl
+    assert not mgpu.default_config(4096, n, k, fused=True).pdl
+    fused = mgpu.default_config(m, n, k, fused=True)  # swap-AB at M <= 64
+    assert fused.pdl == (fused.swap_ab and mgpu_config.decode_pdl()) and fused.swap_ab == (m <= 64)
 
 
 def test_the_compiled_prologue_prefetches_the_first_ring_and_waits_before_any_load():

@@ -238,7 +238,7 @@ def test_mosaic_gpu_persistent_snake_bands(monkeypatch):
 
 
 def test_mosaic_gpu_fused_kernel_explicit():
-    """The fused (in-kernel quantization) kernel, now opt-in only: same result as quantize-once,
+    """The fused (in-kernel quantization) prefill kernel, opt-in only: same result as quantize-once,
     up to one f32 rounding of x · (fp8_max / amax) vs x / s flipping an FP8 rounding."""
     x, _, _, wq = _operands(130, 256, 128, E4M3, seed=11)
     xb = x.astype(jnp.bfloat16)
@@ -249,11 +249,12 @@ def test_mosaic_gpu_fused_kernel_explicit():
     np.testing.assert_allclose(y, ref, rtol=2e-2, atol=2e-2 * np.max(np.abs(ref)))
 
 
-def test_raw_x_is_quantized_once_by_default():
-    """No default shape takes the fused kernel (the performance model: it never wins)."""
+def test_raw_x_is_quantized_once_by_default_above_sixteen_rows():
+    """Above 16 rows no default shape takes the fused kernel (the performance model: it loses
+    there; ``test_fused_swap.py``: the fused decode tile at M <= 16)."""
     from kernels_pallas.fp8_matmul import api
 
-    assert not any(api.fused_default(m, 4096, 4096) for m in (1, 64, 65, 256, 4096, 8192))
+    assert not any(api.fused_default(m, 4096, 4096) for m in (17, 64, 65, 256, 4096, 8192))
 
 
 def test_quantize_activations_multiply_matches_division():

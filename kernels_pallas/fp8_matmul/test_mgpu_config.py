@@ -221,5 +221,16 @@ def test_rows_above_64_keep_the_prefill_tile_where_k_would_not_split(m, n, k):
 def test_swap_tiles_reach_128_rows():
     assert MgpuConfig(128, 128, swap_ab=True).invalid() is None
     assert MgpuConfig(96, 64, swap_ab=True, split_k=4).invalid() is None
-    for bad in (160, 256, 100, 48, 16, 8):  # 32-row multiples: 128-B TMA stages of x scales
-        assert "multiple of 32" in MgpuConfig(bad, 128, swap_ab=True).invalid()
+    for bad in (160, 256, 100, 24, 8):  # 16-row multiples (the fused kernel's BF16 x stages)
+        assert "multiple of 16" in MgpuConfig(bad, 128, swap_ab=True).invalid()
+    for bad in (48, 16):  # FP8 x: 32-row multiples (128-B TMA stages of x scales)
+        assert MgpuConfig(bad, 128, swap_ab=True).invalid() is None
+        assert "multiple of 32" in mgpu.supports(
+            bad,
+            4096,
+            4096,
+            MgpuConfig(bad, 128, 4, True),
+            fused=False,
+            x_itemsize=1,
+            out_itemsize=2,
+        )

@@ -73,11 +73,12 @@ def test_mosaic_gpu_support_check():
         )
         swap = MgpuConfig(block_m=32, block_n=64, swap_ab=True)
         fused_swap = mgpu.supports(16, 4096, 4096, swap, fused=True, x_itemsize=2, out_itemsize=2)
-        assert "no swap_ab" in fused_swap  # raw x with a swap config is quantized first instead
+        assert fused_swap is None  # raw x with a swap config: quantized in-kernel (decode)
         # 8- and 16-row swap tiles: their 32/64-B stages of f32 x scales break TMA's 128-B SMEM
         # alignment (CUDA_ERROR_MISALIGNED_ADDRESS on an H200); 8 rows run in a 32-row tile
         for small in (MgpuConfig(8, 64, swap_ab=True), MgpuConfig(16, 64, swap_ab=True, split_k=2)):
-            assert "multiple of 32" in _supports("pallas_mosaic_gpu", *_sds_q(8, 256, 256), small)
+            assert "of 32 with FP8 x" in _supports("pallas_mosaic_gpu", *_sds_q(8, 256, 256),
+                                                   small)  # fmt: skip
         assert "MgpuConfig" in _supports("pallas_mosaic_gpu", *_sds_q(16, 256, 256), TpuConfig())
     assert "Hopper" in _supports("pallas_mosaic_gpu", *_sds_q(16, 256, 256))  # CPU target
     assert _supports("pallas_mosaic_gpu", *_sds_q(16, 256, 256), interpret=True) is None

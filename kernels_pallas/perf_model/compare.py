@@ -37,8 +37,10 @@ def predicted_us(chip: str, row: dict) -> float | None:
     if impl in ("bf16", "bf16+add"):
         return (gpu.bf16_gemm_s(chip, m, n, k) + add) * 1e6
     if impl.startswith("fp8:pallas_mosaic_gpu"):
-        x = "bf16" if impl.endswith("+quant") else "fp8"
-        p = gpu.predict_matmul(chip, m, n, k, x, in_program=impl.endswith("+add"),
+        # raw x: in-kernel (``fused``: rows since the fused decode kernel) or quantized once
+        x = "bf16" if "+quant" in impl else "fp8"
+        mode = "fused" if row.get("fused") else "qarray" if x == "bf16" else "default"
+        p = gpu.predict_matmul(chip, m, n, k, x, mode=mode, in_program=impl.endswith("+add"),
                                config=matmul_config(row))  # fmt: skip
         return (p.time_s + add) * 1e6
     return None

@@ -284,8 +284,8 @@ def quantize_s(chip: str, m: int, k: int, impl: str = "kernel") -> float:
 
 
 def _variant_name(cfg, fused: bool) -> str:
-    if fused:
-        return f"mm_fused_{cfg.block_m}x{cfg.block_n}"
+    if fused:  # in-kernel quantization of BF16 x (decode: swap-AB tiles)
+        return f"mm_fused{'_swap' if cfg.swap_ab else ''}_{cfg.block_m}x{cfg.block_n}"
     if cfg.swap_ab:
         return f"mm_swap_{cfg.block_m}x{cfg.block_n}"
     cluster = f"_c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""

@@ -79,12 +79,13 @@ def predict_gpu(op: str, shape: dict, chip: str, label: str = "") -> Prediction:
 
 
 def _standalone_and_in_program(chip, m, n, k, label, cfg_before, cfg_after):
-    """(before, after) at two configs: a standalone call with BF16 x (its quantize and epilogue
-    launches), and the GEMM in the program with x FP8 from its producer."""
+    """(before, after) at two configs: a standalone call with BF16 x quantized once (its
+    quantize and epilogue launches), and the GEMM in the program with x FP8 from its
+    producer."""
     for in_program, x, where in ((False, "bf16", ""), (True, "fp8", ", in program")):
         yield tuple(
             predict_matmul(chip, m, n, k, x, label=label + where, config=cfg,
-                           in_program=in_program)
+                           in_program=in_program, mode="qarray" if x == "bf16" else "default")
             for cfg in (cfg_before, cfg_after)
         )  # fmt: skip
 
@@ -107,6 +108,7 @@ def _decode_change(change: str, configs) -> list[tuple[str, Prediction, Predicti
 
 def design_changes() -> list[tuple[str, Prediction, Prediction]]:
     """(change, before, after) at every case the change touches, on H100 and H200."""
+    from kernels_pallas.fp8_matmul import api
     from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 
     out = []
@@ -130,9 +132,10 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
             for chip in GPU_CHIPS:
                 label = f"{model} {layer} M={m}"
                 one = mgpu.default_config(m, n, k, k_slices=False, pdl=False)  # the tiles of then
-                after = predict_matmul(chip, m, n, k, "bf16", label=label, config=one)
+                after = predict_matmul(chip, m, n, k, "bf16", label=label, config=one,
+                                       mode="qarray")  # fmt: skip
                 before = predict_matmul(chip, m, n, k, "bf16", label=label, split_k=1,
-                                        config=one)  # fmt: skip
+                                        config=one, mode="qarray")  # fmt: skip
                 if before.impl != after.impl:
                     out.append(("decode GEMM: split-K to fill the SMs", before, after))
     for model, layer, n, k, ms in (*MATMUL_LAYERS, *DECODE_ROWS_LAYERS):
@@ -166,6 +169,14 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
         "decode GEMM: dependent launch (PDL), first ring's weights to L2",
         lambda m, n, k: [mgpu.default_config(m, n, k, pdl=d) for d in (False, True)],
     )
+    for model, layer, n, k, ms in (*MATMUL_LAYERS, *DECODE_ROWS_LAYERS):
+        for m in (m for m in ms if api.fused_default(m, n, k)):
+            for chip in GPU_CHIPS:  # standalone: x BF16 (in the program it arrives FP8)
+                label = f"{model} {layer} M={m}"
+                before, after = (predict_matmul(chip, m, n, k, "bf16", label=label, mode=mode)
+                                 for mode in ("qarray", "default"))  # fmt: skip
+                out.append(("decode GEMM: BF16 x quantized in-kernel (M <= 16, no act_quantize "
+                            "launch)", before, after))  # fmt: skip
     for model, layer, n, k, m in WAVE_ROWS:
         tiles_m = -(-m // 128)  # before: 128x128, clustered by default_config's unchanged rule
         cl = 2 if tiles_m % 2 == 0 and tiles_m * n // 128 >= NUM_SMS * 2 // 3 else 1

@@ -23,6 +23,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "perf_model_sass.json")
 
 
+# (M rows, N rows, K chunks, 128-K slices a step, stages) of the profiled swap-AB tiles with
+# several slices a step (FP8 x), and of the fused (BF16 x) decode tiles
+# fmt: off
+SWAP_SLICE_TILES = ((32, 128, 1, 2, 4), (32, 128, 1, 4, 2), (32, 64, 1, 2, 4), (32, 64, 1, 4, 4),
+                    (64, 128, 1, 2, 4), (64, 64, 1, 2, 4), (128, 128, 1, 2, 2), (32, 128, 2, 2, 4),
+                    (64, 128, 2, 2, 3))
+FUSED_SWAP_TILES = ((16, 128, 2, 2, 4), (16, 128, 1, 2, 4), (16, 64, 1, 2, 4), (32, 128, 2, 2, 3),
+                    (32, 128, 1, 2, 4), (32, 64, 1, 2, 4), (64, 128, 2, 1, 4), (64, 128, 1, 1, 4),
+                    (64, 64, 1, 2, 4))
+# fmt: on
+
+
 def variants() -> dict:
     """name -> (fn, args, meta): one representative compile per kernel variant (the loop body
     depends on the tile configuration, not on M, N, K)."""
@@ -60,6 +72,17 @@ def variants() -> dict:
             return bf16.tgmm_mgpu, (x, sds((32768, 768), bf), gs)
         w = sds((16, 768, 2048) if kind == "dgrad" else (16, 2048, 768), bf)
         return functools.partial(bf16.gmm_mgpu, transpose_w=kind == "dgrad"), (x, w, gs)
+
+    def swaps(family, x_kind, loads, tiles, pdl=False):
+        """Swap-AB variants ``{family}_{M}x{N}[_k{split}c][_s{slices}]`` of (M, N, split,
+        slices, stages) tiles, K chunks summed in-cluster."""
+        return {
+            f"{family}_{m}x{n}" + (f"_k{s}c" if s > 1 else "") + (f"_s{ks}" if ks > 1 else ""): (
+                *mm(m, x_kind, G(m, n, st, True, s, cluster_k=s > 1, k_slices=ks, pdl=pdl)),
+                loads,
+            )
+            for m, n, s, ks, st in tiles
+        }
 
     # The TMA loads one K step issues (its BlockSpecs): the producer warpgroup's loop issues
     # this many per step, so its UTMALDG count says how many steps ptxas unrolled into one
@@ -120,23 +143,7 @@ def variants() -> dict:
             for m in (32, 64, 128)
         },  # fmt: skip
         # several 128-K slices per step (MgpuConfig.k_slices): the same K loop at every split
-        **{
-            f"mm_swap_{m}x{n}" + (f"_k{s}c" if s > 1 else "") + f"_s{ks}": (
-                *mm(m, "fp8", G(m, n, st, True, s, cluster_k=s > 1, k_slices=ks)),
-                mm_loads,
-            )
-            for m, n, s, ks, st in (
-                (32, 128, 1, 2, 4),
-                (32, 128, 1, 4, 2),
-                (32, 64, 1, 2, 4),
-                (32, 64, 1, 4, 4),
-                (64, 128, 1, 2, 4),
-                (64, 64, 1, 2, 4),
-                (128, 128, 1, 2, 2),
-                (32, 128, 2, 2, 4),
-                (64, 128, 2, 2, 3),
-            )
-        },
+        **swaps("mm_swap", "fp8", mm_loads, SWAP_SLICE_TILES),
         # the decode default (Qwen3-8B o_proj, M = 16) launched dependent (MgpuConfig.pdl): the
         # same K loop; its prologue prefetches the first ring's weights (8 slices) to L2, then
         # waits for the predecessor before any load (``sass.dependent_launch``)
@@ -144,6 +151,10 @@ def variants() -> dict:
             *mm(32, "fp8", G(32, 128, 4, True, 2, cluster_k=True, k_slices=2, pdl=True)),
             mm_loads,
         ),
+        # the fused (BF16 x) decode tiles (the default at M <= 16, ``api.fused_default``; 32
+        # and 64 rows for the autotuner): the compute warpgroups split the tile's x rows'
+        # quantization per 128-K slice (``mgpu_fused_swap``; x and w: two TMA loads a step)
+        **swaps("mm_fused_swap", "bf16", two, FUSED_SWAP_TILES, pdl=True),
         "mm_swap_128x64": (*mm(128, "fp8", G(128, 64, 4, True)), mm_loads),  # N % 128 != 0
         "mm_swap_128x64_k4": (*mm(128, "fp8", G(128, 64, 4, True, 4)), mm_loads),
         # decode attention: swap-AB (the default), and unswapped (the query group padded to 64)

@@ -63,13 +63,18 @@ def parse_sass(text: str) -> list[Instr]:
 
 
 def loops(instrs: list[Instr]) -> list[tuple[int, int]]:
-    """(start, end) address ranges of every backward branch (end = the branch's address)."""
+    """(start, end) address ranges of every backward branch (end = the branch's address), but
+    those spanning an ``EXIT``: ptxas places the retry of an mbarrier wait after the kernel's
+    exit, branching back to the wait, which is no loop of the kernel's (a wait inside the K
+    loop's body would otherwise make the span from it to the retry look like the K loop)."""
+    exits = [i.addr for i in instrs if i.op == "EXIT"]
     found = []
     for ins in instrs:
         if ins.op == "BRA":
             t = _BRA_TARGET_RE.search(ins.operands)
-            if t and int(t[1], 16) < ins.addr:
-                found.append((int(t[1], 16), ins.addr))
+            if t and (start := int(t[1], 16)) < ins.addr and \
+                    not any(start < e < ins.addr for e in exits):  # fmt: skip
+                found.append((start, ins.addr))
     return found
 
 

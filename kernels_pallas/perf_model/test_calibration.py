@@ -244,3 +244,24 @@ def test_attention_latency_reads_each_row_at_its_ring_depth(tmp_path):
     chain = 5 * five["step_s"] - five["latency_s"]
     assert chain == pytest.approx(3 * three["step_s"] - three["latency_s"])
     assert 0 < chain < 1000 / CHIPS["h200"].clock_hz  # the step's serial path, < 1000 cycles
+
+
+def test_compare_models_a_bf16_x_row_as_it_ran():
+    """A ``+quant`` row recorded ``fused`` (the fused decode kernel, M <= 16) is modelled as
+    one kernel with in-kernel quantization; rows without it (the first device run's, and
+    ``+quant:once``) as the act_quantize launch and the QArray kernel: slower by the model."""
+    from experiments import bench_matmul
+    from kernels_pallas.perf_model import compare
+
+    m, n, k = 16, 4096, 4096
+    rows = {}
+    for label in ("fp8:pallas_mosaic_gpu+quant", "fp8:pallas_mosaic_gpu+quant:once"):
+        rows[label] = dict(m=m, n=n, k=k, impl=label,
+                           config=bench_matmul.arm_config(label, m, n, k),
+                           fused=bench_matmul.arm_fused(label, m, n, k))  # fmt: skip
+    fused, once = rows.values()
+    assert fused["fused"] and fused["config"]["block_m"] == 16
+    assert not once["fused"] and once["config"]["block_m"] == 32
+    t_fused, t_once = (compare.predicted_us("h100", r) for r in (fused, once))
+    legacy = dict(m=m, n=n, k=k, impl="fp8:pallas_mosaic_gpu+quant")  # no "fused", no config
+    assert t_fused < t_once and compare.predicted_us("h100", legacy) > t_fused
