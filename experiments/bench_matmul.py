@@ -9,8 +9,8 @@ Rows per shape (M, N, K):
   * ``fp8:<kernel>+quant``: from BF16 x, as the model calls it (activation quantization timed:
     once, by the ``act_quantize`` kernel on Hopper (by XLA elsewhere; on Hopper by XLA above
     256 rows until 2026-12-04: the first H200 run's rows), then the QArray kernel; on Hopper at
-    M <= 16 in-kernel, by the fused decode kernel, one launch: the row's ``fused``), and at
-    those M ``fp8:<kernel>+quant:once``: the quantize-once path beside it;
+    M = 16 in-kernel, by the fused decode kernel, one launch: the row's ``fused``), and at
+    that M ``fp8:<kernel>+quant:once``: the quantize-once path beside it;
   * at M <= 64, ``bf16+add`` and ``fp8:<kernel>+add``: the GEMM as the rollout program runs it,
     followed by its consumer (a residual add of a BF16 [M, N] ``r``), x already FP8 (quantized
     by its producer's kernel in the program): XLA fuses the split-K partials' sum into that

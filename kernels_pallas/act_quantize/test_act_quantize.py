@@ -88,12 +88,12 @@ def test_gpu_lowering_divides_as_xla_does():
     assert text.count("div.full.f32") == 1 and "div.rn" not in text  # the asm string, once
 
 
-@pytest.mark.parametrize("m", [5, 64, 300])
+@pytest.mark.parametrize("m", [5, 16, 64, 300])
 def test_fp8_matmul_quantizes_raw_x_with_this_kernel(m):
-    """Raw x through the Hopper kernel (interpret mode): decode rows above 16 and prefill rows
-    take this kernel, padded to the CTA row tile (XLA's quantize_activations reads x twice);
-    at M <= 16 the GEMM quantizes x itself (``fp8_matmul.api.fused_default``); the product
-    equals the one from a QArray x."""
+    """Raw x through the Hopper kernel (interpret mode): decode and prefill rows take this
+    kernel, padded to the CTA row tile (XLA's quantize_activations reads x twice), but at M = 16,
+    where the GEMM quantizes x itself (``fp8_matmul.api.fused_default``); the product equals the
+    one from a QArray x."""
     from kernels_pallas.fp8_matmul import fp8_matmul
     from kernels_pallas.quantize import quantize_weight
 
@@ -102,7 +102,7 @@ def test_fp8_matmul_quantizes_raw_x_with_this_kernel(m):
     w_q = quantize_weight(jax.random.normal(kw, (256, 128), jnp.float32))
     run = lambda a: fp8_matmul(a, w_q, impl="pallas_mosaic_gpu", interpret=True)  # noqa: E731
     np.testing.assert_array_equal(np.asarray(run(x)), np.asarray(run(quantize_activations(x))))
-    assert ("quantize_activations_triton" in str(jax.make_jaxpr(run)(x))) == (m > 16)
+    assert ("quantize_activations_triton" in str(jax.make_jaxpr(run)(x))) == (m != 16)
 
 
 @pytest.mark.gpu

@@ -114,7 +114,7 @@ DEPENDENT = (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 4096, dataclasses.replace(c, pdl=True))
     for c in (_G(128, 256, 3), _GO(128, 128, 3, cluster_m=2), _G(128, 128, 4, persistent=_P))
 )  # fmt: skip
-# The fused (BF16 x) decode kernel (mgpu_fused_swap; the default at M <= 16 compiles in KINDS'
+# The fused (BF16 x) decode kernel (mgpu_fused_swap; the default at M = 16 compiles in KINDS'
 # "bf16" rows) on the other ways its warpgroups split the quantization: a 32-row slice each
 # (two slices a step), row halves of 32 and of 16 rows (one slice a step), two slices each
 # (four a step), one warpgroup alone, and with F32 out (yᵀ) and 2 chunks summed in-cluster

@@ -3,7 +3,7 @@
 Implementations (``backend.ImplTable``; ``impl="auto"`` takes the target's kernel when its
 support check passes, else ``xla`` with one log line; an explicit impl that cannot run raises):
   * ``xla``: ``xla.fp8_matmul_xla`` (any shape; the exact reference on CPU, fast paths on GPU);
-  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16 x at M <= 16 quantized in-kernel
+  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16 x at M = 16 quantized in-kernel
     by the fused decode tile, ``fused_default``; above, and F32 x, quantized once first by the
     one-launch ``act_quantize`` kernel; in-kernel wherever an explicit config is one the fused
     kernel runs);
@@ -49,7 +49,7 @@ def _rows(x) -> int:
 
 def fused_default(m: int, n: int, k: int) -> bool:
     """Whether raw BF16/F16 x [M, K] takes the fused (in-kernel quantization) kernel by default:
-    decode batches of M <= ``FUSED_DECODE_ROWS`` (16) rows, on its 16-row swap-AB tile.
+    decode batches of ``FUSED_DECODE_ROWS`` (16) rows, the fused kernel's 16-row swap-AB tile.
 
     There the CTA's compute warpgroups quantize the tile's 16 x rows per 128-K slice between
     them (``mgpu_fused_swap``), under the weight bytes that bound a decode GEMM, and the call is
@@ -57,17 +57,19 @@ def fused_default(m: int, n: int, k: int) -> bool:
     x (whose ring carries 128-B stages of x scales) and no slice of the output after it. The
     performance model (the compiled K loops: 263-267 SASS instructions per warp per two-slice
     step at 16 rows, 350 at 32 rows, 318 per slice at 64 rows, against 145-147 unfused) puts
-    it 1.02-1.26x faster than quantize-once at M = 1-16 on every decode shape of
-    ``perf_model.gpu_targets`` on the H100 and the H200; at 17-32 rows faster on the H100 but
-    up to 12% slower on the H200, where the faster HBM leaves less issue time per weight byte;
-    at 33-64 rows slower on most shapes (issue-bound). Above 16 rows x is quantized once per
-    1x128 group (one ``act_quantize`` launch) and the QArray kernel runs; an explicit swap-AB
-    config with raw x runs fused (``_fused``), so the autotuner times fused tiles there. A
-    prefill CTA re-quantizing its x slice N/128 times over is issue-bound (725 instructions per
-    K step against 128; 0.57-0.66x the quantize-once time at M 65-8192): the fused prefill
-    tiles run only with an explicit config."""
+    it 1.02-1.26x faster than quantize-once at M = 16 on every decode shape of
+    ``perf_model.gpu_targets`` on the H100 and the H200. Below 16 rows x would be padded to the
+    tile first (``jnp.pad``: an XLA launch, as costly as the ``act_quantize`` launch it saves:
+    0.95-1.01x); at 17-32 rows the fused kernel is faster on the H100 but up to 12% slower on
+    the H200, where the faster HBM leaves less issue time per weight byte; at 33-64 rows slower
+    on most shapes (issue-bound). There x is quantized once per 1x128 group (one
+    ``act_quantize`` launch) and the QArray kernel runs; an explicit swap-AB config with raw x
+    runs fused (``_fused``), so the autotuner times fused tiles there. A prefill CTA
+    re-quantizing its x slice N/128 times over is issue-bound (725 instructions per K step
+    against 128; 0.57-0.66x the quantize-once time at M 65-8192): the fused prefill tiles run
+    only with an explicit config."""
     del n, k
-    return m <= FUSED_DECODE_ROWS
+    return m == FUSED_DECODE_ROWS
 
 
 def _fused(x, config, n: int = 0, k: int = 0) -> bool:
@@ -387,7 +389,7 @@ def fp8_matmul(
     ``x``: a QArray [..., K] with (128,) groups or a plain array [..., K], quantized per token in
     groups of the weight's K block once, by ``quantize_activations`` or its one-launch kernel
     (``act_quantize`` on Hopper: same bits), or on Hopper in-kernel (the fused decode tile at
-    M <= 16, ``fused_default``; an explicit ``MgpuConfig`` the fused kernel runs); leading axes
+    M = 16, ``fused_default``; an explicit ``MgpuConfig`` the fused kernel runs); leading axes
     are flattened into M.
     ``w_q``: a QArray [N, K] (``quantize_weight``). ``impl``: "auto" | "xla" |
     "pallas_mosaic_gpu" | "pallas_tpu"; ``config``: the implementation's tile config

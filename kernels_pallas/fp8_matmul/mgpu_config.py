@@ -21,7 +21,7 @@ SWAP_ROW_ALIGN = 32
 # The fused (BF16 x) swap-AB tiles carry no x scales in the ring: 16-row multiples (the wgmma N
 # is a multiple of 8; a 16-row BF16 stage is 4 KiB per 128-K slice), so M = 16 needs no padding
 FUSED_ROW_ALIGN = 16
-FUSED_DECODE_ROWS = 16  # raw x up to this many rows runs fused by default (api.fused_default)
+FUSED_DECODE_ROWS = 16  # raw x of this many rows runs fused by default (api.fused_default)
 _SMEM_ALIGN = 1024  # Mosaic GPU rounds every SMEM scratch buffer up to this (SMEM_ALIGNMENT)
 _MAX_STAGES = 6  # deepest ring that compiled without spills for every tile shape tried
 _MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 - 1)

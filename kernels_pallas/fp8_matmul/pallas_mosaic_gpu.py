@@ -76,7 +76,7 @@ Fused activation quantization (``fp8_matmul_mgpu_fused``): ``x`` arrives in BF16
 order (opt-in): each compute warpgroup loads its [64, 128] slice, takes the row amax, computes
 ``s = max(amax, tiny) / fp8_max``, casts ``clip(x / s)`` to FP8 and stores it into a private
 swizzled SMEM tile that feeds the wgmma: the formula of ``quantize_activations``. Swap-AB (the
-default for raw x at M <= 16: ``api.fused_default``): the compute warpgroups split the tile's
+default for raw x at M = 16: ``api.fused_default``): the compute warpgroups split the tile's
 x rows per 128-K slice between them and meet at an mbarrier (``mgpu_fused_swap.py``); 16-row
 tiles, as the ring carries no x scales.
 

@@ -250,11 +250,11 @@ def test_mosaic_gpu_fused_kernel_explicit():
 
 
 def test_raw_x_is_quantized_once_by_default_above_sixteen_rows():
-    """Above 16 rows no default shape takes the fused kernel (the performance model: it loses
-    there; ``test_fused_swap.py``: the fused decode tile at M <= 16)."""
+    """No default shape but M = 16 takes the fused kernel (the performance model: it loses
+    there; ``test_fused_swap.py``: the fused decode tile at M = 16)."""
     from kernels_pallas.fp8_matmul import api
 
-    assert not any(api.fused_default(m, 4096, 4096) for m in (17, 64, 65, 256, 4096, 8192))
+    assert not any(api.fused_default(m, 4096, 4096) for m in (1, 8, 17, 64, 65, 256, 4096))
 
 
 def test_quantize_activations_multiply_matches_division():

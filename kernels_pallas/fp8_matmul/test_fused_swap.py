@@ -1,7 +1,7 @@
 """The fused (BF16 x) decode kernel (``mgpu_fused_swap``): raw x quantized in-kernel on swap-AB
 tiles. In GPU interpret mode it equals the quantize-once path (``act_quantize`` formula, then the
 QArray kernel) bit for bit, on every way the compute warpgroups split the quantization; the
-support check names what it refuses; the default takes it at M <= 16 only; the SASS reader
+support check names what it refuses; the default takes it at M = 16 only; the SASS reader
 finds its K loop past the mbarrier wait between the warpgroups. Its hardware compile (registers,
 spills, SMEM, the row-amax layouts of 16 and 32 rows) is ``aot_cases.py``'s; its speed
 ``perf_model``'s (``mm_fused_swap_*``)."""
@@ -63,17 +63,20 @@ def test_fused_swap_equals_quantize_once_bit_for_bit(m, n, k, cfg):
     np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(ref, np.float32))
 
 
-def test_default_takes_the_fused_kernel_at_sixteen_rows_or_fewer():
-    """Raw x at M <= 16: the fused 16-row tile (no act_quantize launch, no padding to 32 rows),
-    equal to the quantize-once default's output; above 16 rows x is quantized once."""
-    assert [api.fused_default(m, 4096, 4096) for m in (1, 16, 17, 32, 64, 65, 4096)] == [
-        True, True, False, False, False, False, False]  # fmt: skip
-    x, wq = _operands(5, 512, 256, seed=3)
-    cfg = mgpu.default_config(5, 256, 512, fused=True)
+def test_default_takes_the_fused_kernel_at_sixteen_rows():
+    """Raw x at M = 16: the fused 16-row tile (no act_quantize launch, no padding to 32 rows),
+    equal to the quantize-once path's output; below, x would be padded to the tile (a launch
+    as costly as the one saved), above the model has it slower: x is quantized once."""
+    assert [api.fused_default(m, 4096, 4096) for m in (1, 8, 15, 16, 17, 32, 64, 4096)] == [
+        False, False, False, True, False, False, False, False]  # fmt: skip
+    x, wq = _operands(16, 512, 256, seed=3)
+    cfg = mgpu.default_config(16, 256, 512, fused=True)
     assert (cfg.block_m, cfg.swap_ab, cfg.pdl) == (16, True, mc.decode_pdl())
     y = fp8_matmul(x, wq, impl="pallas_mosaic_gpu", interpret=True)
+    assert "quantize_activations_triton" not in str(jax.make_jaxpr(
+        lambda a: fp8_matmul(a, wq, impl="pallas_mosaic_gpu", interpret=True))(x))  # fmt: skip
     once = fp8_matmul(api.quantize_once(x, wq, interpret=True), wq, impl="pallas_mosaic_gpu",
-                      interpret=True)[:5]  # fmt: skip
+                      interpret=True)[:16]  # fmt: skip
     np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(once, np.float32))
 
 

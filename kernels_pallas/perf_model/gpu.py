@@ -272,6 +272,13 @@ def add_fusion_s(chip: str, m: int, n: int) -> float:
     return 3 * m * n * 2 / (CHIPS[chip].hbm_bytes_per_s * ELEMENTWISE_BW_EFF) + LAUNCH_S
 
 
+def pad_s(chip: str, m: int, rows: int, k: int, launch: bool = True) -> float:
+    """BF16 x [M, K] padded with zero rows to [rows, K] (``jnp.pad``: an XLA fusion, its launch
+    unless inside a program, where it fuses into x's producer)."""
+    nbytes = (m + rows) * k * 2
+    return nbytes / (CHIPS[chip].hbm_bytes_per_s * ELEMENTWISE_BW_EFF) + (LAUNCH_S if launch else 0)
+
+
 def quantize_s(chip: str, m: int, k: int, impl: str = "kernel") -> float:
     """Per-token 1x128 quantization of BF16 x [M, K]. ``impl="kernel"``: ``act_quantize``'s one
     launch, x read once, FP8 values and scales written; ``"xla"``: ``quantize_activations`` as
@@ -372,11 +379,13 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
     pdl = getattr(cfg, "pdl", False)  # after a kernel in a program, or a quantize kernel
     name += " pdl" if pdl else ""
     quant_s = quantize_s(chip, m, k, quant) if (x == "bf16" and not fused) else 0.0
+    if fused and m % cfg.block_m:  # the fused kernel reads raw x padded to its row tile
+        quant_s = pad_s(chip, m, -(-m // cfg.block_m) * cfg.block_m, k, launch=not in_program)
     out_b = 2
     hbm = (m * k * (2 if fused else 1) + n * k + m * n * out_b + (n // 128) * (k // 128) * 4
            + (0 if fused else m * (k // 128) * 4))  # fmt: skip
-    impl = name + ("" if not quant_s else " + quantize kernel" if quant == "kernel"
-                   else " + XLA quantize")  # fmt: skip
+    impl = name + ("" if not quant_s else " + pad" if fused else " + quantize kernel"
+                   if quant == "kernel" else " + XLA quantize")  # fmt: skip
     base = f"XLA BF16 jnp.dot ({BF16_GEMM_EFF:.0%} of peak / {BF16_GEMM_BW_EFF:.0%} of HBM)"
     scale = calibration("mm_decode" if cfg.swap_ab else "mm_prefill")
     return finish("fp8_matmul", label or f"M={m} N={n} K={k}", chip, impl, t, terms, hbm,

@@ -151,7 +151,7 @@ def variants() -> dict:
             *mm(32, "fp8", G(32, 128, 4, True, 2, cluster_k=True, k_slices=2, pdl=True)),
             mm_loads,
         ),
-        # the fused (BF16 x) decode tiles (the default at M <= 16, ``api.fused_default``; 32
+        # the fused (BF16 x) decode tiles (the default at M = 16, ``api.fused_default``; 32
         # and 64 rows for the autotuner): the compute warpgroups split the tile's x rows'
         # quantization per 128-K slice (``mgpu_fused_swap``; x and w: two TMA loads a step)
         **swaps("mm_fused_swap", "bf16", two, FUSED_SWAP_TILES, pdl=True),

@@ -247,7 +247,7 @@ def test_attention_latency_reads_each_row_at_its_ring_depth(tmp_path):
 
 
 def test_compare_models_a_bf16_x_row_as_it_ran():
-    """A ``+quant`` row recorded ``fused`` (the fused decode kernel, M <= 16) is modelled as
+    """A ``+quant`` row recorded ``fused`` (the fused decode kernel, M = 16) is modelled as
     one kernel with in-kernel quantization; rows without it (the first device run's, and
     ``+quant:once``) as the act_quantize launch and the QArray kernel: slower by the model."""
     from experiments import bench_matmul
