@@ -140,9 +140,9 @@ def _run_xla(x, w_q, *, config, out_dtype, interpret):
 
 def quantize_once(x: jax.Array, w_q: QArray, *, interpret: bool = False) -> QArray:
     """Raw x [M, K] as the Hopper kernel's quantize-once path makes it for its default tile
-    (``act_quantize``'s one launch, rows padded to the tile): what ``fp8_matmul`` runs above
-    ``FUSED_DECODE_ROWS`` rows, here at any M (``bench_matmul``'s ``+quant:once`` arm, beside
-    the fused kernel at decode M). ``fp8_matmul`` of it returns the padded rows."""
+    (``act_quantize``'s one launch, rows padded to the tile): what ``fp8_matmul`` runs at every
+    M but ``FUSED_DECODE_ROWS``, here at any M (``bench_matmul``'s ``+quant:once`` arm, beside
+    the fused kernel at M = 16). ``fp8_matmul`` of it returns the padded rows."""
     m, (n, k) = _rows(x), w_q.shape
     return _mgpu_quantized(x, w_q, mgpu.default_config(m, n, k), interpret)
 

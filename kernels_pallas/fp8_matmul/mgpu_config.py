@@ -360,6 +360,15 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     return c
 
 
+def scale_stages_refuse(cfg: MgpuConfig) -> str | None:
+    """Why a swap-AB tile of FP8 x (its ring carries the x scales, ``block_m`` f32 a stage)
+    cannot run: stages of under 128 B break TMA's SMEM alignment (``SWAP_ROW_ALIGN``)."""
+    if cfg.swap_ab and cfg.block_m % SWAP_ROW_ALIGN:
+        return f"swap_ab block_m must be a multiple of {SWAP_ROW_ALIGN} with FP8 x (128-B TMA " \
+               f"stages of f32 x scales), got {cfg.block_m}"  # fmt: skip
+    return None
+
+
 def fused_refuses(cfg: MgpuConfig) -> str | None:
     """Why the fused (BF16 x, in-kernel quantization) kernel cannot run ``cfg``, or None. It
     takes tiles of one sub-tile per warpgroup, unclustered and not persistent, and swap-AB
@@ -397,9 +406,8 @@ def supports(m: int, k: int, n: int, cfg: MgpuConfig, *, fused: bool, x_itemsize
     """None if the kernel compiles for these shapes and this tile configuration, else why not."""
     if (bad := cfg.invalid()) is not None:
         return bad
-    if cfg.swap_ab and not fused and cfg.block_m % SWAP_ROW_ALIGN:
-        return f"swap_ab block_m must be a multiple of {SWAP_ROW_ALIGN} with FP8 x (128-B TMA " \
-               f"stages of f32 x scales), got {cfg.block_m}"  # fmt: skip
+    if not fused and (bad := scale_stages_refuse(cfg)) is not None:
+        return bad
     if fused and (bad := fused_refuses(cfg)) is not None:
         return bad
     if k % GROUP or k == 0:

@@ -39,6 +39,7 @@ from kernels_pallas.fp8_matmul.mgpu_config import (
     SMEM_BYTES,
     SWAP_ROW_ALIGN,
     MgpuConfig,
+    scale_stages_refuse,
     smem_bytes,
 )
 from kernels_pallas.fp8_matmul.mgpu_k_step import k_step, pipeline_operands, smem_transforms
@@ -83,9 +84,8 @@ def supports(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: MgpuConf
     (``ns``: N of each weight stack)."""
     if (bad := cfg.invalid()) is not None:
         return bad
-    if cfg.swap_ab and cfg.block_m % SWAP_ROW_ALIGN:  # FP8 x: the ring carries its scales
-        return f"swap_ab block_m must be a multiple of {SWAP_ROW_ALIGN} (128-B TMA stages of " \
-               f"f32 x scales), got {cfg.block_m}"  # fmt: skip
+    if (bad := scale_stages_refuse(cfg)) is not None:  # FP8 x: the ring carries its scales
+        return bad
     if len(cfg.wg_subtiles) > 1 or cfg.cluster_m > 1:  # the dense kernel's wide tiles, clusters
         return f"{cfg.block_m}x{cfg.block_n} tiles / cluster_m={cfg.cluster_m}: dense kernel only"
     if cfg.persistent:
