@@ -80,6 +80,17 @@ def test_default_takes_the_fused_kernel_at_sixteen_rows():
     np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(once, np.float32))
 
 
+def test_fused_swap_takes_f16_x_too():
+    """F16 x (the other 16-bit dtype ``fp8_matmul`` quantizes in-kernel) through the fused
+    default at M = 16 equals the quantize-once path bit for bit."""
+    x, wq = _operands(16, 512, 256, seed=7)
+    x = x.astype(jnp.float16)
+    y = fp8_matmul(x, wq, impl="pallas_mosaic_gpu", interpret=True)
+    once = fp8_matmul(api.quantize_once(x, wq, interpret=True), wq, impl="pallas_mosaic_gpu",
+                      interpret=True)[:16]  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(once, np.float32))
+
+
 def test_fused_swap_support_names_what_it_refuses():
     ok = lambda cfg, fused=True: mgpu.supports(  # noqa: E731
         16, 4096, 4096, cfg, fused=fused, x_itemsize=2 if fused else 1, out_itemsize=2
