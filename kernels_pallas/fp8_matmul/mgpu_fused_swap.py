@@ -37,6 +37,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from kernels_pallas.fp8_matmul.mgpu_config import _WGMMA_M, GROUP, MgpuConfig, fused_unit_rows
 from kernels_pallas.fp8_matmul.mgpu_k_step import promote
 from kernels_pallas.qarray import SCALE_TINY, fp8_max
+from kernels_pallas.quantize import inverse_fp8_max
 
 
 def _rows_layout(rows: int):
@@ -62,7 +63,7 @@ def _quantize(x_ref, wdt):
     den = jnp.maximum(jnp.max(jnp.abs(x), axis=1), SCALE_TINY)
     inv = fp8_max(wdt) / den
     xq = (x * lax.broadcast_in_dim(inv, x.shape, [0])).astype(wdt)
-    return xq, den * (1.0 / fp8_max(wdt))
+    return xq, den * inverse_fp8_max(wdt)
 
 
 def shared(cfg: MgpuConfig, interpret: bool) -> bool:
@@ -72,15 +73,17 @@ def shared(cfg: MgpuConfig, interpret: bool) -> bool:
     return cfg.num_compute_wgs > 1 and not (interpret and cfg.cluster_k)
 
 
-def _units(cfg: MgpuConfig, wg, share: bool) -> list:
-    """(slice, first row) of the units of ``fused_unit_rows`` rows that compute warpgroup
-    ``wg`` quantizes per step: every slice alone; shared, its slices, or its half of one."""
-    nwg, ks, rows = cfg.num_compute_wgs, cfg.k_slices, fused_unit_rows(cfg)
+def _units(cfg: MgpuConfig, wg, share: bool) -> tuple[list, int]:
+    """(the (slice, first row) of each unit compute warpgroup ``wg`` quantizes per step, the
+    rows of a unit): every slice alone; shared, its slices, or its half of one
+    (``fused_unit_rows``)."""
+    nwg, ks = cfg.num_compute_wgs, cfg.k_slices
     if not share:
-        return [(j, 0) for j in range(ks)]
+        return [(j, 0) for j in range(ks)], cfg.block_m
+    rows = fused_unit_rows(cfg)
     if ks >= nwg:
-        return [(t * nwg + wg, 0) for t in range(ks // nwg)]
-    return [(0, wg * rows)]
+        return [(t * nwg + wg, 0) for t in range(ks // nwg)], rows
+    return [(0, wg * rows)], rows
 
 
 def scratch(cfg: MgpuConfig, wdt, transforms, interpret: bool = False):
@@ -102,9 +105,9 @@ def step(x_smem, w_smem, acc, sws, scratch_refs, idx, *, cfg: MgpuConfig, wdt):
     xq_smem, sq_smem, bar = scratch_refs
     wg = lax.axis_index("wg")
     share = bar is not None
-    rows = fused_unit_rows(cfg) if share else cfg.block_m
     buf = lax.rem(idx, 2) if share else wg
-    for j, r0 in _units(cfg, wg, share):
+    units, rows = _units(cfg, wg, share)
+    for j, r0 in units:
         xq, s = _quantize(x_smem.at[pl.ds(r0, rows), pl.ds(j * GROUP, GROUP)], wdt)
         xq_smem[buf, j, pl.ds(r0, rows)] = xq
         sq_smem[buf, j, pl.ds(r0, rows)] = s
