@@ -102,6 +102,10 @@ PLAIN = ":plain"
 # the arm ``fp8:<MGPU>:nopdl``. What it changes is the gap between kernels, which CUPTI's kernel
 # time leaves out: compare the rows' wall clock per GEMM (``wall us``, ``x bf16 (wall)``).
 NOPDL = ":nopdl"
+# From 65 rows the dispatch runs the tile its performance model ranks fastest where it beats the
+# rules' tile by a margin (``fp8_matmul.tiles``): the arm ``fp8:<MGPU>:rules`` times the rules'
+# tile beside it wherever they differ, so a device run judges the model's pick.
+RULES = ":rules"
 # Raw x at decode M runs the fused kernel (``+quant``: x quantized in-kernel, one launch) where
 # ``fused_default`` says; the arm ``fp8:<MGPU>+quant:once`` times the quantize-once path
 # (``act_quantize``, then the QArray kernel) beside it.
@@ -126,12 +130,18 @@ def arm_fused(label: str, m: int, n: int, k: int) -> bool:
 
 
 def hopper_config(m: int, n: int, k: int, arm: str = ""):
-    """The tile config the Hopper kernel runs for an arm (QArray x, BF16 out): the default,
-    (``PLAIN``) the default without ``overlap`` or ``k_slices``, or (``NOPDL``) without ``pdl``."""
-    from kernels_pallas.fp8_matmul import mgpu_config
+    """The tile config the Hopper kernel runs for an arm (QArray x, BF16 out): the dispatch's
+    (``fp8_matmul.tiles.dispatch_config`` on this device's constants), (``NOPDL``) the same
+    launched without ``pdl``, (``RULES``) the rules' tile the dispatch's model replaced, or
+    (``PLAIN``) the rules' tile without ``overlap`` or ``k_slices``."""
+    from kernels_pallas.fp8_matmul import mgpu_config, tiles
 
-    new = arm != PLAIN
-    return mgpu_config.default_config(m, n, k, overlap=new, k_slices=new, pdl=arm != NOPDL)
+    if arm == PLAIN:
+        return mgpu_config.default_config(m, n, k, overlap=False, k_slices=False)
+    if arm == RULES:
+        return mgpu_config.default_config(m, n, k)
+    cfg = tiles.dispatch_config(m, n, k, chip=tiles.chip_of(jax.devices()[0].device_kind))
+    return dataclasses.replace(cfg, pdl=False) if arm == NOPDL else cfg
 
 
 def _quantized_once(s, *, interpret):
@@ -160,7 +170,7 @@ def _arms(impls: list[str], interpret: bool, m: int, n_k: tuple[int, int] = (128
     for impl in impls:
         op = functools.partial(_fp8, impl=impl, raw=False, interpret=interpret)
         arms.append((f"fp8:{impl}", op, ("xq", "wq")))
-    for arm in (PLAIN, NOPDL) if MGPU in impls else ():
+    for arm in (PLAIN, NOPDL, RULES) if MGPU in impls else ():
         if (cfg := hopper_config(m, *n_k, arm)) != hopper_config(m, *n_k):
             op = functools.partial(_fp8, impl=MGPU, raw=False, interpret=interpret, config=cfg)
             arms.append((f"fp8:{MGPU}{arm}", op, ("xq", "wq")))

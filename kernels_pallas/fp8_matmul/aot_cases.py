@@ -9,7 +9,9 @@ fallback on H100 (``XLA_LAYERS``: FP8 GEMMs batched over K blocks for M <= 32, B
 GEMM above). ``EXTRA`` adds E5M2 and F32-output cases (the F32 fused epilogue is the tightest SMEM
 fit); ``TILES`` compiles non-default tile configurations the checks accept (both compute-warpgroup
 counts, swap-AB from 32 to 128 rows, split-K, deep rings, N % 128 != 0, K tails of the ring, big TPU
-tiles, the fused kernel: raw x with a non-swap config (opt-in) and the fused decode tiles).
+tiles, the fused kernel: raw x with a non-swap config (opt-in) and the fused decode tiles), and
+the tiles the dispatch's performance model picks over the rules from 65 rows on the H100's and the
+H200's constants (``model_picks``).
 Every case is one the support check accepts (``fp8_matmul`` raises for an explicit impl it
 rejects), so compiling them all proves the check for these shapes.
 """
@@ -236,6 +238,39 @@ def _tile_cases() -> list[AotCase]:
     return out
 
 
+# The tiles the dispatch's performance model picks over the rules from 65 rows
+# (``tiles.dispatch_config``), on the H100's and the H200's constants: each distinct pick once,
+# at the first (chip, M, layer) of ``LAYERS`` that takes it (the H100's picks at the layers' own
+# M compile in the default rows above too)
+PICK_M = (96, 128, 192, 256, 384, 512, 1024, 2048)
+
+
+def model_picks() -> list[tuple[str, str, str, int, int, int, mgpu.MgpuConfig]]:
+    """(chip, model, layer, K, N, M, tile) of each distinct model-picked tile (FP8 x, BF16 out)."""
+    from kernels_pallas.fp8_matmul import mgpu_config, tiles
+
+    seen = {}
+    for chip in ("h100", "h200"):
+        for m in PICK_M:
+            for model, layer, k, n, _ in LAYERS:
+                cfg = tiles.dispatch_config(m, n, k, chip=chip)
+                if cfg != mgpu_config.default_config(m, n, k) and cfg not in seen:
+                    seen[cfg] = (chip, model, layer, k, n, m, cfg)
+    return list(seen.values())
+
+
+def _pick_cases() -> list[AotCase]:
+    from kernels_pallas.fp8_matmul import tiles
+
+    out = []
+    for chip, model, layer, k, n, m, cfg in model_picks():
+        fn = functools.partial(_call, impl="pallas_mosaic_gpu", out_dtype=_BF, config=cfg)
+        label = f"model pick ({chip}) {model} {layer} K={k} N={n} M={m} {tiles.name(cfg)}"
+        out.append(AotCase("fp8_matmul", "pallas_mosaic_gpu", "h100", label, fn,
+                           _operands(m, k, n, "fp8")))  # fmt: skip
+    return out
+
+
 def _case(impl, target, x_kind, fmt, out_dtype, model, layer, k, n, m) -> AotCase:
     phase = "decode" if m <= 256 else "prefill"
     tags = [x_kind + " x"]
@@ -257,5 +292,5 @@ def _cases(layers, kinds) -> list[AotCase]:
 
 def cases() -> list[AotCase]:
     """Every (kernel, target, activation kind) at every layer shape, the XLA fallback, extras."""
-    extra = [_case(*e) for e in EXTRA] + _tile_cases()
+    extra = [_case(*e) for e in EXTRA] + _tile_cases() + _pick_cases()
     return _cases(LAYERS, KINDS) + _cases(XLA_LAYERS, XLA_KINDS) + extra

@@ -6,7 +6,8 @@ support check passes, else ``xla`` with one log line; an explicit impl that cann
   * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16 x at M = 16 quantized in-kernel
     by the fused decode tile, ``fused_default``; above, and F32 x, quantized once first by the
     one-launch ``act_quantize`` kernel; in-kernel wherever an explicit config is one the fused
-    kernel runs);
+    kernel runs); without a config, the tile ``tiles.dispatch_config`` picks (the rules of
+    ``mgpu_config.default_config`` up to 64 rows, the performance model's fastest above);
   * ``impl="auto"`` with ``FP8RL_AUTOTUNE=1`` on a GPU/TPU: the fastest candidate timed on the
     device (``kernels_pallas.autotune``), cached per device kind, jax version and shape;
   * ``pallas_tpu``: the Mosaic TPU kernel.
@@ -27,13 +28,10 @@ from kernels_pallas import act_quantize, autotune
 from kernels_pallas.backend import Implementation, ImplTable, device_reason, target_device
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.fp8_matmul import pallas_tpu as tpu
+from kernels_pallas.fp8_matmul import tiles
 from kernels_pallas.fp8_matmul.mgpu_config import (
     FUSED_DECODE_ROWS,
-    NUM_SMS,
-    SWAP_ROW_ALIGN,
-    decode_pdl,
     fused_refuses,
-    fused_rows,
 )
 from kernels_pallas.fp8_matmul.reference import check_operands
 from kernels_pallas.fp8_matmul.xla import XlaConfig, fp8_matmul_xla
@@ -86,8 +84,13 @@ def _fused(x, config, n: int = 0, k: int = 0) -> bool:
 def _mgpu_config(x, w_q, config, out_dtype) -> mgpu.MgpuConfig:
     m, n, k = _rows(x), w_q.shape[0], w_q.shape[1]
     out_itemsize = jnp.dtype(out_dtype).itemsize
-    return config or mgpu.default_config(
-        m, n, k, fused=_fused(x, config, n, k), out_itemsize=out_itemsize
+    return config or tiles.dispatch_config(
+        m,
+        n,
+        k,
+        fused=_fused(x, config, n, k),
+        out_itemsize=out_itemsize,
+        chip=tiles.chip_of(target_device().device_kind),
     )
 
 
@@ -144,7 +147,8 @@ def quantize_once(x: jax.Array, w_q: QArray, *, interpret: bool = False) -> QArr
     M but ``FUSED_DECODE_ROWS``, here at any M (``bench_matmul``'s ``+quant:once`` arm, beside
     the fused kernel at M = 16). ``fp8_matmul`` of it returns the padded rows."""
     m, (n, k) = _rows(x), w_q.shape
-    return _mgpu_quantized(x, w_q, mgpu.default_config(m, n, k), interpret)
+    cfg = tiles.dispatch_config(m, n, k, chip=tiles.chip_of(target_device().device_kind))
+    return _mgpu_quantized(x, w_q, cfg, interpret)
 
 
 def _mgpu_quantized(x, w_q: QArray, cfg, interpret: bool) -> QArray:
@@ -209,7 +213,6 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
     and the default is the fused one where ``fused_default`` says."""
     specs = [("xla", "xla", None), (autotune.BF16_FLOOR, autotune.BF16_FLOOR, None)]
     if platform == "gpu":
-        G = mgpu.MgpuConfig
 
         def legal(c) -> bool:
             fused = raw_x and fused_refuses(c) is None
@@ -217,61 +220,29 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
                                  out_itemsize=2) is None  # fmt: skip
 
         fz = raw_x and fused_default(m, n, k)  # the default runs fused
-        cfgs = [mgpu.default_config(m, n, k, fused=fz)]
+        chip = tiles.chip_of(device_kind)
+        cfgs = [tiles.dispatch_config(m, n, k, fused=fz, chip=chip)]
 
         # pinned beside a decode default: its one-slice-per-step tile (the default before
         # two-slice stages), and the deepest ring (DEEP_RING_STAGES) of the default if it
-        # fits, else of the one-slice tile, where its K chunks have steps for the extra stages
+        # fits, else of the one-slice tile, where its K chunks have steps for the extra stages;
+        # beside a tile the model chose over the rules (``tiles.dispatch_config``), the rules'
         def deeper(c):
             d = dataclasses.replace(c, max_concurrent_steps=DEEP_RING_STAGES)
             steps = k // c.k_block // c.split_k
             return d if legal(d) and steps > c.max_concurrent_steps else None
 
-        twins = []
+        twins = [mgpu.default_config(m, n, k, fused=fz)]
         if cfgs[0].swap_ab:
             one = mgpu.default_config(m, n, k, fused=fz, k_slices=False)
             deep = [d for c in (cfgs[0], one) if (d := deeper(c)) is not None]
-            twins = [c for c in dict.fromkeys([one, *deep[:1]]) if c != cfgs[0]]
+            twins += [one, *deep[:1]]
+        twins = [c for c in dict.fromkeys(twins) if c != cfgs[0]]
         cfgs += twins
-        # the smallest legal swap tile for M
-        rows = fused_rows(m) if fz else -(-m // SWAP_ROW_ALIGN) * SWAP_ROW_ALIGN
-        if m <= 256:  # swap-AB: all rows as the wgmma N up to 128, tiles of 64 or 128 above
-            bms = [min(rows, 128)] + ([64] if m > 64 else [])
-            cfgs += [G(bm, bn, 4, True, split) for bm in bms for bn in (64, 128)
-                     for split in (1, 2, 4, 8)]  # fmt: skip
-            # two 128-K slices per step (4 stages, or 3 where 4 do not fit)
-            cfgs += [next((c for c in (dataclasses.replace(c1, k_slices=2, max_concurrent_steps=st)
-                                       for st in (4, 3)) if legal(c)), c1)
-                     for c1 in cfgs[1 + len(twins):]]  # fmt: skip
-            # the K chunks summed in the cluster (DSMEM), 3 stages where 4 do not fit
-            for c in [c for c in cfgs[1:] if c.split_k > 1]:
-                c4, c3 = (dataclasses.replace(c, cluster_k=True, max_concurrent_steps=st)
-                          for st in (4, 3))  # fmt: skip
-                cfgs.append(c4 if legal(c4) else c3)
-        if m <= 256:
-            cfgs += [G(min(64, rows), 64, 4, True), G(64, 128, 4)]
-        cfgs += [G(128, 256, 3, cluster_m=2), G(128, 256, 3), G(256, 128, 3)]
-        cfgs += [G(128, 128, 4, cluster_m=2), G(128, 128, 4), G(128, 64, 4), G(64, 64, 6)]
-        if m > 64:  # prefill: each tile also as a persistent grid of one CTA per SM (snake order)
-            cfgs += [dataclasses.replace(c, persistent=NUM_SMS) for c in cfgs
-                     if not c.swap_ab and c.block_m >= 128]  # fmt: skip
-            # and the one-sub-tile tiles with their promotions under the wgmmas (3 stages)
-            cfgs += [G(bm, bn, 3, cluster_m=cl, overlap=True) for bm, bn in ((128, 128), (128, 64))
-                     for cl in (2, 1)]  # fmt: skip
-        # every swap-AB tile launched as the default's is (dependent: ``MgpuConfig.pdl``), so
-        # the timer compares tiles; the launch itself is judged by the benchmark's wall clock
-        # (``bench_matmul``'s ``:nopdl`` arm), which sees the gaps CUPTI leaves out
-        cfgs = [dataclasses.replace(c, pdl=c.swap_ab and decode_pdl()) for c in cfgs]
+        cfgs += tiles.candidates(m, n, k, legal, fz, pinned=tuple(cfgs))
         for cfg in dict.fromkeys(cfgs):
             if legal(cfg):
-                name = f"pallas_mosaic_gpu:{cfg.block_m}x{cfg.block_n}x{cfg.max_concurrent_steps}"
-                name += f"s/k{cfg.split_k}" if cfg.swap_ab else ""
-                name += "c" if cfg.cluster_k else ""
-                name += f"/s{cfg.k_slices}" if cfg.k_slices > 1 else ""
-                name += f"/c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""
-                name += f"/p{cfg.persistent}" if cfg.persistent else ""
-                name += "/o" if cfg.overlap else ""
-                specs.append((name, "pallas_mosaic_gpu", cfg))
+                specs.append((tiles.name(cfg), "pallas_mosaic_gpu", cfg))
         if limit is not None:
             specs = specs[:2] + _model_ranked(specs[2:], m, n, k, limit, device_kind,
                                               1 + len(twins), raw_x)  # fmt: skip

@@ -214,7 +214,7 @@ def swap_default(m: int, n: int, k: int) -> bool:
     widths) and split-K fills them (above 128 rows, only grids of at most a quarter of the SMs:
     narrow N). Where neither tile splits, both grids are the same CTAs and the 128x128 prefill
     tile's K loop is the shorter one (128 against 169 SASS instructions per step at 128 rows,
-    ``perf_model_sass.json``)."""
+    ``perf_model/sass_profiles.json``)."""
     if m <= _WGMMA_M:
         return True
     if m > 2 * _SWAP_MAX_M:
@@ -300,9 +300,12 @@ def _clustered(cfg: MgpuConfig, m: int, n: int) -> bool:
 def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2,
                    swap: bool | None = None, overlap: bool = True,
                    k_slices: bool = True, pdl: bool = True):  # fmt: skip
-    """Untuned defaults. Decode (M <= 64; 65-256 rows where K splits; unfused: ``swap_default``):
-    swap-AB with 64 or 128 weight rows per CTA (``decode_config``), M rounded up to 32; fused
-    (BF16 x quantized in-kernel, M <= 64) to 16, 32 or 64 rows (``fused_rows``). Prefill:
+    """The rules' tiles (what ``fp8_matmul`` runs up to 64 rows and for the fused kernel; from
+    65 rows ``tiles.dispatch_config`` runs the performance model's pick where it beats them by a
+    margin, and these where it does not). Decode (M <= 64; 65-256 rows where K splits;
+    unfused: ``swap_default``): swap-AB with 64 or 128 weight rows per CTA (``decode_config``),
+    M rounded up to 32; fused (BF16 x quantized in-kernel, M <= 64) to 16, 32 or 64 rows
+    (``fused_rows``). Prefill:
     128x256 CTAs where their grid fills >= 2/3 of the SMs or saves a wave (``_wide_grid``) (the
     performance model, H100: 1.33-1.44x faster than 128x128 there, 0.5-0.96x on grids of <= 64 CTAs:
     ``perf_model.md``), else 128x128 with two compute warpgroups (64x128 if N % 128). Unfused

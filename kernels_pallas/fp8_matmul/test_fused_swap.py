@@ -107,9 +107,10 @@ def test_fused_swap_support_names_what_it_refuses():
 
 
 def test_fused_swap_smem_is_mosaics_count():
-    """``smem_bytes`` = Mosaic GPU's scratch (the H100 compiles of ``perf_model_sass.json``:
-    16x128, 4 two-slice stages, 2 K chunks in-cluster: 187,392 B; one warpgroup: 107,520 B)
-    + 8 B per barrier, as for the other tiles (``test_mgpu_config``)."""
+    """``smem_bytes`` = Mosaic GPU's scratch (the H100 compiles of
+    ``perf_model/sass_profiles.json``: 16x128, 4 two-slice stages, 2 K chunks in-cluster:
+    187,392 B; one warpgroup: 107,520 B) + 8 B per barrier, as for the other tiles
+    (``test_mgpu_config``)."""
     cluster = MgpuConfig(16, 128, 4, True, 2, cluster_k=True, k_slices=2)
     one_wg = MgpuConfig(16, 64, 4, True, k_slices=2)
     assert mc.smem_bytes(cluster, 4096, 2, 2, True) == 187392 + 8 * (2 * 4 + 2 + 2)

@@ -39,7 +39,9 @@ def main(argv=None) -> int:
     h100_64 = [p for p in steps if p.chip == "h100" and p.batch == 64]  # one per engine
     sections = {
         "Calibration on a device (H200, 2026-12-04)": calibration_section(),
-        "Design changes, before -> after (predicted, calibrated)": change_table(changes),
+        "Design changes, before -> after (predicted, calibrated)": "\n\n".join(
+            (gpu_targets.pick_summary(changes), change_table(changes))
+        ),
         "Rollout decode step, W8A8 + FP8 KV vs BF16 (predicted, calibrated)": "\n\n".join(
             (
                 gpu_rollout.table(steps),

@@ -34,7 +34,7 @@ import os
 import statistics
 import sys
 
-from kernels_pallas.perf_model.sass_profiles import SASS_JSON
+from kernels_pallas.perf_model.sass_profiles import RESULTS_DIR
 
 # The first device run (one H200, jax 0.11.2, 2026-12-04: experiments/results/
 # gpu_h200_2026-12-04) found our FP8 kernels slower than the SASS model (``gpu.py``) by these
@@ -78,7 +78,7 @@ def calibration(family: str) -> float:
     return KERNEL_CALIBRATION[family] if _CALIBRATED[-1] else 1.0
 
 
-DEFAULT_DIR = os.path.join(os.path.dirname(SASS_JSON), "gpu_h200_2026-12-04")
+DEFAULT_DIR = os.path.join(RESULTS_DIR, "gpu_h200_2026-12-04")
 # the files of that run holding each measurement (run 1: M = 4096; run 2 after the fixes it
 # prompted: M = 16 / 64 and the complete decode attention table)
 DEFAULT_FILES = ("run1/bench_matmul.json", "run2/bench_matmul.json", "run2/bench_decode.json")

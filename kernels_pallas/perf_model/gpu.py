@@ -2,7 +2,7 @@
 
 Per kernel variant, ``profile_gpu.py`` records (deviceless H100 compile, ptxas, cuobjdump) the
 registers, SMEM and the instruction counts of the compute warpgroup's main loop and of the TMA
-warpgroup's loop (``experiments/results/perf_model_sass.json``). Per shape this module then
+warpgroup's loop (``kernels_pallas/perf_model/sass_profiles.json``). Per shape this module then
 predicts, for one SM holding ``c`` CTAs that each advance one loop iteration ("step"):
 
   step = max(MMA, issue, chain, L2, latency) cycles, where
@@ -364,14 +364,13 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
     "default" (what ``api.fp8_matmul`` dispatches today), "fused" (in-kernel quantization),
     "qarray" (quantize once, then the QArray kernel). ``in_program``: inside a program whose
     launches are counted (``gpu_rollout``), so no launch for the output's epilogue fusion."""
-    from kernels_pallas.fp8_matmul import api
-    from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
+    from kernels_pallas.fp8_matmul import api, tiles
 
     if mode == "default":
         fused = x == "bf16" and api.fused_default(m, n, k)
     else:
         fused = mode == "fused" and x == "bf16"
-    cfg = config or mgpu.default_config(m, n, k, fused=fused)
+    cfg = config or tiles.dispatch_config(m, n, k, fused=fused, chip=chip)
     if split_k is not None and cfg.swap_ab:
         cfg = dataclasses.replace(cfg, split_k=split_k)
     t, epilogue, terms, name = matmul_kernel(chip, m, n, k, cfg, fused,

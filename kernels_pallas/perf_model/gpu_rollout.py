@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 
 from kernels_pallas.perf_model import gpu, gpu_attention, hlo_launches
+from kernels_pallas.perf_model.sass_profiles import RESULTS_DIR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +107,7 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: st
     two: ``mgpu_config._DECODE_K_SLICES``); ``pdl=False``: the GEMMs and the attention kernel
     launched after their predecessor completes (before they launched dependent:
     ``kernels_pallas/dependent_launch``)."""
-    from kernels_pallas.fp8_matmul import mgpu_config
+    from kernels_pallas.fp8_matmul import mgpu_config, tiles
 
     d, c = cfg.hidden, cfg.head_dim
     q_n, kv_n = cfg.heads * c, cfg.kv_heads * c
@@ -116,8 +117,10 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: st
     assert (fp8_n.per_layer["mosaic"], fp8_n.per_layer["triton"]) == (5, 4), fp8_n
     assert (bf16_n.per_layer["xla_gemm"], bf16_n.per_layer["mosaic"]) == (5, 1), bf16_n
 
-    def mm(n, k):  # x arrives FP8 from its producer's kernel (counted below)
-        tile = mgpu_config.default_config(batch, n, k, k_slices=k_slices, pdl=pdl)
+    def mm(n, k):  # x arrives FP8 from its producer's kernel (counted below); today's tiles
+        # are the dispatch's, the tiles before a change the rules' with that change undone
+        tile = tiles.dispatch_config(batch, n, k, chip=chip) if k_slices and pdl else \
+            mgpu_config.default_config(batch, n, k, k_slices=k_slices, pdl=pdl)  # fmt: skip
         return gpu.predict_matmul(chip, batch, n, k, "fp8", in_program=True, config=tile).time_s
 
     def quant(k):  # a producer + quantization kernel writing [batch, k] FP8
@@ -182,7 +185,7 @@ def validation(path: str | None = None) -> dict | None:
 
     from kernels_pallas.perf_model import compare
 
-    path = path or os.path.join(os.path.dirname(gpu.SASS_JSON), MEASURED_ROLLOUT)
+    path = path or os.path.join(RESULTS_DIR, MEASURED_ROLLOUT)
     with open(path) as f:
         data = json.load(f)
     meta = data.get("meta", {})

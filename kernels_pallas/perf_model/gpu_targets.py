@@ -177,6 +177,7 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                                  for mode in ("qarray", "default"))  # fmt: skip
                 out.append(("decode GEMM: BF16 x quantized in-kernel (M = 16, no act_quantize "
                             "launch)", before, after))  # fmt: skip
+    out += _model_pick_changes()
     for model, layer, n, k, m in WAVE_ROWS:
         tiles_m = -(-m // 128)  # before: 128x128, clustered by default_config's unchanged rule
         cl = 2 if tiles_m % 2 == 0 and tiles_m * n // 128 >= NUM_SMS * 2 // 3 else 1
@@ -263,6 +264,64 @@ DECODE_ROWS_LAYERS = (
     ("Qwen3-30B-A3B", "o_proj", 2048, 4096, (128, 256)),
     ("DeepSeek-V3", "N=7168 K=16384", 7168, 16384, (128,)),
 )
+
+
+# Rollout GEMM shapes at the batch sizes between decode and prefill where the dispatch's model
+# picks the tile (``fp8_matmul.tiles``): (model, layer, N, K); at ``PICK_ROWS`` rows each.
+PICK_LAYERS = (
+    ("Qwen3-8B", "q|o_proj", 4096, 4096),
+    ("Qwen3-8B", "k|v_proj", 1024, 4096),
+    ("Qwen3-8B", "q|k|v fused", 6144, 4096),
+    ("Qwen3-8B", "gate+up fused", 24576, 4096),
+    ("Qwen3-8B", "down", 4096, 12288),
+    ("Qwen3-30B-A3B", "o_proj", 2048, 4096),
+    ("Llama-3-70B", "q|o_proj", 8192, 8192),
+    ("Llama-3-70B", "k|v_proj", 1024, 8192),
+    ("Llama-3-70B", "down", 8192, 28672),
+    ("DeepSeek-V3", "N=7168 K=16384", 7168, 16384),
+)
+PICK_ROWS = (96, 128, 256, 384, 1024)
+
+
+def _model_pick_changes() -> list[tuple[str, Prediction, Prediction]]:
+    """The rules' tile -> the dispatch's (the model's fastest candidate from 65 rows), standalone
+    and in a program, where they differ."""
+    from kernels_pallas.fp8_matmul import mgpu_config, tiles
+
+    out = []
+    change = "65-2048 rows: the tile the performance model ranks fastest (dispatch)"
+    for model, layer, n, k in PICK_LAYERS:
+        for m in PICK_ROWS:
+            for chip in GPU_CHIPS:
+                rule = mgpu_config.default_config(m, n, k)
+                pick = tiles.dispatch_config(m, n, k, chip=chip)
+                if pick != rule:
+                    pairs = _standalone_and_in_program(chip, m, n, k, f"{model} {layer} M={m}",
+                                                       rule, pick)  # fmt: skip
+                    out += [(change, b, a) for b, a in pairs]
+    return out
+
+
+def pick_summary(changes) -> str:
+    """The model-picked tiles' rows in one line per chip: the geometric mean and the range of
+    their ratio to BF16, before -> after, in a program."""
+    import math
+
+    lines = []
+    for chip in GPU_CHIPS:
+        rows = [(b, a) for c, b, a in changes if c.startswith("65-2048 rows") and
+                a.chip == chip and a.label.endswith(", in program")]  # fmt: skip
+        if not rows:
+            continue
+        gm = lambda v: math.exp(sum(map(math.log, v)) / len(v))
+        before, after = [b.ratio for b, _ in rows], [a.ratio for _, a in rows]
+        speed = [b.time_s / a.time_s for b, a in rows]
+        lines.append(f"- {chip}: {len(rows)} GEMMs (of {len(PICK_LAYERS) * len(PICK_ROWS)} "
+                     f"shapes x rows) take a model-picked tile; in a program, FP8 / BF16 "
+                     f"{gm(before):.2f}x -> {gm(after):.2f}x (geometric mean; worst "
+                     f"{min(before):.2f}x -> {min(after):.2f}x), each {min(speed):.2f}-"
+                     f"{max(speed):.2f}x faster than the rules' tile")  # fmt: skip
+    return "\n".join(lines)
 
 
 # Prefill grids where 128x128 CTAs need a second wave (one CTA per SM) and 128x256 do not

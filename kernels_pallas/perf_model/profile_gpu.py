@@ -1,7 +1,7 @@
 """Compile each Mosaic GPU kernel variant for H100 (no device) and record its SASS profile.
 
 ``python -m kernels_pallas.perf_model.profile_gpu`` (AOT venv: ``scripts/setup_aot.sh``) writes
-``experiments/results/perf_model_sass.json``: per variant, ptxas registers and spills, Mosaic's
+``kernels_pallas/perf_model/sass_profiles.json``: per variant, ptxas registers and spills, Mosaic's
 SMEM, and the instruction counts of the compute warpgroup's main loop and of the TMA warpgroup's
 loop (``sass.py``). ``gpu.py`` predicts from that file, so the model itself runs anywhere.
 """
@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "perf_model_sass.json")
+DEFAULT_OUT = os.path.join(REPO, "kernels_pallas", "perf_model", "sass_profiles.json")
 
 
 # (M rows, N rows, K chunks, 128-K slices a step, stages) of the profiled swap-AB tiles with

@@ -1,5 +1,6 @@
-"""The SASS profiles the GPU model predicts from (``experiments/results/perf_model_sass.json``,
-written by ``profile_gpu.py``): loading them, the producer warpgroup's instructions per K step,
+"""The SASS profiles the GPU model predicts from (``sass_profiles.json`` beside this module,
+package data: ``fp8_matmul``'s dispatch ranks tiles by them at run time; written by
+``profile_gpu.py``): loading them, the producer warpgroup's instructions per K step,
 and the profile that stands in for a tile configuration that was not profiled itself."""
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ import json
 import os
 import re
 
-SASS_JSON = os.path.join(
+SASS_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sass_profiles.json")
+# the benchmark results of the device runs (calibration, the measured rollout)
+RESULTS_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "experiments", "results", "perf_model_sass.json",
+    "experiments", "results",
 )  # fmt: skip
 
 

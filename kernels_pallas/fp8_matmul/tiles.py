@@ -1,0 +1,150 @@
+"""Which Hopper tile ``fp8_matmul`` runs: the candidates, and the default the model picks.
+
+``candidates``: the tile configs the on-device autotuner chooses among for a shape (swap-AB
+decode tiles of 64/128 weight rows x split-K 1-8, one or two 128-K slices a step, the K chunks
+summed in the cluster; the prefill tiles 128x256 / 256x128 / 128x128 / 128x64 / 64x64, 2-CTA
+clusters, persistent grids, promotions under the wgmmas), each as the support check accepts it.
+
+``dispatch_config``: the tile a call without an explicit config runs. Up to 64 rows, and for
+the fused (BF16 x) kernel, the hand-written rules of ``mgpu_config.default_config``, which the
+first device run measured (decode tiles at M = 16 / 64) and the model tuned against every
+alternative (within 0.6% of its best on average there). From 65 rows, where those rules were
+written for one shape family at a time (swap-AB while K splits, 128x256 while the grid fills,
+clusters on even grids), the performance model ranks every candidate at the call's shape as a
+GEMM inside a program (``perf_model.gpu.predict_matmul``: the compiled kernels' SASS
+instruction counts, registers and SMEM, calibrated on the H200 run) and the call takes the
+fastest where it beats the rule's tile by more than ``MODEL_MARGIN`` -- the rule's tile
+otherwise, so a tile the device has run is left only for a predicted gain well beyond the
+model's spread between shapes. This is how DeepGEMM picks its block shape per call (an analytic
+search over block M/N and stages at run time); here the analysis is the calibrated model.
+
+Before -> after (the model, in a program, 17 shapes of Qwen3-8B/30B-A3B, Llama-3-70B and
+DeepSeek-V3 x M = 96-2048, ``perf_model.md``'s design-change table): the rules' tiles were
+5-22% slower than the model's best on average at M = 96-1024 (up to 1.79x: Llama-3-70B k|v_proj
+at M = 320-384, whose 8 N tiles the rules ran as 24 CTAs of 128x128).
+
+The chip (H100 or H200: the model's HBM bandwidth and clock) comes from the target's device
+kind; anything else ranks on the H100's constants. The ranking is pure Python over shapes
+(~1-5 ms per shape, cached per shape), reads ``perf_model/sass_profiles.json`` (package data)
+and falls back to the rule's tile where the profiles cannot be read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from kernels_pallas.fp8_matmul import mgpu_config as mc
+from kernels_pallas.fp8_matmul.mgpu_config import MgpuConfig, decode_pdl, fused_rows
+
+# a candidate replaces the rule's tile only where the model predicts it this much faster (the
+# first device run's decode GEMMs spread 1.01-1.30x around the model's calibrated time, its
+# prefill GEMMs 0.99-1.08x: ``perf_model/calibration.py``)
+MODEL_MARGIN = 0.95
+# rows from which the model chooses (up to them: the decode rules, ``mgpu_config.decode_config``)
+MODEL_MIN_ROWS = mc._WGMMA_M + 1
+
+
+def chip_of(device_kind: str) -> str:
+    """The performance model's chip for a device kind: "h200" for an H200, else "h100"."""
+    return "h200" if "h200" in device_kind.lower() else "h100"
+
+
+def candidates(m: int, n: int, k: int, legal, fused: bool = False,
+               pinned: tuple[MgpuConfig, ...] = ()) -> list[MgpuConfig]:  # fmt: skip
+    """The tile configs beyond ``pinned`` (the default and its twins) that ``legal`` accepts
+    at [M, K] x [N, K], each launched as the default's would be (swap-AB tiles dependent:
+    ``MgpuConfig.pdl``), in a fixed order without repeats. ``fused``: raw x runs fused
+    (``fused_rows`` tiles)."""
+    G = MgpuConfig
+    cfgs: list[MgpuConfig] = []
+    rows = fused_rows(m) if fused and m <= mc._WGMMA_M else \
+        -(-m // mc.SWAP_ROW_ALIGN) * mc.SWAP_ROW_ALIGN  # fmt: skip
+    if m <= 256:  # swap-AB: all rows as the wgmma N up to 128, tiles of 64 or 128 above
+        bms = [min(rows, 128)] + ([64] if m > 64 else [])
+        cfgs += [G(bm, bn, 4, True, split) for bm in bms for bn in (64, 128)
+                 for split in (1, 2, 4, 8)]  # fmt: skip
+        # two 128-K slices per step (4 stages, or 3 where 4 do not fit)
+        cfgs += [next((c for c in (dataclasses.replace(c1, k_slices=2, max_concurrent_steps=st)
+                                   for st in (4, 3)) if legal(c)), c1)
+                 for c1 in list(cfgs)]  # fmt: skip
+        # the K chunks summed in the cluster (DSMEM), 3 stages where 4 do not fit
+        for c in [c for c in (*pinned[1:], *cfgs) if c.split_k > 1]:
+            c4, c3 = (dataclasses.replace(c, cluster_k=True, max_concurrent_steps=st)
+                      for st in (4, 3))  # fmt: skip
+            cfgs.append(c4 if legal(c4) else c3)
+        cfgs += [G(min(64, rows), 64, 4, True), G(64, 128, 4)]
+    cfgs += [G(128, 256, 3, cluster_m=2), G(128, 256, 3), G(256, 128, 3)]
+    cfgs += [G(128, 128, 4, cluster_m=2), G(128, 128, 4), G(128, 64, 4), G(64, 64, 6)]
+    if m > 64:  # prefill: each tile also as a persistent grid of one CTA per SM (snake order)
+        cfgs += [dataclasses.replace(c, persistent=mc.NUM_SMS) for c in cfgs
+                 if not c.swap_ab and c.block_m >= 128]  # fmt: skip
+        # and the one-sub-tile tiles with their promotions under the wgmmas (3 stages)
+        cfgs += [G(bm, bn, 3, cluster_m=cl, overlap=True) for bm, bn in ((128, 128), (128, 64))
+                 for cl in (2, 1)]  # fmt: skip
+    # every swap-AB tile launched as the default's is (dependent: ``MgpuConfig.pdl``), so
+    # the timer compares tiles; the launch itself is judged by the benchmark's wall clock
+    # (``bench_matmul``'s ``:nopdl`` arm), which sees the gaps CUPTI leaves out
+    cfgs = [dataclasses.replace(c, pdl=c.swap_ab and decode_pdl()) for c in cfgs]
+    return [c for c in dict.fromkeys(cfgs) if c not in pinned and legal(c)]
+
+
+def name(cfg: MgpuConfig) -> str:
+    """The autotuner's name of a Pallas tile (``pallas_mosaic_gpu:128x128x4s/k2c/s2`` ...)."""
+    s = f"pallas_mosaic_gpu:{cfg.block_m}x{cfg.block_n}x{cfg.max_concurrent_steps}"
+    s += f"s/k{cfg.split_k}" if cfg.swap_ab else ""
+    s += "c" if cfg.cluster_k else ""
+    s += f"/s{cfg.k_slices}" if cfg.k_slices > 1 else ""
+    s += f"/c{cfg.cluster_m}" if cfg.cluster_m > 1 else ""
+    s += f"/p{cfg.persistent}" if cfg.persistent else ""
+    s += "/o" if cfg.overlap else ""
+    return s
+
+
+def ranked(m: int, n: int, k: int, *, out_itemsize: int = 2,
+           chip: str = "h100") -> list[tuple[float, MgpuConfig]]:  # fmt: skip
+    """(predicted seconds inside a program, tile) of the rule's tile and every legal candidate
+    for FP8 x (quantized once) at [M, K] x [N, K], fastest first (ties: the rule's tile, then
+    the candidates' order). Raises ``OSError`` where the SASS profiles cannot be read."""
+    from kernels_pallas.perf_model import gpu
+
+    gpu.load_profiles()  # OSError here, before any rule is judged without its profiles
+
+    def legal(c: MgpuConfig) -> bool:
+        return mc.supports(m, k, n, c, fused=False, x_itemsize=1,
+                           out_itemsize=out_itemsize) is None  # fmt: skip
+
+    rule = mc.default_config(m, n, k, out_itemsize=out_itemsize)
+    out = []
+    for i, c in enumerate([rule, *candidates(m, n, k, legal, pinned=(rule,))]):
+        try:
+            t = gpu.predict_matmul(chip, m, n, k, "fp8", config=c, in_program=True).time_s
+        except KeyError:  # no SASS profile of this tile's family: never chosen
+            continue
+        out.append((t, i, c))
+    return [(t, c) for t, _, c in sorted(out, key=lambda e: e[:2])]
+
+
+def dispatch_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2,
+                    chip: str = "h100") -> MgpuConfig:  # fmt: skip
+    """The tile ``fp8_matmul`` runs at [M, K] x [N, K] without an explicit config (module
+    docstring): ``mgpu_config.default_config``'s up to 64 rows and for the fused kernel; from
+    65 rows the model's fastest candidate where it beats that tile by ``MODEL_MARGIN``."""
+    return _dispatch(m, n, k, fused, out_itemsize, chip, decode_pdl())
+
+
+@functools.lru_cache(maxsize=4096)
+def _dispatch(m: int, n: int, k: int, fused: bool, out_itemsize: int, chip: str,
+              pdl: bool) -> MgpuConfig:  # fmt: skip
+    """``dispatch_config``, cached per shape and per ``FP8RL_PDL`` (the launch is in the key)."""
+    del pdl  # read by default_config and candidates through decode_pdl()
+    rule = mc.default_config(m, n, k, fused=fused, out_itemsize=out_itemsize)
+    if fused or m < MODEL_MIN_ROWS:
+        return rule
+    try:
+        order = ranked(m, n, k, out_itemsize=out_itemsize, chip=chip)
+    except OSError:  # the profiles are not there (a broken install): the rules alone
+        return rule
+    t_rule = next((t for t, c in order if c == rule), None)
+    t_best, best = order[0]
+    return best if t_rule is None or t_best < MODEL_MARGIN * t_rule else rule
