@@ -45,10 +45,17 @@ def test_from_65_rows_the_models_fastest_where_it_beats_the_rule_by_the_margin(c
             order = tiles.ranked(m, n, k, out_itemsize=out_b, chip=chip)
             t_best, best = order[0]
             t_rule = _t(chip, m, n, k, rule)
-            if got == rule:
-                assert t_best >= tiles.MODEL_MARGIN * t_rule
-            else:
-                assert got == best and t_best < tiles.MODEL_MARGIN * t_rule
+            raw = lambda c: tiles._sass_alone(chip, m, n, k, c)
+            if got == rule:  # no candidate beats it by the margin both ways
+                assert all(t >= tiles.MODEL_MARGIN * t_rule or
+                           raw(c) >= tiles.MODEL_MARGIN * raw(rule) for t, c in order)
+            else:  # the fastest that does
+                t_got = _t(chip, m, n, k, got)
+                assert t_got < tiles.MODEL_MARGIN * t_rule
+                assert raw(got) < tiles.MODEL_MARGIN * raw(rule)
+                assert all(raw(c) >= tiles.MODEL_MARGIN * raw(rule) for t, c in order
+                           if t < t_got)  # fmt: skip
+            assert t_best <= _t(chip, m, n, k, got)
             # legal as called (F32 out leaves fewer stages in the SMEM budget)
             assert mc.supports(m, k, n, got, fused=False, x_itemsize=1,
                                out_itemsize=out_b) is None  # fmt: skip
@@ -70,6 +77,25 @@ def test_rules_grids_that_idle_the_sms_take_the_models_tile():
     assert kv == MgpuConfig(64, 64, 6)
     assert _t("h100", 384, 1024, 8192, mc.default_config(384, 1024, 8192)) / \
         _t("h100", 384, 1024, 8192, kv) >= 1.5  # fmt: skip
+
+
+def test_a_pick_never_rests_on_the_calibrations_family_factors(monkeypatch):
+    """At 64 rows the calibrated model ranks a 64-row prefill tile over the decode rules' tile
+    for Llama-3-70B down_proj (1.12x), a gain the SASS model alone reverses (0.98x): it comes
+    from the swap-AB family's factor (1.15) against the prefill tiles' (1.01). Were the model to
+    choose at 64 rows, it would not take that tile."""
+    m, n, k = 64, 8192, 28672
+    rule = mc.default_config(m, n, k)
+    (t_best, best), raw = tiles.ranked(m, n, k)[0], lambda c: tiles._sass_alone("h100", m, n, k, c)
+    assert not best.swap_ab and rule.swap_ab and t_best < 0.95 * _t("h100", m, n, k, rule)
+    assert raw(best) > raw(rule)
+    monkeypatch.setattr(tiles, "MODEL_MIN_ROWS", 1)
+    tiles._dispatch.cache_clear()
+    try:
+        got = tiles.dispatch_config(m, n, k)
+    finally:
+        tiles._dispatch.cache_clear()
+    assert got != best and (got == rule or raw(got) < tiles.MODEL_MARGIN * raw(rule))
 
 
 def test_the_chip_ranks_on_its_own_constants():

@@ -13,9 +13,13 @@ written for one shape family at a time (swap-AB while K splits, 128x256 while th
 clusters on even grids), the performance model ranks every candidate at the call's shape as a
 GEMM inside a program (``perf_model.gpu.predict_matmul``: the compiled kernels' SASS
 instruction counts, registers and SMEM, calibrated on the H200 run) and the call takes the
-fastest where it beats the rule's tile by more than ``MODEL_MARGIN`` -- the rule's tile
-otherwise, so a tile the device has run is left only for a predicted gain well beyond the
-model's spread between shapes. This is how DeepGEMM picks its block shape per call (an analytic
+fastest where it beats the rule's tile by more than ``MODEL_MARGIN``, calibrated and by the SASS
+model alone -- the rule's tile otherwise, so a tile the device has run is left only for a
+predicted gain well beyond the model's spread between shapes, and never for one that comes from
+the calibration's family factors alone (swap-AB tiles carry the factor measured on decode tiles,
+1.15, prefill tiles the one measured at 4096 rows, 1.01: at 16-64 rows a 64-row prefill tile
+would beat the decode rules on 12 of 17 rollout shapes by that gap alone, which is one reason the
+rules stay there; every pick from 65 rows on the shapes of ``perf_model.md`` wins both ways). This is how DeepGEMM picks its block shape per call (an analytic
 search over block M/N and stages at run time); here the analysis is the calibrated model.
 
 Before -> after (the model, in a program, 17 shapes of Qwen3-8B/30B-A3B, Llama-3-70B and
@@ -146,5 +150,21 @@ def _dispatch(m: int, n: int, k: int, fused: bool, out_itemsize: int, chip: str,
     except OSError:  # the profiles are not there (a broken install): the rules alone
         return rule
     t_rule = next((t for t, c in order if c == rule), None)
-    t_best, best = order[0]
-    return best if t_rule is None or t_best < MODEL_MARGIN * t_rule else rule
+    if t_rule is None:  # the rules' tile has no profile: the model's fastest
+        return order[0][1]
+    raw_rule = _sass_alone(chip, m, n, k, rule)
+    for t, cfg in order:  # the fastest that wins calibrated and by the SASS model alone
+        if t >= MODEL_MARGIN * t_rule:
+            break
+        if _sass_alone(chip, m, n, k, cfg) < MODEL_MARGIN * raw_rule:
+            return cfg
+    return rule
+
+
+def _sass_alone(chip: str, m: int, n: int, k: int, cfg: MgpuConfig) -> float:
+    """The predicted time without the device run's per-family factors (``KERNEL_CALIBRATION``:
+    swap-AB tiles 1.15, measured at 16/64 rows; prefill tiles 1.01, measured at 4096)."""
+    from kernels_pallas.perf_model import calibration, gpu
+
+    with calibration.uncalibrated():
+        return gpu.predict_matmul(chip, m, n, k, "fp8", config=cfg, in_program=True).time_s
