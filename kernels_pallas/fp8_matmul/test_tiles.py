@@ -3,6 +3,8 @@ for the fused kernel, the performance model's fastest candidate from 65 rows whe
 rules' tile by ``MODEL_MARGIN``; legal at every shape, the autotuner's first candidate, and
 numerically the reference in interpret mode."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,10 +47,12 @@ def test_from_65_rows_the_models_fastest_where_it_beats_the_rule_by_the_margin(c
             order = tiles.ranked(m, n, k, out_itemsize=out_b, chip=chip)
             t_best, best = order[0]
             t_rule = _t(chip, m, n, k, rule)
-            raw = lambda c: tiles._sass_alone(chip, m, n, k, c)
+            raw = functools.partial(tiles._sass_alone, chip, m, n, k)
             if got == rule:  # no candidate beats it by the margin both ways
-                assert all(t >= tiles.MODEL_MARGIN * t_rule or
-                           raw(c) >= tiles.MODEL_MARGIN * raw(rule) for t, c in order)
+                assert all(
+                    t >= tiles.MODEL_MARGIN * t_rule or raw(c) >= tiles.MODEL_MARGIN * raw(rule)
+                    for t, c in order
+                )
             else:  # the fastest that does
                 t_got = _t(chip, m, n, k, got)
                 assert t_got < tiles.MODEL_MARGIN * t_rule

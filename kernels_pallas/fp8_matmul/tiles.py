@@ -18,9 +18,10 @@ model alone -- the rule's tile otherwise, so a tile the device has run is left o
 predicted gain well beyond the model's spread between shapes, and never for one that comes from
 the calibration's family factors alone (swap-AB tiles carry the factor measured on decode tiles,
 1.15, prefill tiles the one measured at 4096 rows, 1.01: at 16-64 rows a 64-row prefill tile
-would beat the decode rules on 12 of 17 rollout shapes by that gap alone, which is one reason the
-rules stay there; every pick from 65 rows on the shapes of ``perf_model.md`` wins both ways). This is how DeepGEMM picks its block shape per call (an analytic
-search over block M/N and stages at run time); here the analysis is the calibrated model.
+would beat the decode rules on 5 of 11 rollout GEMM shapes by that gap alone, which is one reason
+the rules stay there; every pick from 65 rows on the shapes of ``perf_model.md`` wins both
+ways). This is how DeepGEMM picks its block shape per call (an analytic search over block M/N
+and stages at run time); here the analysis is the calibrated model.
 
 Before -> after (the model, in a program, 17 shapes of Qwen3-8B/30B-A3B, Llama-3-70B and
 DeepSeek-V3 x M = 96-2048, ``perf_model.md``'s design-change table): the rules' tiles were
