@@ -11,6 +11,10 @@ Rows per shape (M, N, K):
     256 rows until 2026-12-04: the first H200 run's rows), then the QArray kernel; on Hopper at
     M = 16 in-kernel, by the fused decode kernel, one launch: the row's ``fused``), and at
     that M ``fp8:<kernel>+quant:once``: the quantize-once path beside it;
+  * on Hopper, the default tile's neighbours where they differ from it: ``:plain`` (without
+    promotions under the wgmmas or two-slice stages), ``:nopdl`` (launched plainly) and, from
+    65 rows, ``:rules`` (the rules' tile where the dispatch's performance model picked another,
+    ``fp8_matmul.tile_choice``);
   * at M <= 64, ``bf16+add`` and ``fp8:<kernel>+add``: the GEMM as the rollout program runs it,
     followed by its consumer (a residual add of a BF16 [M, N] ``r``), x already FP8 (quantized
     by its producer's kernel in the program): XLA fuses the split-K partials' sum into that
@@ -102,9 +106,9 @@ PLAIN = ":plain"
 # the arm ``fp8:<MGPU>:nopdl``. What it changes is the gap between kernels, which CUPTI's kernel
 # time leaves out: compare the rows' wall clock per GEMM (``wall us``, ``x bf16 (wall)``).
 NOPDL = ":nopdl"
-# From 65 rows the dispatch runs the tile its performance model ranks fastest where it beats the
-# rules' tile by a margin (``fp8_matmul.tiles``): the arm ``fp8:<MGPU>:rules`` times the rules'
-# tile beside it wherever they differ, so a device run judges the model's pick.
+# From 65 rows the dispatch runs the tile its performance model ranks fastest where it beats
+# the rules' tile by a margin (``fp8_matmul.tile_choice``): the arm ``fp8:<MGPU>:rules`` times
+# the rules' tile beside it wherever they differ, so a device run judges the model's pick.
 RULES = ":rules"
 # Raw x at decode M runs the fused kernel (``+quant``: x quantized in-kernel, one launch) where
 # ``fused_default`` says; the arm ``fp8:<MGPU>+quant:once`` times the quantize-once path
@@ -131,16 +135,17 @@ def arm_fused(label: str, m: int, n: int, k: int) -> bool:
 
 def hopper_config(m: int, n: int, k: int, arm: str = ""):
     """The tile config the Hopper kernel runs for an arm (QArray x, BF16 out): the dispatch's
-    (``fp8_matmul.tiles.dispatch_config`` on this device's constants), (``NOPDL``) the same
+    (``fp8_matmul.tile_choice.dispatch_config`` on this device's constants), (``NOPDL``) the same
     launched without ``pdl``, (``RULES``) the rules' tile the dispatch's model replaced, or
     (``PLAIN``) the rules' tile without ``overlap`` or ``k_slices``."""
-    from kernels_pallas.fp8_matmul import mgpu_config, tiles
+    from kernels_pallas.fp8_matmul import mgpu_config, tile_choice
 
     if arm == PLAIN:
         return mgpu_config.default_config(m, n, k, overlap=False, k_slices=False)
     if arm == RULES:
         return mgpu_config.default_config(m, n, k)
-    cfg = tiles.dispatch_config(m, n, k, chip=tiles.chip_of(jax.devices()[0].device_kind))
+    chip = tile_choice.chip_of(jax.devices()[0].device_kind)
+    cfg = tile_choice.dispatch_config(m, n, k, chip=chip)
     return dataclasses.replace(cfg, pdl=False) if arm == NOPDL else cfg
 
 

@@ -129,17 +129,18 @@ def test_the_bench_times_the_decode_default_launched_plainly_beside_it():
 
 
 def test_the_bench_times_the_rules_tile_where_the_dispatch_model_replaced_it():
-    """From 65 rows the default arm runs the dispatch's tile (``fp8_matmul.tiles``); where that
-    is not the rules' tile, ``:rules`` times the rules' beside it (and records it), so a device
-    run judges the model's pick; where they agree (M = 16, M = 4096) there is no such arm."""
-    from kernels_pallas.fp8_matmul import mgpu_config, tiles
+    """From 65 rows the default arm runs the dispatch's tile (``fp8_matmul.tile_choice``); where
+    that is not the rules' tile, ``:rules`` times the rules' beside it (and records it), so a
+    device run judges the model's pick; where they agree (M = 16, M = 4096) there is no such
+    arm."""
+    from kernels_pallas.fp8_matmul import mgpu_config, tile_choice
 
     labels = lambda m, n, k: [a[0] for a in bm._arms(["xla", bm.MGPU], False, m, (n, k))]
     assert "fp8:pallas_mosaic_gpu:rules" in labels(256, 4096, 12288)
     assert "fp8:pallas_mosaic_gpu:rules" not in labels(16, 4096, 4096)
     assert "fp8:pallas_mosaic_gpu:rules" not in labels(4096, 4096, 4096)
     got, rules = (bm.arm_config(f"fp8:{bm.MGPU}{a}", 256, 4096, 12288) for a in ("", bm.RULES))
-    assert got == dataclasses.asdict(tiles.dispatch_config(256, 4096, 12288))  # CPU: H100's
+    assert got == dataclasses.asdict(tile_choice.dispatch_config(256, 4096, 12288))  # CPU: H100's
     assert rules == dataclasses.asdict(mgpu_config.default_config(256, 4096, 12288))
     row = dict(m=256, n=4096, k=12288, impl=f"fp8:{bm.MGPU}")
     fast, slow = (compare.predicted_us("h100", dict(row, config=c)) for c in (got, rules))

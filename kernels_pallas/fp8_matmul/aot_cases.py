@@ -239,33 +239,33 @@ def _tile_cases() -> list[AotCase]:
 
 
 # The tiles the dispatch's performance model picks over the rules from 65 rows
-# (``tiles.dispatch_config``), on the H100's and the H200's constants: each distinct pick once,
-# at the first (chip, M, layer) of ``LAYERS`` that takes it (the H100's picks at the layers' own
-# M compile in the default rows above too)
+# (``tile_choice.dispatch_config``), on the H100's and the H200's constants: each distinct pick
+# once, at the first (chip, M, layer) of ``LAYERS`` that takes it (the H100's picks at the
+# layers' own M compile in the default rows above too)
 PICK_M = (96, 128, 192, 256, 384, 512, 1024, 2048)
 
 
 def model_picks() -> list[tuple[str, str, str, int, int, int, mgpu.MgpuConfig]]:
     """(chip, model, layer, K, N, M, tile) of each distinct model-picked tile (FP8 x, BF16 out)."""
-    from kernels_pallas.fp8_matmul import mgpu_config, tiles
+    from kernels_pallas.fp8_matmul import mgpu_config, tile_choice
 
     seen = {}
     for chip in ("h100", "h200"):
         for m in PICK_M:
             for model, layer, k, n, _ in LAYERS:
-                cfg = tiles.dispatch_config(m, n, k, chip=chip)
+                cfg = tile_choice.dispatch_config(m, n, k, chip=chip)
                 if cfg != mgpu_config.default_config(m, n, k) and cfg not in seen:
                     seen[cfg] = (chip, model, layer, k, n, m, cfg)
     return list(seen.values())
 
 
 def _pick_cases() -> list[AotCase]:
-    from kernels_pallas.fp8_matmul import tiles
+    from kernels_pallas.fp8_matmul import tile_choice
 
     out = []
     for chip, model, layer, k, n, m, cfg in model_picks():
         fn = functools.partial(_call, impl="pallas_mosaic_gpu", out_dtype=_BF, config=cfg)
-        label = f"model pick ({chip}) {model} {layer} K={k} N={n} M={m} {tiles.name(cfg)}"
+        label = f"model pick ({chip}) {model} {layer} K={k} N={n} M={m} {tile_choice.name(cfg)}"
         out.append(AotCase("fp8_matmul", "pallas_mosaic_gpu", "h100", label, fn,
                            _operands(m, k, n, "fp8")))  # fmt: skip
     return out

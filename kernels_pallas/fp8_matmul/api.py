@@ -6,7 +6,7 @@ support check passes, else ``xla`` with one log line; an explicit impl that cann
   * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16 x at M = 16 quantized in-kernel
     by the fused decode tile, ``fused_default``; above, and F32 x, quantized once first by the
     one-launch ``act_quantize`` kernel; in-kernel wherever an explicit config is one the fused
-    kernel runs); without a config, the tile ``tiles.dispatch_config`` picks (the rules of
+    kernel runs); without a config, the tile ``tile_choice.dispatch_config`` picks (the rules of
     ``mgpu_config.default_config`` up to 64 rows, the performance model's fastest above);
   * ``impl="auto"`` with ``FP8RL_AUTOTUNE=1`` on a GPU/TPU: the fastest candidate timed on the
     device (``kernels_pallas.autotune``), cached per device kind, jax version and shape;
@@ -28,7 +28,7 @@ from kernels_pallas import act_quantize, autotune
 from kernels_pallas.backend import Implementation, ImplTable, device_reason, target_device
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.fp8_matmul import pallas_tpu as tpu
-from kernels_pallas.fp8_matmul import tiles
+from kernels_pallas.fp8_matmul import tile_choice
 from kernels_pallas.fp8_matmul.mgpu_config import (
     FUSED_DECODE_ROWS,
     fused_refuses,
@@ -84,13 +84,13 @@ def _fused(x, config, n: int = 0, k: int = 0) -> bool:
 def _mgpu_config(x, w_q, config, out_dtype) -> mgpu.MgpuConfig:
     m, n, k = _rows(x), w_q.shape[0], w_q.shape[1]
     out_itemsize = jnp.dtype(out_dtype).itemsize
-    return config or tiles.dispatch_config(
+    return config or tile_choice.dispatch_config(
         m,
         n,
         k,
         fused=_fused(x, config, n, k),
         out_itemsize=out_itemsize,
-        chip=tiles.chip_of(target_device().device_kind),
+        chip=tile_choice.chip_of(target_device().device_kind),
     )
 
 
@@ -147,7 +147,8 @@ def quantize_once(x: jax.Array, w_q: QArray, *, interpret: bool = False) -> QArr
     M but ``FUSED_DECODE_ROWS``, here at any M (``bench_matmul``'s ``+quant:once`` arm, beside
     the fused kernel at M = 16). ``fp8_matmul`` of it returns the padded rows."""
     m, (n, k) = _rows(x), w_q.shape
-    cfg = tiles.dispatch_config(m, n, k, chip=tiles.chip_of(target_device().device_kind))
+    chip = tile_choice.chip_of(target_device().device_kind)
+    cfg = tile_choice.dispatch_config(m, n, k, chip=chip)
     return _mgpu_quantized(x, w_q, cfg, interpret)
 
 
@@ -220,13 +221,13 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
                                  out_itemsize=2) is None  # fmt: skip
 
         fz = raw_x and fused_default(m, n, k)  # the default runs fused
-        chip = tiles.chip_of(device_kind)
-        cfgs = [tiles.dispatch_config(m, n, k, fused=fz, chip=chip)]
+        chip = tile_choice.chip_of(device_kind)
+        cfgs = [tile_choice.dispatch_config(m, n, k, fused=fz, chip=chip)]
 
         # pinned beside a decode default: its one-slice-per-step tile (the default before
         # two-slice stages), and the deepest ring (DEEP_RING_STAGES) of the default if it
         # fits, else of the one-slice tile, where its K chunks have steps for the extra stages;
-        # beside a tile the model chose over the rules (``tiles.dispatch_config``), the rules'
+        # beside a tile the model chose over the rules (``tile_choice.dispatch_config``), the rules'
         def deeper(c):
             d = dataclasses.replace(c, max_concurrent_steps=DEEP_RING_STAGES)
             steps = k // c.k_block // c.split_k
@@ -239,10 +240,10 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
             twins += [one, *deep[:1]]
         twins = [c for c in dict.fromkeys(twins) if c != cfgs[0]]
         cfgs += twins
-        cfgs += tiles.candidates(m, n, k, legal, fz, pinned=tuple(cfgs))
+        cfgs += tile_choice.candidates(m, n, k, legal, fz, pinned=tuple(cfgs))
         for cfg in dict.fromkeys(cfgs):
             if legal(cfg):
-                specs.append((tiles.name(cfg), "pallas_mosaic_gpu", cfg))
+                specs.append((tile_choice.name(cfg), "pallas_mosaic_gpu", cfg))
         if limit is not None:
             specs = specs[:2] + _model_ranked(specs[2:], m, n, k, limit, device_kind,
                                               1 + len(twins), raw_x)  # fmt: skip

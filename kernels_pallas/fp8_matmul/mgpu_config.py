@@ -301,8 +301,8 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
                    swap: bool | None = None, overlap: bool = True,
                    k_slices: bool = True, pdl: bool = True):  # fmt: skip
     """The rules' tiles (what ``fp8_matmul`` runs up to 64 rows and for the fused kernel; from
-    65 rows ``tiles.dispatch_config`` runs the performance model's pick where it beats them by a
-    margin, and these where it does not). Decode (M <= 64; 65-256 rows where K splits;
+    65 rows ``tile_choice.dispatch_config`` runs the performance model's pick where it beats
+    them by a margin, and these where it does not). Decode (M <= 64; 65-256 rows where K splits;
     unfused: ``swap_default``): swap-AB with 64 or 128 weight rows per CTA (``decode_config``),
     M rounded up to 32; fused (BF16 x quantized in-kernel, M <= 64) to 16, 32 or 64 rows
     (``fused_rows``). Prefill:

@@ -364,13 +364,13 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
     "default" (what ``api.fp8_matmul`` dispatches today), "fused" (in-kernel quantization),
     "qarray" (quantize once, then the QArray kernel). ``in_program``: inside a program whose
     launches are counted (``gpu_rollout``), so no launch for the output's epilogue fusion."""
-    from kernels_pallas.fp8_matmul import api, tiles
+    from kernels_pallas.fp8_matmul import api, tile_choice
 
     if mode == "default":
         fused = x == "bf16" and api.fused_default(m, n, k)
     else:
         fused = mode == "fused" and x == "bf16"
-    cfg = config or tiles.dispatch_config(m, n, k, fused=fused, chip=chip)
+    cfg = config or tile_choice.dispatch_config(m, n, k, fused=fused, chip=chip)
     if split_k is not None and cfg.swap_ab:
         cfg = dataclasses.replace(cfg, split_k=split_k)
     t, epilogue, terms, name = matmul_kernel(chip, m, n, k, cfg, fused,

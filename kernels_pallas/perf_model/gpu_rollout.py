@@ -107,7 +107,7 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: st
     two: ``mgpu_config._DECODE_K_SLICES``); ``pdl=False``: the GEMMs and the attention kernel
     launched after their predecessor completes (before they launched dependent:
     ``kernels_pallas/dependent_launch``)."""
-    from kernels_pallas.fp8_matmul import mgpu_config, tiles
+    from kernels_pallas.fp8_matmul import mgpu_config, tile_choice
 
     d, c = cfg.hidden, cfg.head_dim
     q_n, kv_n = cfg.heads * c, cfg.kv_heads * c
@@ -119,7 +119,7 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: st
 
     def mm(n, k):  # x arrives FP8 from its producer's kernel (counted below); today's tiles
         # are the dispatch's, the tiles before a change the rules' with that change undone
-        tile = tiles.dispatch_config(batch, n, k, chip=chip) if k_slices and pdl else \
+        tile = tile_choice.dispatch_config(batch, n, k, chip=chip) if k_slices and pdl else \
             mgpu_config.default_config(batch, n, k, k_slices=k_slices, pdl=pdl)  # fmt: skip
         return gpu.predict_matmul(chip, batch, n, k, "fp8", in_program=True, config=tile).time_s
 

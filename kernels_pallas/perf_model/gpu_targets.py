@@ -267,7 +267,7 @@ DECODE_ROWS_LAYERS = (
 
 
 # Rollout GEMM shapes at the batch sizes between decode and prefill where the dispatch's model
-# picks the tile (``fp8_matmul.tiles``): (model, layer, N, K); at ``PICK_ROWS`` rows each.
+# picks the tile (``fp8_matmul.tile_choice``): (model, layer, N, K); at ``PICK_ROWS`` rows each.
 PICK_LAYERS = (
     ("Qwen3-8B", "q|o_proj", 4096, 4096),
     ("Qwen3-8B", "k|v_proj", 1024, 4096),
@@ -286,7 +286,7 @@ PICK_ROWS = (96, 128, 256, 384, 1024)
 def _model_pick_changes() -> list[tuple[str, Prediction, Prediction]]:
     """The rules' tile -> the dispatch's (the model's fastest candidate from 65 rows), standalone
     and in a program, where they differ."""
-    from kernels_pallas.fp8_matmul import mgpu_config, tiles
+    from kernels_pallas.fp8_matmul import mgpu_config, tile_choice
 
     out = []
     change = "65-2048 rows: the tile the performance model ranks fastest (dispatch)"
@@ -294,7 +294,7 @@ def _model_pick_changes() -> list[tuple[str, Prediction, Prediction]]:
         for m in PICK_ROWS:
             for chip in GPU_CHIPS:
                 rule = mgpu_config.default_config(m, n, k)
-                pick = tiles.dispatch_config(m, n, k, chip=chip)
+                pick = tile_choice.dispatch_config(m, n, k, chip=chip)
                 if pick != rule:
                     pairs = _standalone_and_in_program(chip, m, n, k, f"{model} {layer} M={m}",
                                                        rule, pick)  # fmt: skip

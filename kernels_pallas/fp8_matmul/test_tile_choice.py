@@ -1,4 +1,4 @@
-"""The tile ``fp8_matmul`` dispatches (``tiles.dispatch_config``): the rules up to 64 rows and
+"""The tile ``fp8_matmul`` dispatches (``tile_choice.dispatch_config``): the rules up to 64 rows and
 for the fused kernel, the performance model's fastest candidate from 65 rows where it beats the
 rules' tile by ``MODEL_MARGIN``; legal at every shape, the autotuner's first candidate, and
 numerically the reference in interpret mode."""
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas.fp8_matmul import api, tiles
+from kernels_pallas.fp8_matmul import api, tile_choice
 from kernels_pallas.fp8_matmul import mgpu_config as mc
 from kernels_pallas.fp8_matmul.mgpu_config import MgpuConfig
 from kernels_pallas.fp8_matmul.reference import fp8_matmul_reference
@@ -31,9 +31,9 @@ def _t(chip, m, n, k, cfg):
 def test_rules_up_to_64_rows_and_for_the_fused_kernel(chip):
     for n, k in SHAPES:
         for m in (1, 16, 33, 64):
-            assert tiles.dispatch_config(m, n, k, chip=chip) == mc.default_config(m, n, k)
+            assert tile_choice.dispatch_config(m, n, k, chip=chip) == mc.default_config(m, n, k)
         for m in (16, 128, 4096):
-            assert tiles.dispatch_config(m, n, k, fused=True, chip=chip) == \
+            assert tile_choice.dispatch_config(m, n, k, fused=True, chip=chip) == \
                 mc.default_config(m, n, k, fused=True)  # fmt: skip
 
 
@@ -42,22 +42,20 @@ def test_rules_up_to_64_rows_and_for_the_fused_kernel(chip):
 def test_from_65_rows_the_models_fastest_where_it_beats_the_rule_by_the_margin(chip, m):
     for n, k in SHAPES:
         for out_b in (2, 4):
-            got = tiles.dispatch_config(m, n, k, out_itemsize=out_b, chip=chip)
+            got = tile_choice.dispatch_config(m, n, k, out_itemsize=out_b, chip=chip)
             rule = mc.default_config(m, n, k, out_itemsize=out_b)
-            order = tiles.ranked(m, n, k, out_itemsize=out_b, chip=chip)
+            order = tile_choice.ranked(m, n, k, out_itemsize=out_b, chip=chip)
             t_best, best = order[0]
             t_rule = _t(chip, m, n, k, rule)
-            raw = functools.partial(tiles._sass_alone, chip, m, n, k)
+            raw = functools.partial(tile_choice._sass_alone, chip, m, n, k)
             if got == rule:  # no candidate beats it by the margin both ways
-                assert all(
-                    t >= tiles.MODEL_MARGIN * t_rule or raw(c) >= tiles.MODEL_MARGIN * raw(rule)
-                    for t, c in order
-                )
+                margin = tile_choice.MODEL_MARGIN
+                assert all(t >= margin * t_rule or raw(c) >= margin * raw(rule) for t, c in order)
             else:  # the fastest that does
                 t_got = _t(chip, m, n, k, got)
-                assert t_got < tiles.MODEL_MARGIN * t_rule
-                assert raw(got) < tiles.MODEL_MARGIN * raw(rule)
-                assert all(raw(c) >= tiles.MODEL_MARGIN * raw(rule) for t, c in order
+                assert t_got < tile_choice.MODEL_MARGIN * t_rule
+                assert raw(got) < tile_choice.MODEL_MARGIN * raw(rule)
+                assert all(raw(c) >= tile_choice.MODEL_MARGIN * raw(rule) for t, c in order
                            if t < t_got)  # fmt: skip
             assert t_best <= _t(chip, m, n, k, got)
             # legal as called (F32 out leaves fewer stages in the SMEM budget)
@@ -71,13 +69,13 @@ def test_rules_grids_that_idle_the_sms_take_the_models_tile():
     2 x 32 = 64 CTAs of 128x128 (half of the 132 SMs, 96 K steps each); split-K by 2 summed in
     the cluster (128 CTAs, 48 steps) is predicted >= 1.3x faster. Llama-3-70B k|v_proj (N = 1024)
     at M = 384: 3 x 8 = 24 CTAs of 128x128 against 6 x 16 = 96 of 64x64 (6 stages)."""
-    down = tiles.dispatch_config(256, 4096, 12288, chip="h100")
+    down = tile_choice.dispatch_config(256, 4096, 12288, chip="h100")
     assert (down.block_m, down.block_n, down.swap_ab, down.split_k, down.cluster_k) == \
         (128, 128, True, 2, True)  # fmt: skip
     rule = mc.default_config(256, 4096, 12288)
     assert (rule.swap_ab, rule.split_k) == (False, 1)
     assert _t("h100", 256, 4096, 12288, rule) / _t("h100", 256, 4096, 12288, down) >= 1.3
-    kv = tiles.dispatch_config(384, 1024, 8192, chip="h100")
+    kv = tile_choice.dispatch_config(384, 1024, 8192, chip="h100")
     assert kv == MgpuConfig(64, 64, 6)
     assert _t("h100", 384, 1024, 8192, mc.default_config(384, 1024, 8192)) / \
         _t("h100", 384, 1024, 8192, kv) >= 1.5  # fmt: skip
@@ -90,23 +88,24 @@ def test_a_pick_never_rests_on_the_calibrations_family_factors(monkeypatch):
     choose at 64 rows, it would not take that tile."""
     m, n, k = 64, 8192, 28672
     rule = mc.default_config(m, n, k)
-    (t_best, best), raw = tiles.ranked(m, n, k)[0], lambda c: tiles._sass_alone("h100", m, n, k, c)
+    (t_best, best) = tile_choice.ranked(m, n, k)[0]
+    raw = functools.partial(tile_choice._sass_alone, "h100", m, n, k)
     assert not best.swap_ab and rule.swap_ab and t_best < 0.95 * _t("h100", m, n, k, rule)
     assert raw(best) > raw(rule)
-    monkeypatch.setattr(tiles, "MODEL_MIN_ROWS", 1)
-    tiles._dispatch.cache_clear()
+    monkeypatch.setattr(tile_choice, "MODEL_MIN_ROWS", 1)
+    tile_choice._dispatch.cache_clear()
     try:
-        got = tiles.dispatch_config(m, n, k)
+        got = tile_choice.dispatch_config(m, n, k)
     finally:
-        tiles._dispatch.cache_clear()
-    assert got != best and (got == rule or raw(got) < tiles.MODEL_MARGIN * raw(rule))
+        tile_choice._dispatch.cache_clear()
+    assert got != best and (got == rule or raw(got) < tile_choice.MODEL_MARGIN * raw(rule))
 
 
 def test_the_chip_ranks_on_its_own_constants():
-    assert tiles.chip_of("NVIDIA H200") == "h200"
-    assert tiles.chip_of("NVIDIA H100 80GB HBM3") == tiles.chip_of("cpu") == "h100"
+    assert tile_choice.chip_of("NVIDIA H200") == "h200"
+    assert tile_choice.chip_of("NVIDIA H100 80GB HBM3") == tile_choice.chip_of("cpu") == "h100"
     # Qwen3-8B q|o_proj at M = 128: the H200's faster HBM favours 4 K chunks of 128 weight rows
-    h100, h200 = (tiles.dispatch_config(128, 4096, 4096, chip=c) for c in ("h100", "h200"))
+    h100, h200 = (tile_choice.dispatch_config(128, 4096, 4096, chip=c) for c in ("h100", "h200"))
     assert h100 != h200
     assert _t("h200", 128, 4096, 4096, h200) <= _t("h200", 128, 4096, 4096, h100)
     assert _t("h100", 128, 4096, 4096, h100) <= _t("h100", 128, 4096, 4096, h200)
@@ -117,37 +116,37 @@ def test_without_the_profiles_the_rules_alone(monkeypatch):
         raise FileNotFoundError("sass_profiles.json")
 
     monkeypatch.setattr(gpu, "load_profiles", missing)
-    tiles._dispatch.cache_clear()
+    tile_choice._dispatch.cache_clear()
     try:
-        assert tiles.dispatch_config(256, 4096, 12288) == mc.default_config(256, 4096, 12288)
+        assert tile_choice.dispatch_config(256, 4096, 12288) == mc.default_config(256, 4096, 12288)
     finally:
-        tiles._dispatch.cache_clear()
+        tile_choice._dispatch.cache_clear()
 
 
 def test_the_launch_setting_is_part_of_the_choice(monkeypatch):
     """``FP8RL_PDL=0`` after a first call still gives swap-AB picks launched plainly."""
-    assert tiles.dispatch_config(256, 4096, 12288).pdl
+    assert tile_choice.dispatch_config(256, 4096, 12288).pdl
     monkeypatch.setenv("FP8RL_PDL", "0")
-    assert not tiles.dispatch_config(256, 4096, 12288).pdl
+    assert not tile_choice.dispatch_config(256, 4096, 12288).pdl
 
 
 def test_candidates_are_legal_distinct_and_leave_out_the_pinned():
     m, n, k = 128, 4096, 4096
     legal = lambda c: mc.supports(m, k, n, c, fused=False, x_itemsize=1, out_itemsize=2) is None
     rule = mc.default_config(m, n, k)
-    cands = tiles.candidates(m, n, k, legal, pinned=(rule,))
+    cands = tile_choice.candidates(m, n, k, legal, pinned=(rule,))
     assert rule not in cands and len(cands) == len(set(cands)) > 20
     assert all(legal(c) for c in cands)
     assert {c.swap_ab for c in cands} == {True, False}  # decode and prefill tiles both
     assert any(c.cluster_k for c in cands) and any(c.k_slices == 2 for c in cands)
-    assert len({tiles.name(c) for c in cands}) == len(cands)  # names tell them apart
+    assert len({tile_choice.name(c) for c in cands}) == len(cands)  # names tell them apart
 
 
 def test_the_autotuner_times_the_dispatch_tile_first_and_the_rules_beside_it():
     m, n, k = 256, 4096, 12288
     specs = api.tuning_specs(m, n, k, "gpu", limit=6, device_kind="NVIDIA H100 80GB HBM3")
     cfgs = [c for _, impl, c in specs if impl == "pallas_mosaic_gpu"]
-    assert cfgs[0] == tiles.dispatch_config(m, n, k, chip="h100")
+    assert cfgs[0] == tile_choice.dispatch_config(m, n, k, chip="h100")
     assert mc.default_config(m, n, k) in cfgs  # pinned: the device judges the model's pick
     assert len(cfgs) == 6
 
@@ -158,7 +157,7 @@ def test_the_dispatch_tile_computes_the_reference(m, n, k):
     split-K and two 128-K slices a step here), ``fp8_matmul`` without a config runs it and equals
     the reference and the rules' tile (F32 out)."""
     rule = mc.default_config(m, n, k, out_itemsize=4)
-    assert tiles.dispatch_config(m, n, k, out_itemsize=4) != rule
+    assert tile_choice.dispatch_config(m, n, k, out_itemsize=4) != rule
     kx, kw = jax.random.split(jax.random.key(1))
     xq = quantize_activations(jax.random.normal(kx, (m, k), jnp.bfloat16), 128)
     wq = quantize_weight(jax.random.normal(kw, (n, k), jnp.bfloat16).T)
