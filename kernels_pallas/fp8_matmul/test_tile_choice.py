@@ -168,3 +168,19 @@ def test_the_dispatch_tile_computes_the_reference(m, n, k):
     )
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(np.asarray(got), np.asarray(ruled), rtol=1e-5, atol=1e-4)
+
+
+def test_the_report_shows_the_rules_the_pick_and_why(capsys):
+    from kernels_pallas.perf_model import tile_report
+
+    text = tile_report.report(256, 4096, 12288, top=3)
+    lines = [r for r in text.splitlines() if r.startswith("| pallas")]
+    tagged = {r.split("|")[-2].strip(): r.split("|")[1].strip() for r in lines}
+    assert tagged["dispatch"] == tile_choice.name(tile_choice.dispatch_config(256, 4096, 12288))
+    assert tagged["rules"] == tile_choice.name(mc.default_config(256, 4096, 12288))
+    assert len(lines) == 4  # the top 3 (the pick first) and the rules' tile below them
+    assert tile_report.main(["96", "6144", "4096", "--chip", "h200"]) == 0
+    assert "on h200" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tile_report.main(["256", "4096", "1000"])  # K not a multiple of 128
+    assert "K a positive multiple of 128" in capsys.readouterr().err
