@@ -12,8 +12,8 @@ Rows per shape (M, N, K):
     M = 16 in-kernel, by the fused decode kernel, one launch: the row's ``fused``), and at
     that M ``fp8:<kernel>+quant:once``: the quantize-once path beside it;
   * on Hopper, the default tile's neighbours where they differ from it: ``:plain`` (without
-    promotions under the wgmmas or two-slice stages), ``:nopdl`` (launched plainly) and, from
-    65 rows, ``:rules`` (the rules' tile where the dispatch's performance model picked another,
+    promotions under the wgmmas or two-slice stages), ``:nopdl`` (launched plainly) and
+    ``:rules`` (the rules' tile where the dispatch's performance model picked another,
     ``fp8_matmul.tile_choice``);
   * at M <= 64, ``bf16+add`` and ``fp8:<kernel>+add``: the GEMM as the rollout program runs it,
     followed by its consumer (a residual add of a BF16 [M, N] ``r``), x already FP8 (quantized
@@ -106,8 +106,8 @@ PLAIN = ":plain"
 # the arm ``fp8:<MGPU>:nopdl``. What it changes is the gap between kernels, which CUPTI's kernel
 # time leaves out: compare the rows' wall clock per GEMM (``wall us``, ``x bf16 (wall)``).
 NOPDL = ":nopdl"
-# From 65 rows the dispatch runs the tile its performance model ranks fastest where it beats
-# the rules' tile by a margin (``fp8_matmul.tile_choice``): the arm ``fp8:<MGPU>:rules`` times
+# The dispatch runs the tile its performance model ranks fastest where it beats the rules'
+# tile by a margin (``fp8_matmul.tile_choice``): the arm ``fp8:<MGPU>:rules`` times
 # the rules' tile beside it wherever they differ, so a device run judges the model's pick.
 RULES = ":rules"
 # Raw x at decode M runs the fused kernel (``+quant``: x quantized in-kernel, one launch) where

@@ -91,7 +91,7 @@
 #     GPU_CHECK_BUDGETS="rollout=300 decode=70 perf_model=20"
 #     GPU_CHECK_ARGS_rollout="--model qwen3-8b --variants bf16 w8a8_fp8kv"
 # (decode and perf_model in one call: perf_model reads that call's bench files)
-# With time left, the tiles the dispatch's model picks from 65 rows beside the rules' (matmul's
+# With time left, the tiles the dispatch's model picks beside the rules' (matmul's
 # :rules arm, at the M values where they differ; ~50-60 s per M value):
 #   GPU_CHECK_STAGES="matmul perf_model" GPU_CHECK_ARGS_matmul="--ms 256 128"
 # and the same rollout launched plainly (FP8RL_PDL=0: no kernel launches dependent,

@@ -129,7 +129,7 @@ def test_the_bench_times_the_decode_default_launched_plainly_beside_it():
 
 
 def test_the_bench_times_the_rules_tile_where_the_dispatch_model_replaced_it():
-    """From 65 rows the default arm runs the dispatch's tile (``fp8_matmul.tile_choice``); where
+    """The default arm runs the dispatch's tile (``fp8_matmul.tile_choice``); where
     that is not the rules' tile, ``:rules`` times the rules' beside it (and records it), so a
     device run judges the model's pick; where they agree (M = 16, M = 4096) there is no such
     arm."""

@@ -10,8 +10,8 @@ GEMM above). ``EXTRA`` adds E5M2 and F32-output cases (the F32 fused epilogue is
 fit); ``TILES`` compiles non-default tile configurations the checks accept (both compute-warpgroup
 counts, swap-AB from 32 to 128 rows, split-K, deep rings, N % 128 != 0, K tails of the ring, big TPU
 tiles, the fused kernel: raw x with a non-swap config (opt-in) and the fused decode tiles), and
-the tiles the dispatch's performance model picks over the rules from 65 rows on the H100's and the
-H200's constants (``model_picks``).
+the tiles the dispatch's performance model picks over the rules on the H100's and the H200's
+constants (``model_picks``).
 Every case is one the support check accepts (``fp8_matmul`` raises for an explicit impl it
 rejects), so compiling them all proves the check for these shapes.
 """
@@ -238,11 +238,11 @@ def _tile_cases() -> list[AotCase]:
     return out
 
 
-# The tiles the dispatch's performance model picks over the rules from 65 rows
+# The tiles the dispatch's performance model picks over the rules
 # (``tile_choice.dispatch_config``), on the H100's and the H200's constants: each distinct pick
 # once, at the first (chip, M, layer) of ``LAYERS`` that takes it (the H100's picks at the
 # layers' own M compile in the default rows above too)
-PICK_M = (96, 128, 192, 256, 384, 512, 1024, 2048)
+PICK_M = (16, 64, 96, 128, 192, 256, 384, 512, 1024, 2048)
 
 
 def model_picks() -> list[tuple[str, str, str, int, int, int, mgpu.MgpuConfig]]:

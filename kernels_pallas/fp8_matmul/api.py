@@ -6,8 +6,9 @@ support check passes, else ``xla`` with one log line; an explicit impl that cann
   * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16 x at M = 16 quantized in-kernel
     by the fused decode tile, ``fused_default``; above, and F32 x, quantized once first by the
     one-launch ``act_quantize`` kernel; in-kernel wherever an explicit config is one the fused
-    kernel runs); without a config, the tile ``tile_choice.dispatch_config`` picks (the rules of
-    ``mgpu_config.default_config`` up to 64 rows, the performance model's fastest above);
+    kernel runs); without a config, the tile ``tile_choice.dispatch_config`` picks (the
+    performance model's fastest where it clearly beats the rules of
+    ``mgpu_config.default_config``; the rules for the fused kernel);
   * ``impl="auto"`` with ``FP8RL_AUTOTUNE=1`` on a GPU/TPU: the fastest candidate timed on the
     device (``kernels_pallas.autotune``), cached per device kind, jax version and shape;
   * ``pallas_tpu``: the Mosaic TPU kernel.

@@ -300,9 +300,9 @@ def _clustered(cfg: MgpuConfig, m: int, n: int) -> bool:
 def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2,
                    swap: bool | None = None, overlap: bool = True,
                    k_slices: bool = True, pdl: bool = True):  # fmt: skip
-    """The rules' tiles (what ``fp8_matmul`` runs up to 64 rows and for the fused kernel; from
-    65 rows ``tile_choice.dispatch_config`` runs the performance model's pick where it beats
-    them by a margin, and these where it does not). Decode (M <= 64; 65-256 rows where K splits;
+    """The rules' tiles (what ``fp8_matmul`` runs for the fused kernel, and elsewhere unless
+    ``tile_choice.dispatch_config``'s performance model finds a tile that beats them by a
+    margin: mostly between decode and prefill). Decode (M <= 64; 65-256 rows where K splits;
     unfused: ``swap_default``): swap-AB with 64 or 128 weight rows per CTA (``decode_config``),
     M rounded up to 32; fused (BF16 x quantized in-kernel, M <= 64) to 16, 32 or 64 rows
     (``fused_rows``). Prefill:

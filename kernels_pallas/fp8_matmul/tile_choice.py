@@ -5,32 +5,31 @@ decode tiles of 64/128 weight rows x split-K 1-8, one or two 128-K slices a step
 summed in the cluster; the prefill tiles 128x256 / 256x128 / 128x128 / 128x64 / 64x64, 2-CTA
 clusters, persistent grids, promotions under the wgmmas), each as the support check accepts it.
 
-``dispatch_config``: the tile a call without an explicit config runs. Up to 64 rows, and for
-the fused (BF16 x) kernel, the hand-written rules of ``mgpu_config.default_config``, which the
-first device run measured (decode tiles at M = 16 / 64) and the model tuned against every
-alternative (within 0.6% of its best on average there). From 65 rows, where those rules were
-written for one shape family at a time (swap-AB while K splits, 128x256 while the grid fills,
-clusters on even grids), the performance model ranks every candidate at the call's shape as a
-GEMM inside a program (``perf_model.gpu.predict_matmul``: the compiled kernels' SASS
-instruction counts, registers and SMEM, calibrated on the H200 run) and the call takes the
-fastest where it beats the rule's tile by more than ``MODEL_MARGIN``, calibrated and by the SASS
-model alone -- the rule's tile otherwise, so a tile the device has run is left only for a
-predicted gain well beyond the model's spread between shapes, and never for one that comes from
-the calibration's family factors alone (swap-AB tiles carry the factor measured on decode tiles,
-1.15, prefill tiles the one measured at 4096 rows, 1.01: at 16-64 rows a 64-row prefill tile
-would beat the decode rules on 5 of 11 rollout GEMM shapes by that gap alone, which is one reason
-the rules stay there; every pick from 65 rows on the shapes of ``perf_model.md`` wins both
-ways). This is how DeepGEMM picks its block shape per call (an analytic search over block M/N
-and stages at run time); here the analysis is the calibrated model.
+``dispatch_config``: the tile a call without an explicit config runs. The fused (BF16 x)
+kernel's tiles follow the hand-written rules of ``mgpu_config.default_config``. Every other call
+(FP8 x, or raw x quantized once) has the performance model rank every candidate at its shape as
+a GEMM inside a program (``perf_model.gpu.predict_matmul``: the compiled kernels' SASS
+instruction counts, registers and SMEM, calibrated on the H200 run) and takes the fastest that
+beats the rules' tile by more than ``MODEL_MARGIN``, calibrated and by the SASS model alone --
+the rules' tile otherwise. So a tile the device has run is left only for a predicted gain well
+beyond the model's spread between shapes, and never for one that comes from the calibration's
+family factors alone: swap-AB tiles carry the factor measured on decode tiles (1.15), prefill
+tiles the one measured at 4096 rows (1.01), and at 16-64 rows that gap alone would make a 64-row
+prefill tile beat the decode rules on 5 of 11 rollout GEMM shapes. This is how DeepGEMM picks
+its block shape per call (an analytic search over block M/N and stages at run time); here the
+analysis is the calibrated model.
 
-Before -> after (the model, in a program, 17 shapes of Qwen3-8B/30B-A3B, Llama-3-70B and
-DeepSeek-V3 x M = 96-2048, ``perf_model.md``'s design-change table): the rules' tiles were
-5-22% slower than the model's best on average at M = 96-1024 (up to 1.79x: Llama-3-70B k|v_proj
-at M = 320-384, whose 8 N tiles the rules ran as 24 CTAs of 128x128).
+The rules were written for one shape family at a time (swap-AB while K splits, 128x256 while
+the grid fills, clusters on even grids) and tuned by the model at 16/64 and 4096 rows, where
+they mostly stand (up to 64 rows one change: Qwen3-8B q|o_proj at 33-64 rows on the H100, 64x64
+swap tiles unsplit, 1.07x). Between, they left SMs idle: over 17 shapes of Qwen3-8B/30B-A3B,
+Llama-3-70B and DeepSeek-V3 the rules' tiles were 5-22% slower than the model's best on average
+at M = 96-1024 (up to 1.78x: Llama-3-70B k|v_proj at M = 320-384, whose 8 N tiles they ran as 24
+CTAs of 128x128); ``perf_model.md``'s design-change table has each change before -> after.
 
 The chip (H100 or H200: the model's HBM bandwidth and clock) comes from the target's device
 kind; anything else ranks on the H100's constants. The ranking is pure Python over shapes
-(~1-5 ms per shape, cached per shape), reads ``perf_model/sass_profiles.json`` (package data)
+(~1-9 ms per shape, cached per shape), reads ``perf_model/sass_profiles.json`` (package data)
 and falls back to the rule's tile where the profiles cannot be read.
 """
 
@@ -46,8 +45,6 @@ from kernels_pallas.fp8_matmul.mgpu_config import MgpuConfig, decode_pdl, fused_
 # first device run's decode GEMMs spread 1.01-1.30x around the model's calibrated time, its
 # prefill GEMMs 0.99-1.08x: ``perf_model/calibration.py``)
 MODEL_MARGIN = 0.95
-# rows from which the model chooses (up to them: the decode rules, ``mgpu_config.decode_config``)
-MODEL_MIN_ROWS = mc._WGMMA_M + 1
 
 
 def chip_of(device_kind: str) -> str:
@@ -133,8 +130,8 @@ def ranked(m: int, n: int, k: int, *, out_itemsize: int = 2,
 def dispatch_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2,
                     chip: str = "h100") -> MgpuConfig:  # fmt: skip
     """The tile ``fp8_matmul`` runs at [M, K] x [N, K] without an explicit config (module
-    docstring): ``mgpu_config.default_config``'s up to 64 rows and for the fused kernel; from
-    65 rows the model's fastest candidate where it beats that tile by ``MODEL_MARGIN``."""
+    docstring): for the fused kernel ``mgpu_config.default_config``'s; else the model's fastest
+    candidate where it beats that tile by ``MODEL_MARGIN`` (calibrated and SASS alone)."""
     return _dispatch(m, n, k, fused, out_itemsize, chip, decode_pdl())
 
 
@@ -144,7 +141,7 @@ def _dispatch(m: int, n: int, k: int, fused: bool, out_itemsize: int, chip: str,
     """``dispatch_config``, cached per shape and per ``FP8RL_PDL`` (the launch is in the key)."""
     del pdl  # read by default_config and candidates through decode_pdl()
     rule = mc.default_config(m, n, k, fused=fused, out_itemsize=out_itemsize)
-    if fused or m < MODEL_MIN_ROWS:
+    if fused:
         return rule
     try:
         order = ranked(m, n, k, out_itemsize=out_itemsize, chip=chip)
