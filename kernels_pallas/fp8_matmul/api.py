@@ -258,9 +258,9 @@ def _model_ranked(specs, m: int, n: int, k: int, limit: int, device_kind: str, p
     """The first ``pinned`` specs (the default config, and for decode its twins) and
     the ``limit - pinned`` others the performance model predicts fastest as a GEMM inside a
     program, in the order given (with raw x: as ``fp8_matmul`` runs each, fused or not)."""
-    from kernels_pallas.perf_model import compare, gpu
+    from kernels_pallas.perf_model import gpu
 
-    chip = compare.chip_of(device_kind) or "h100"
+    chip = tile_choice.chip_of(device_kind)
 
     def predicted(cfg) -> float:
         fused = raw_x and fused_refuses(cfg) is None
