@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from kernels_pallas.fp8_matmul import mgpu_config as mgpu
 from kernels_pallas.perf_model import (
     common,
     gpu,
@@ -205,9 +206,15 @@ def test_rollout_step_sums_its_kernels():
     fused = gpu.predict_matmul("h100", 64, 6144, 4096, "fp8", in_program=True)
     assert alone.time_s == fused.time_s  # unsplit: the kernel writes y, nothing follows it
     assert p.fp8_parts["q|k|v fused"] == pytest.approx(36 * fused.time_s)
-    o_alone = gpu.predict_matmul("h100", 64, 4096, 4096, "fp8")  # split 2, summed in-cluster
+    # o_proj: the dispatch's pick (64x64 swap tiles, unsplit) writes y, nothing follows it; the
+    # rules' tile (split 2, summed in-cluster) needs no sum after it either
+    o_alone = gpu.predict_matmul("h100", 64, 4096, 4096, "fp8")
     o_prog = gpu.predict_matmul("h100", 64, 4096, 4096, "fp8", in_program=True)
-    assert o_alone.time_s == o_prog.time_s and "in-cluster" in o_prog.impl
+    assert o_alone.time_s == o_prog.time_s and "split_k" not in o_prog.impl
+    rules = mgpu.default_config(64, 4096, 4096)
+    r_alone, r_prog = (gpu.predict_matmul("h100", 64, 4096, 4096, "fp8", config=rules,
+                                          in_program=p) for p in (False, True))  # fmt: skip
+    assert r_alone.time_s == r_prog.time_s and "in-cluster" in r_prog.impl
     assert p.fp8_parts["o_proj"] == pytest.approx(36 * o_prog.time_s)
     s_alone = gpu.predict_matmul("h100", 16, 2048, 4096, "fp8")  # split 4: partials summed
     s_prog = gpu.predict_matmul("h100", 16, 2048, 4096, "fp8", in_program=True)
