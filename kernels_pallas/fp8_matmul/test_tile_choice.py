@@ -155,6 +155,23 @@ def test_the_autotuner_times_the_dispatch_tile_first_and_the_rules_beside_it():
     assert len(cfgs) == 6
 
 
+def test_with_raw_x_the_autotuner_times_the_default_as_the_default_runs():
+    """With BF16 x an explicit config runs the fused kernel wherever it takes the tile, while the
+    default path quantizes x once (outside ``fused_default``'s 16 rows): the default's spec
+    carries no config, so it is timed and replayed through the default path (same tile)."""
+    kind = "NVIDIA H100 80GB HBM3"
+    raw, fp8 = (api.timed_specs(128, 4096, 4096, "gpu", kind, r) for r in (True, False))
+    first = lambda specs: next(s for s in specs if s[1] == "pallas_mosaic_gpu")
+    pick = tile_choice.dispatch_config(128, 4096, 4096)
+    assert mc.fused_refuses(pick) is None  # the fused kernel would take it
+    assert first(raw) == (tile_choice.name(pick), "pallas_mosaic_gpu", None)
+    assert first(fp8) == (tile_choice.name(pick), "pallas_mosaic_gpu", pick)
+    pallas = lambda specs: [c for _, impl, c in specs if impl == "pallas_mosaic_gpu"]
+    assert pallas(raw).count(None) == 1 and None not in pallas(fp8)  # the others keep theirs
+    fused16 = first(api.timed_specs(16, 4096, 4096, "gpu", kind, True))
+    assert fused16[2] == mc.default_config(16, 4096, 4096, fused=True)  # runs fused either way
+
+
 @pytest.mark.parametrize("m,n,k", [(128, 512, 1024), (256, 256, 512)])
 def test_the_dispatch_tile_computes_the_reference(m, n, k):
     """Interpret mode: where the model's tile differs from the rules' (swap-AB 64x64 tiles with
