@@ -290,7 +290,6 @@ def _model_pick_changes() -> list[tuple[str, Prediction, Prediction]]:
     from kernels_pallas.fp8_matmul import mgpu_config, tile_choice
 
     out = []
-    change = PICK_CHANGE
     for model, layer, n, k in PICK_LAYERS:
         for m in PICK_ROWS:
             for chip in GPU_CHIPS:
@@ -299,7 +298,7 @@ def _model_pick_changes() -> list[tuple[str, Prediction, Prediction]]:
                 if pick != rule:
                     pairs = _standalone_and_in_program(chip, m, n, k, f"{model} {layer} M={m}",
                                                        rule, pick)  # fmt: skip
-                    out += [(change, b, a) for b, a in pairs]
+                    out += [(PICK_CHANGE, b, a) for b, a in pairs]
     return out
 
 
