@@ -120,16 +120,18 @@ def arm_config(label: str, m: int, n: int, k: int) -> dict | None:
     """The Hopper tile config an arm runs, as its row records it (None for other arms)."""
     if not label.startswith(f"fp8:{MGPU}"):
         return None
-    if arm_fused(label, m, n, k):
-        from kernels_pallas.fp8_matmul import mgpu_config
+    if arm_fused(label, m, n, k):  # the fused kernel's dispatch tile
+        from kernels_pallas.fp8_matmul import tile_choice
 
-        return dataclasses.asdict(mgpu_config.default_config(m, n, k, fused=True))
+        chip = tile_choice.chip_of(jax.devices()[0].device_kind)
+        return dataclasses.asdict(tile_choice.dispatch_config(m, n, k, fused=True, chip=chip))
     return dataclasses.asdict(hopper_config(m, n, k, label.removeprefix(f"fp8:{MGPU}")
                                             .split("+")[0]))  # fmt: skip
 
 
 def arm_fused(label: str, m: int, n: int, k: int) -> bool:
-    """Whether an arm runs the fused (in-kernel quantization) kernel: ``+quant`` at decode M."""
+    """Whether an arm runs the fused (in-kernel quantization) kernel: ``+quant`` where
+    ``fused_default`` says (16 rows; 32 or 64 where the model picks it)."""
     return label == f"fp8:{MGPU}+quant" and fp8_api.fused_default(m, n, k)
 
 

@@ -94,6 +94,9 @@
 # With time left, the tiles the dispatch's model picks beside the rules' (matmul's
 # :rules arm, at the M values where they differ; ~50-60 s per M value):
 #   GPU_CHECK_STAGES="matmul perf_model" GPU_CHECK_ARGS_matmul="--ms 256 128"
+# and raw x at 32 rows, where the model runs the fused kernel on some shapes (matmul's
+# "+quant" arm beside "+quant:once", the act_quantize launch then the QArray kernel):
+#   GPU_CHECK_STAGES="matmul perf_model" GPU_CHECK_ARGS_matmul="--ms 32"
 # and the same rollout launched plainly (FP8RL_PDL=0: no kernel launches dependent,
 # read at trace time; bench_rollout's meta records decode_pdl, so the model predicts it as run):
 #   FP8RL_PDL=0 GPU_CHECK_STAGES="rollout" GPU_CHECK_ARGS_rollout="--model qwen3-8b --variants

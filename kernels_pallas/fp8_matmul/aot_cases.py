@@ -259,15 +259,42 @@ def model_picks() -> list[tuple[str, str, str, int, int, int, mgpu.MgpuConfig]]:
     return list(seen.values())
 
 
+# Raw BF16 x at 17-64 rows runs the fused kernel where the model picks it
+# (``tile_choice.fused_wins``), on the tile ``dispatch_config(fused=True)`` ranks fastest: each
+# distinct (tile, rows padded or not) once, at these M (24 and 48: x padded to the row tile)
+FUSED_PICK_M = (24, 32, 48, 64)
+
+
+def fused_picks() -> list[tuple[str, str, str, int, int, int, mgpu.MgpuConfig]]:
+    """(chip, model, layer, K, N, M, tile) of each distinct fused-kernel default at 17-64 rows
+    (raw BF16 x, BF16 out)."""
+    from kernels_pallas.fp8_matmul import tile_choice
+
+    seen = {}
+    for chip in ("h100", "h200"):
+        for m in FUSED_PICK_M:
+            for model, layer, k, n, _ in LAYERS:
+                if not tile_choice.fused_wins(m, n, k, chip=chip):
+                    continue
+                cfg = tile_choice.dispatch_config(m, n, k, fused=True, chip=chip)
+                key = (cfg, m % cfg.block_m == 0)
+                if key not in seen:
+                    seen[key] = (chip, model, layer, k, n, m, cfg)
+    return list(seen.values())
+
+
 def _pick_cases() -> list[AotCase]:
     from kernels_pallas.fp8_matmul import tile_choice
 
     out = []
-    for chip, model, layer, k, n, m, cfg in model_picks():
-        fn = functools.partial(_call, impl="pallas_mosaic_gpu", out_dtype=_BF, config=cfg)
-        label = f"model pick ({chip}) {model} {layer} K={k} N={n} M={m} {tile_choice.name(cfg)}"
-        out.append(AotCase("fp8_matmul", "pallas_mosaic_gpu", "h100", label, fn,
-                           _operands(m, k, n, "fp8")))  # fmt: skip
+    for kind, picks in (("", model_picks()), (" fused", fused_picks())):
+        for chip, model, layer, k, n, m, cfg in picks:
+            fn = functools.partial(_call, impl="pallas_mosaic_gpu", out_dtype=_BF, config=cfg)
+            label = f"model pick{kind} ({chip}) {model} {layer} K={k} N={n} M={m} " \
+                    f"{tile_choice.name(cfg)}"  # fmt: skip
+            x_kind = "bf16" if kind else "fp8"
+            out.append(AotCase("fp8_matmul", "pallas_mosaic_gpu", "h100", label, fn,
+                               _operands(m, k, n, x_kind)))  # fmt: skip
     return out
 
 

@@ -3,12 +3,12 @@
 Implementations (``backend.ImplTable``; ``impl="auto"`` takes the target's kernel when its
 support check passes, else ``xla`` with one log line; an explicit impl that cannot run raises):
   * ``xla``: ``xla.fp8_matmul_xla`` (any shape; the exact reference on CPU, fast paths on GPU);
-  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16 x at M = 16 quantized in-kernel
-    by the fused decode tile, ``fused_default``; above, and F32 x, quantized once first by the
-    one-launch ``act_quantize`` kernel; in-kernel wherever an explicit config is one the fused
-    kernel runs); without a config, the tile ``tile_choice.dispatch_config`` picks (the
-    performance model's fastest where it clearly beats the rules of
-    ``mgpu_config.default_config``; the rules for the fused kernel);
+  * ``pallas_mosaic_gpu``: the Hopper kernel (FP8 x; BF16/F16 x at M = 16, and at 17-64 rows
+    where the performance model says, quantized in-kernel by the fused decode tiles,
+    ``fused_default``; elsewhere, and F32 x, quantized once first by the one-launch
+    ``act_quantize`` kernel; in-kernel wherever an explicit config is one the fused kernel
+    runs); without a config, the tile ``tile_choice.dispatch_config`` picks (the performance
+    model's fastest where it clearly beats the rules of ``mgpu_config.default_config``);
   * ``impl="auto"`` with ``FP8RL_AUTOTUNE=1`` on a GPU/TPU: the fastest candidate timed on the
     device (``kernels_pallas.autotune``), cached per device kind, jax version and shape;
   * ``pallas_tpu``: the Mosaic TPU kernel.
@@ -46,11 +46,13 @@ def _rows(x) -> int:
     return math.prod(x.shape[:-1])
 
 
-def fused_default(m: int, n: int, k: int) -> bool:
+def fused_default(m: int, n: int, k: int, chip: str | None = None) -> bool:
     """Whether raw BF16/F16 x [M, K] takes the fused (in-kernel quantization) kernel by default:
-    decode batches of ``FUSED_DECODE_ROWS`` (16) rows, the fused kernel's 16-row swap-AB tile.
+    decode batches of ``FUSED_DECODE_ROWS`` (16) rows, the fused kernel's 16-row swap-AB tile,
+    and at 17-64 rows where the performance model says so for ``chip`` (None: the target
+    device's; ``tile_choice.fused_wins``).
 
-    There the CTA's compute warpgroups quantize the tile's 16 x rows per 128-K slice between
+    There the CTA's compute warpgroups quantize the tile's x rows per 128-K slice between
     them (``mgpu_fused_swap``), under the weight bytes that bound a decode GEMM, and the call is
     one kernel: no ``act_quantize`` launch before it, no padding of M to the 32-row tile of FP8
     x (whose ring carries 128-B stages of x scales) and no slice of the output after it. The
@@ -59,16 +61,23 @@ def fused_default(m: int, n: int, k: int) -> bool:
     it 1.02-1.26x faster than quantize-once at M = 16 on every decode shape of
     ``perf_model.gpu_targets`` on the H100 and the H200. Below 16 rows x would be padded to the
     tile first (``jnp.pad``: an XLA launch, as costly as the ``act_quantize`` launch it saves:
-    0.95-1.01x); at 17-32 rows the fused kernel is faster on the H100 but up to 12% slower on
-    the H200, where the faster HBM leaves less issue time per weight byte; at 33-64 rows slower
-    on most shapes (issue-bound). There x is quantized once per 1x128 group (one
-    ``act_quantize`` launch) and the QArray kernel runs; an explicit swap-AB config with raw x
-    runs fused (``_fused``), so the autotuner times fused tiles there. A prefill CTA
+    0.95-1.01x; likewise at 17-31 and 33-63 rows). At 32 and 64 rows it depends on the chip
+    and the shape: the fused kernel's x quantization (issue-bound) outweighs the saved launch on
+    wide, short-K shapes (Qwen3-8B gate+up on the H100) and not on narrow or launch-bound ones
+    (k|v_proj, Qwen3-30B-A3B o_proj), and the H200's faster HBM leaves less issue time per
+    weight byte. So there the model decides per shape, with the margin and guard of the tile
+    choice (``tile_choice.fused_wins``: >5% faster calibrated and by the SASS model alone, in a
+    program and standalone); elsewhere x is quantized once per 1x128 group (one
+    ``act_quantize`` launch) and the QArray kernel runs. An explicit swap-AB config
+    with raw x runs fused (``_fused``), so the autotuner times fused tiles there. A prefill CTA
     re-quantizing its x slice N/128 times over is issue-bound (725 instructions per K step
     against 128; 0.57-0.66x the quantize-once time at M 65-8192): the fused prefill tiles run
     only with an explicit config."""
-    del n, k
-    return m == FUSED_DECODE_ROWS
+    if m == FUSED_DECODE_ROWS:
+        return True
+    if chip is None:
+        chip = tile_choice.chip_of(target_device().device_kind)
+    return tile_choice.fused_wins(m, n, k, chip=chip)
 
 
 def _fused(x, config, n: int = 0, k: int = 0) -> bool:
@@ -144,9 +153,9 @@ def _run_xla(x, w_q, *, config, out_dtype, interpret):
 
 def quantize_once(x: jax.Array, w_q: QArray, *, interpret: bool = False) -> QArray:
     """Raw x [M, K] as the Hopper kernel's quantize-once path makes it for its default tile
-    (``act_quantize``'s one launch, rows padded to the tile): what ``fp8_matmul`` runs at every
-    M but ``FUSED_DECODE_ROWS``, here at any M (``bench_matmul``'s ``+quant:once`` arm, beside
-    the fused kernel at M = 16). ``fp8_matmul`` of it returns the padded rows."""
+    (``act_quantize``'s one launch, rows padded to the tile): what ``fp8_matmul`` runs wherever
+    ``fused_default`` says no, here at any M (``bench_matmul``'s ``+quant:once`` arm, beside
+    the fused kernel). ``fp8_matmul`` of it returns the padded rows."""
     m, (n, k) = _rows(x), w_q.shape
     chip = tile_choice.chip_of(target_device().device_kind)
     cfg = tile_choice.dispatch_config(m, n, k, chip=chip)
@@ -221,8 +230,8 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
             return mgpu.supports(m, k, n, c, fused=fused, x_itemsize=2 if fused else 1,
                                  out_itemsize=2) is None  # fmt: skip
 
-        fz = raw_x and fused_default(m, n, k)  # the default runs fused
         chip = tile_choice.chip_of(device_kind)
+        fz = raw_x and fused_default(m, n, k, chip)  # the default runs fused
         cfgs = [tile_choice.dispatch_config(m, n, k, fused=fz, chip=chip)]
 
         # pinned beside a decode default: its one-slice-per-step tile (the default before
@@ -298,7 +307,7 @@ def timed_specs(m: int, n: int, k: int, platform: str, device_kind: str,
     and replayed as the default runs (the same tile, x quantized once)."""
     specs = tuning_specs(m, n, k, platform, limit=TUNE_LIMIT, device_kind=device_kind,
                          raw_x=raw_x)  # fmt: skip
-    if platform != "gpu" or not raw_x or fused_default(m, n, k):
+    if platform != "gpu" or not raw_x or fused_default(m, n, k, tile_choice.chip_of(device_kind)):
         return specs
     first = next((i for i, s in enumerate(specs) if s[1] == "pallas_mosaic_gpu"), None)
     if first is not None and fused_refuses(specs[first][2]) is None:  # explicit: it runs fused
@@ -378,8 +387,8 @@ def fp8_matmul(
 
     ``x``: a QArray [..., K] with (128,) groups or a plain array [..., K], quantized per token in
     groups of the weight's K block once, by ``quantize_activations`` or its one-launch kernel
-    (``act_quantize`` on Hopper: same bits), or on Hopper in-kernel (the fused decode tile at
-    M = 16, ``fused_default``; an explicit ``MgpuConfig`` the fused kernel runs); leading axes
+    (``act_quantize`` on Hopper: same bits), or on Hopper in-kernel (the fused decode tiles at
+    16-64 rows, ``fused_default``; an explicit ``MgpuConfig`` the fused kernel runs); leading axes
     are flattened into M.
     ``w_q``: a QArray [N, K] (``quantize_weight``). ``impl``: "auto" | "xla" |
     "pallas_mosaic_gpu" | "pallas_tpu"; ``config``: the implementation's tile config

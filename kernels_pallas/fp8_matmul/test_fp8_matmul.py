@@ -249,12 +249,20 @@ def test_mosaic_gpu_fused_kernel_explicit():
     np.testing.assert_allclose(y, ref, rtol=2e-2, atol=2e-2 * np.max(np.abs(ref)))
 
 
-def test_raw_x_is_quantized_once_by_default_above_sixteen_rows():
-    """No default shape but M = 16 takes the fused kernel (the performance model: it loses
-    there; ``test_fused_swap.py``: the fused decode tile at M = 16)."""
+def test_raw_x_is_quantized_once_by_default_outside_the_fused_rows():
+    """Raw x takes the fused kernel by default at M = 16 and, where the performance model
+    says, at 17-64 rows (``tile_choice.fused_wins``); never below 16 rows (x would be padded:
+    a launch as costly as the one saved) or above 64 (a prefill CTA re-quantizing its x slice
+    is issue-bound), on either chip."""
     from kernels_pallas.fp8_matmul import api
 
-    assert not any(api.fused_default(m, 4096, 4096) for m in (1, 8, 17, 64, 65, 256, 4096))
+    for chip in ("h100", "h200"):
+        assert not any(api.fused_default(m, 4096, 4096, chip) for m in (1, 8, 15, 65, 256, 4096))
+        assert api.fused_default(16, 4096, 4096, chip)
+    # Qwen3-8B q|o_proj: fused at 32 rows on the H100 (not padded from 17 or 33: the pad is a
+    # launch when the call stands alone), quantized once at 64
+    assert [api.fused_default(m, 4096, 4096, "h100") for m in (17, 32, 33, 64)] == [
+        False, True, False, False]  # fmt: skip
 
 
 def test_quantize_activations_multiply_matches_division():

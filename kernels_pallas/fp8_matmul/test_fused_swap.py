@@ -1,7 +1,8 @@
 """The fused (BF16 x) decode kernel (``mgpu_fused_swap``): raw x quantized in-kernel on swap-AB
 tiles. In GPU interpret mode it equals the quantize-once path (``act_quantize`` formula, then the
 QArray kernel) bit for bit, on every way the compute warpgroups split the quantization; the
-support check names what it refuses; the default takes it at M = 16 only; the SASS reader
+support check names what it refuses; the default takes it at M = 16 and at 17-64 rows where the
+performance model picks it (``tile_choice.fused_wins``); the SASS reader
 finds its K loop past the mbarrier wait between the warpgroups. Its hardware compile (registers,
 spills, SMEM, the row-amax layouts of 16 and 32 rows) is ``aot_cases.py``'s; its speed
 ``perf_model``'s (``mm_fused_swap_*``)."""
@@ -66,9 +67,10 @@ def test_fused_swap_equals_quantize_once_bit_for_bit(m, n, k, cfg):
 def test_default_takes_the_fused_kernel_at_sixteen_rows():
     """Raw x at M = 16: the fused 16-row tile (no act_quantize launch, no padding to 32 rows),
     equal to the quantize-once path's output; below, x would be padded to the tile (a launch
-    as costly as the one saved), above the model has it slower: x is quantized once."""
-    assert [api.fused_default(m, 4096, 4096) for m in (1, 8, 15, 16, 17, 32, 64, 4096)] == [
-        False, False, False, True, False, False, False, False]  # fmt: skip
+    as costly as the one saved); at 17-64 rows the model decides per shape and chip (on the
+    H100 Qwen3-8B q|o_proj fused at 32 rows); above, x is quantized once."""
+    assert [api.fused_default(m, 4096, 4096, "h100") for m in (1, 8, 15, 16, 17, 32, 64, 4096)] \
+        == [False, False, False, True, False, True, False, False]  # fmt: skip
     x, wq = _operands(16, 512, 256, seed=3)
     cfg = mgpu.default_config(16, 256, 512, fused=True)
     assert (cfg.block_m, cfg.swap_ab, cfg.pdl) == (16, True, mc.decode_pdl())
@@ -78,6 +80,24 @@ def test_default_takes_the_fused_kernel_at_sixteen_rows():
     once = fp8_matmul(api.quantize_once(x, wq, interpret=True), wq, impl="pallas_mosaic_gpu",
                       interpret=True)[:16]  # fmt: skip
     np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(once, np.float32))
+
+
+@pytest.mark.parametrize("m", [32, 64])
+def test_default_takes_the_model_picked_fused_kernel_above_sixteen_rows(m):
+    """Raw x at 32 / 64 rows on a shape the model fuses on the H100 (the CPU's chip): the
+    default runs the fused kernel on ``dispatch_config(fused=True)``'s tile (at 64 rows the
+    model's 64x128 split in 4, not the rules' 64x64), with no act_quantize launch, equal to
+    the quantize-once path bit for bit."""
+    from kernels_pallas.fp8_matmul import tile_choice
+
+    n, k = 256, 512
+    assert api.fused_default(m, n, k) and tile_choice.fused_wins(m, n, k, chip="h100")
+    x, wq = _operands(m, k, n, seed=m)
+    fn = lambda a: fp8_matmul(a, wq, impl="pallas_mosaic_gpu", interpret=True)  # noqa: E731
+    assert "quantize_activations_triton" not in str(jax.make_jaxpr(fn)(x))
+    once = fp8_matmul(api.quantize_once(x, wq, interpret=True), wq, impl="pallas_mosaic_gpu",
+                      interpret=True)[:m]  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(fn(x), np.float32), np.asarray(once, np.float32))
 
 
 def test_fused_swap_takes_f16_x_too():

@@ -29,9 +29,10 @@ def _t(chip, m, n, k, cfg):
 
 @pytest.mark.parametrize("chip", ["h100", "h200"])
 def test_the_fused_kernel_follows_the_rules_and_decode_rows_mostly_do(chip):
-    """The fused (BF16 x) kernel's tiles are the rules'. Up to 64 rows the model replaces the
-    decode rules on one shape only: Qwen3-8B q|o_proj at 33-64 rows on the H100 (64x64 swap
-    tiles, unsplit, two slices a step, for 64x128 ones split in two: 1.07x)."""
+    """The fused (BF16 x) kernel's tiles are the rules' at 16 rows (no candidate wins by the
+    margin) and above 64 (it runs there only with an explicit config). Up to 64 rows the model
+    replaces the decode rules on one shape only: Qwen3-8B q|o_proj at 33-64 rows on the H100
+    (64x64 swap tiles, unsplit, two slices a step, for 64x128 ones split in two: 1.07x)."""
     changed = set()
     for n, k in SHAPES:
         for m in (16, 128, 4096):
@@ -127,6 +128,91 @@ def test_without_the_profiles_the_rules_alone(monkeypatch):
         tile_choice._dispatch.cache_clear()
 
 
+FUSED_M = (17, 24, 32, 40, 48, 64)
+
+
+def _fused_vs_once(chip, m, n, k, in_program):
+    """(fused default tile, quantize kernel + FP8-x dispatch tile), predicted."""
+    fused = tile_choice.dispatch_config(m, n, k, fused=True, chip=chip)
+    once = tile_choice.dispatch_config(m, n, k, chip=chip)
+    return (gpu.predict_matmul(chip, m, n, k, "bf16", mode="fused", config=fused,
+                               in_program=in_program).time_s,
+            gpu.predict_matmul(chip, m, n, k, "bf16", mode="qarray", config=once,
+                               in_program=in_program).time_s)  # fmt: skip
+
+
+@pytest.mark.parametrize("chip", ["h100", "h200"])
+def test_raw_x_runs_fused_at_17_to_64_rows_only_where_it_beats_quantizing_once(chip):
+    """``fused_wins``: the fused kernel's dispatch tile beats the act_quantize launch + the FP8
+    tile by ``MODEL_MARGIN``, calibrated and by the SASS model alone, in a program and
+    standalone; the default prediction (``mode="default"``) then is the fused kernel's, else
+    the quantize-once path's."""
+    from kernels_pallas.perf_model import calibration
+
+    margin, wins = tile_choice.MODEL_MARGIN, 0
+    for n, k in SHAPES:
+        for m in FUSED_M:
+            want = True
+            for in_program in (True, False):
+                fused, once = _fused_vs_once(chip, m, n, k, in_program)
+                with calibration.uncalibrated():
+                    raw_fused, raw_once = _fused_vs_once(chip, m, n, k, in_program)
+                want &= fused < margin * once and raw_fused < margin * raw_once
+            assert tile_choice.fused_wins(m, n, k, chip=chip) == want, (m, n, k)
+            assert api.fused_default(m, n, k, chip) == want
+            default = gpu.predict_matmul(chip, m, n, k, "bf16")
+            assert default.impl.startswith("mm_fused_swap") == want
+            assert default.time_s == pytest.approx(fused if want else once)
+            wins += want
+    assert 0 < wins < len(SHAPES) * len(FUSED_M)  # the shape decides, not the row count
+
+
+def test_fused_rows_follow_the_shape_and_the_chip():
+    """Anchors: the narrow k|v_proj (N = 1024, launch-bound) runs fused at 32 and 64 rows on
+    both chips; the wide short-K gate+up (N = 24576, K = 4096: x quantization issue-bound per
+    CTA) never on the H100, at 32 rows on the H200; Qwen3-8B q|o_proj at 32 rows on the H100
+    only. Rows that x would be padded for (17-31, 33-63) stay quantized once: standalone the
+    pad is a launch of its own, as costly as the act_quantize launch saved."""
+    fused = lambda chip, n, k: [m for m in FUSED_M if tile_choice.fused_wins(m, n, k, chip=chip)]
+    assert fused("h100", 1024, 4096) == fused("h200", 1024, 4096) == [32, 64]
+    assert (fused("h100", 24576, 4096), fused("h200", 24576, 4096)) == ([], [32])
+    assert (fused("h100", 4096, 4096), fused("h200", 4096, 4096)) == ([32], [])
+    assert not tile_choice.fused_wins(16, 4096, 4096) and not tile_choice.fused_wins(65, 1024, 4096)
+
+
+def test_the_fused_tile_is_the_models_where_it_beats_the_rules_both_ways():
+    """Qwen3-8B q|k|v fused (N = 6144) at 64 rows on the H100: the rules' fused tile (64x64,
+    unsplit) re-quantizes x in 96 CTAs; the model's 64x128 split in 2 summed in the cluster
+    quantizes half the K per CTA, and wins calibrated and SASS alone; legal for raw x."""
+    m, n, k = 64, 6144, 4096
+    rule = mc.default_config(m, n, k, fused=True)
+    pick = tile_choice.dispatch_config(m, n, k, fused=True, chip="h100")
+    assert (rule.block_n, rule.split_k) == (64, 1)
+    assert (pick.block_n, pick.split_k, pick.cluster_k) == (128, 2, True)
+    assert mc.supports(m, k, n, pick, fused=True, x_itemsize=2, out_itemsize=2) is None
+    t = lambda c: tile_choice._predicted("h100", m, n, k, c, True)  # noqa: E731
+    raw = lambda c: tile_choice._sass_alone("h100", m, n, k, c, True)  # noqa: E731
+    assert t(pick) < tile_choice.MODEL_MARGIN * t(rule)
+    assert raw(pick) < tile_choice.MODEL_MARGIN * raw(rule)
+
+
+def test_without_the_profiles_raw_x_is_quantized_once(monkeypatch):
+    def missing(*a, **k):
+        raise FileNotFoundError("sass_profiles.json")
+
+    monkeypatch.setattr(gpu, "load_profiles", missing)
+    caches = (tile_choice._dispatch, tile_choice._fused_wins)
+    for c in caches:
+        c.cache_clear()
+    try:
+        assert not tile_choice.fused_wins(32, 1024, 4096)
+        assert tile_choice.dispatch_config(32, 1024, 4096, fused=True) == mc.default_config(
+            32, 1024, 4096, fused=True)  # fmt: skip
+    finally:
+        for c in caches:
+            c.cache_clear()
+
+
 def test_the_launch_setting_is_part_of_the_choice(monkeypatch):
     """``FP8RL_PDL=0`` after a first call still gives swap-AB picks launched plainly."""
     assert tile_choice.dispatch_config(256, 4096, 12288).pdl
@@ -157,8 +243,9 @@ def test_the_autotuner_times_the_dispatch_tile_first_and_the_rules_beside_it():
 
 def test_with_raw_x_the_autotuner_times_the_default_as_the_default_runs():
     """With BF16 x an explicit config runs the fused kernel wherever it takes the tile, while the
-    default path quantizes x once (outside ``fused_default``'s 16 rows): the default's spec
-    carries no config, so it is timed and replayed through the default path (same tile)."""
+    default path quantizes x once (where ``fused_default`` says no, as at 128 rows): the
+    default's spec carries no config, so it is timed and replayed through the default path
+    (same tile)."""
     kind = "NVIDIA H100 80GB HBM3"
     raw, fp8 = (api.timed_specs(128, 4096, 4096, "gpu", kind, r) for r in (True, False))
     first = lambda specs: next(s for s in specs if s[1] == "pallas_mosaic_gpu")

@@ -5,19 +5,19 @@ decode tiles of 64/128 weight rows x split-K 1-8, one or two 128-K slices a step
 summed in the cluster; the prefill tiles 128x256 / 256x128 / 128x128 / 128x64 / 64x64, 2-CTA
 clusters, persistent grids, promotions under the wgmmas), each as the support check accepts it.
 
-``dispatch_config``: the tile a call without an explicit config runs. The fused (BF16 x)
-kernel's tiles follow the hand-written rules of ``mgpu_config.default_config``. Every other call
-(FP8 x, or raw x quantized once) has the performance model rank every candidate at its shape as
-a GEMM inside a program (``perf_model.gpu.predict_matmul``: the compiled kernels' SASS
-instruction counts, registers and SMEM, calibrated on the H200 run) and takes the fastest that
-beats the rules' tile by more than ``MODEL_MARGIN``, calibrated and by the SASS model alone --
-the rules' tile otherwise. So a tile the device has run is left only for a predicted gain well
-beyond the model's spread between shapes, and never for one that comes from the calibration's
-family factors alone: swap-AB tiles carry the factor measured on decode tiles (1.15), prefill
-tiles the one measured at 4096 rows (1.01), and at 16-64 rows that gap alone would make a 64-row
-prefill tile beat the decode rules on 5 of 11 rollout GEMM shapes. This is how DeepGEMM picks
-its block shape per call (an analytic search over block M/N and stages at run time); here the
-analysis is the calibrated model.
+``dispatch_config``: the tile a call without an explicit config runs. The performance model
+ranks every candidate at its shape (FP8 x or raw x quantized once; with ``fused``, the fused
+kernel's tiles for raw BF16 x at 16-64 rows, x padded to the row tile) as a GEMM inside a
+program (``perf_model.gpu.predict_matmul``: the compiled kernels' SASS instruction counts,
+registers and SMEM, calibrated on the H200 run) and takes the fastest that beats the rules' tile
+by more than ``MODEL_MARGIN``, calibrated and by the SASS model alone -- the rules' tile
+otherwise. So a tile the device has run is left only for a predicted gain well beyond the
+model's spread between shapes, and never for one that comes from the calibration's family
+factors alone: swap-AB tiles carry the factor measured on decode tiles (1.15), prefill tiles the
+one measured at 4096 rows (1.01), and at 16-64 rows that gap alone would make a 64-row prefill
+tile beat the decode rules on 5 of 11 rollout GEMM shapes. This is how DeepGEMM picks its block
+shape per call (an analytic search over block M/N and stages at run time); here the analysis is
+the calibrated model.
 
 The rules were written for one shape family at a time (swap-AB while K splits, 128x256 while
 the grid fills, clusters on even grids) and tuned by the model at 16/64 and 4096 rows, where
@@ -27,6 +27,16 @@ Llama-3-70B and DeepSeek-V3 the rules' tiles were 5-22% slower than the model's 
 at M = 96-1024 (up to 1.78x: Llama-3-70B k|v_proj at M = 320-384, whose 8 N tiles they ran as 24
 CTAs of 128x128); ``perf_model.md``'s design-change table has each change before -> after.
 
+``fused_wins``: whether raw BF16 x at 17-64 rows runs the fused kernel by default
+(``api.fused_default``; always at 16 rows): where its dispatch tile beats the ``act_quantize``
+launch plus the FP8-x tile by the same margin, calibrated and SASS alone, in a program and
+standalone. The fused kernel saves a launch and re-quantizes x in every CTA (issue cycles under
+the weight stream): narrow or launch-bound shapes win (k|v_proj, o_proj at 32 and 64 rows),
+wide short-K ones lose on the H100 (Qwen3-8B gate+up at 32-64 rows, q|o_proj at 64); the
+H200's faster HBM leaves less issue time per weight byte, and there the balance moves per shape.
+Rows x would be padded for (17-31, 33-63) stay quantized once: standalone the pad is a launch
+as costly as the one saved.
+
 The chip (H100 or H200: the model's HBM bandwidth and clock) comes from the target's device
 kind; anything else ranks on the H100's constants. The ranking is pure Python over shapes
 (~1-9 ms per shape, cached per shape), reads ``perf_model/sass_profiles.json`` (package data)
@@ -35,8 +45,10 @@ and falls back to the rule's tile where the profiles cannot be read.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import itertools
 
 from kernels_pallas.fp8_matmul import mgpu_config as mc
 from kernels_pallas.fp8_matmul.mgpu_config import MgpuConfig, decode_pdl, fused_rows
@@ -103,35 +115,46 @@ def name(cfg: MgpuConfig) -> str:
     return s
 
 
-def ranked(m: int, n: int, k: int, *, out_itemsize: int = 2,
+def ranked(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2,
            chip: str = "h100") -> list[tuple[float, MgpuConfig]]:  # fmt: skip
     """(predicted seconds inside a program, tile) of the rule's tile and every legal candidate
-    for FP8 x (quantized once) at [M, K] x [N, K], fastest first (ties: the rule's tile, then
-    the candidates' order). Raises ``OSError`` where the SASS profiles cannot be read."""
+    at [M, K] x [N, K], fastest first (ties: the rule's tile, then the candidates' order): for
+    FP8 x (quantized once), or with ``fused`` for raw BF16 x quantized in-kernel (the fused
+    kernel's tiles, x padded to the row tile where M is not a multiple of it). Raises
+    ``OSError`` where the SASS profiles cannot be read."""
     from kernels_pallas.perf_model import gpu
 
     gpu.load_profiles()  # OSError here, before any rule is judged without its profiles
 
     def legal(c: MgpuConfig) -> bool:
-        return mc.supports(m, k, n, c, fused=False, x_itemsize=1,
+        return mc.supports(m, k, n, c, fused=fused, x_itemsize=2 if fused else 1,
                            out_itemsize=out_itemsize) is None  # fmt: skip
 
-    rule = mc.default_config(m, n, k, out_itemsize=out_itemsize)
+    rule = mc.default_config(m, n, k, fused=fused, out_itemsize=out_itemsize)
     out = []
-    for i, c in enumerate([rule, *candidates(m, n, k, legal, pinned=(rule,))]):
+    for i, c in enumerate([rule, *candidates(m, n, k, legal, fused, pinned=(rule,))]):
         try:
-            t = gpu.predict_matmul(chip, m, n, k, "fp8", config=c, in_program=True).time_s
+            t = _predicted(chip, m, n, k, c, fused)
         except KeyError:  # no SASS profile of this tile's family: never chosen
             continue
         out.append((t, i, c))
     return [(t, c) for t, _, c in sorted(out, key=lambda e: e[:2])]
 
 
+def _predicted(chip: str, m: int, n: int, k: int, cfg: MgpuConfig, fused: bool) -> float:
+    """The model's time of ``cfg`` inside a program: FP8 x, or raw x through the fused kernel."""
+    from kernels_pallas.perf_model import gpu
+
+    x, mode = ("bf16", "fused") if fused else ("fp8", "default")
+    return gpu.predict_matmul(chip, m, n, k, x, mode=mode, config=cfg, in_program=True).time_s
+
+
 def dispatch_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize: int = 2,
                     chip: str = "h100") -> MgpuConfig:  # fmt: skip
     """The tile ``fp8_matmul`` runs at [M, K] x [N, K] without an explicit config (module
-    docstring): for the fused kernel ``mgpu_config.default_config``'s; else the model's fastest
-    candidate where it beats that tile by ``MODEL_MARGIN`` (calibrated and SASS alone)."""
+    docstring): the model's fastest candidate where it beats ``mgpu_config.default_config``'s
+    tile by ``MODEL_MARGIN`` (calibrated and SASS alone), else that tile; ``fused``: among the
+    fused kernel's tiles (raw BF16 x quantized in-kernel)."""
     return _dispatch(m, n, k, fused, out_itemsize, chip, decode_pdl())
 
 
@@ -141,28 +164,63 @@ def _dispatch(m: int, n: int, k: int, fused: bool, out_itemsize: int, chip: str,
     """``dispatch_config``, cached per shape and per ``FP8RL_PDL`` (the launch is in the key)."""
     del pdl  # read by default_config and candidates through decode_pdl()
     rule = mc.default_config(m, n, k, fused=fused, out_itemsize=out_itemsize)
-    if fused:
+    if fused and m > mc._WGMMA_M:  # the fused prefill tiles run only with an explicit config
         return rule
     try:
-        order = ranked(m, n, k, out_itemsize=out_itemsize, chip=chip)
+        order = ranked(m, n, k, fused=fused, out_itemsize=out_itemsize, chip=chip)
     except OSError:  # the profiles are not there (a broken install): the rules alone
         return rule
     t_rule = next((t for t, c in order if c == rule), None)
     if t_rule is None:  # the rules' tile has no profile: the model's fastest
         return order[0][1]
-    raw_rule = _sass_alone(chip, m, n, k, rule)
+    raw_rule = _sass_alone(chip, m, n, k, rule, fused)
     for t, cfg in order:  # the fastest that wins calibrated and by the SASS model alone
         if t >= MODEL_MARGIN * t_rule:
             break
-        if _sass_alone(chip, m, n, k, cfg) < MODEL_MARGIN * raw_rule:
+        if _sass_alone(chip, m, n, k, cfg, fused) < MODEL_MARGIN * raw_rule:
             return cfg
     return rule
 
 
-def _sass_alone(chip: str, m: int, n: int, k: int, cfg: MgpuConfig) -> float:
-    """The predicted time without the device run's per-family factors (``KERNEL_CALIBRATION``:
-    swap-AB tiles 1.15, measured at 16/64 rows; prefill tiles 1.01, measured at 4096)."""
+def fused_wins(m: int, n: int, k: int, *, out_itemsize: int = 2, chip: str = "h100") -> bool:
+    """Whether raw BF16 x [M, K] with ``FUSED_DECODE_ROWS`` < M <= 64 runs the fused kernel by
+    default (``api.fused_default``): its dispatch tile (``dispatch_config(fused=True)``, x
+    padded to the row tile) beats quantizing x once (the ``act_quantize`` launch, then the
+    dispatch tile for FP8 x) by ``MODEL_MARGIN`` calibrated and by the SASS model alone, both
+    inside a program (x's padding fused into its producer, split-K sums into the consumer) and
+    standalone (each a launch of its own). False where the profiles cannot be read (the
+    rules: quantize once)."""
+    if not mc.FUSED_DECODE_ROWS < m <= mc._WGMMA_M:
+        return False
+    return _fused_wins(m, n, k, out_itemsize, chip, decode_pdl())
+
+
+@functools.lru_cache(maxsize=4096)
+def _fused_wins(m: int, n: int, k: int, out_itemsize: int, chip: str, pdl: bool) -> bool:
     from kernels_pallas.perf_model import calibration, gpu
 
+    fused = _dispatch(m, n, k, True, out_itemsize, chip, pdl)
+    once = _dispatch(m, n, k, False, out_itemsize, chip, pdl)
+
+    def t(cfg, mode, in_program):
+        return gpu.predict_matmul(chip, m, n, k, "bf16", mode=mode, config=cfg,
+                                  in_program=in_program).time_s  # fmt: skip
+
+    try:
+        gpu.load_profiles()
+        times = []
+        for calibrated, in_program in itertools.product((True, False), (True, False)):
+            with contextlib.nullcontext() if calibrated else calibration.uncalibrated():
+                times.append((t(fused, "fused", in_program), t(once, "qarray", in_program)))
+    except (OSError, KeyError):  # no profiles, or none of a tile's family: quantize once
+        return False
+    return all(t_fused < MODEL_MARGIN * t_once for t_fused, t_once in times)
+
+
+def _sass_alone(chip: str, m: int, n: int, k: int, cfg: MgpuConfig, fused: bool = False) -> float:
+    """The predicted time without the device run's per-family factors (``KERNEL_CALIBRATION``:
+    swap-AB tiles 1.15, measured at 16/64 rows; prefill tiles 1.01, measured at 4096)."""
+    from kernels_pallas.perf_model import calibration
+
     with calibration.uncalibrated():
-        return gpu.predict_matmul(chip, m, n, k, "fp8", config=cfg, in_program=True).time_s
+        return _predicted(chip, m, n, k, cfg, fused)

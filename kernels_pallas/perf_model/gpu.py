@@ -367,7 +367,7 @@ def predict_matmul(chip: str, m: int, n: int, k: int, x: str = "bf16", *, mode: 
     from kernels_pallas.fp8_matmul import api, tile_choice
 
     if mode == "default":
-        fused = x == "bf16" and api.fused_default(m, n, k)
+        fused = x == "bf16" and api.fused_default(m, n, k, chip)
     else:
         fused = mode == "fused" and x == "bf16"
     cfg = config or tile_choice.dispatch_config(m, n, k, fused=fused, chip=chip)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kernels_pallas.fp8_matmul.mgpu_config import NUM_SMS
+from kernels_pallas.fp8_matmul.mgpu_config import FUSED_DECODE_ROWS, NUM_SMS
 from kernels_pallas.perf_model.common import GPU_CHIPS, Case, Prediction
 from kernels_pallas.perf_model.gpu import predict_matmul
 from kernels_pallas.perf_model.gpu_attention import predict_attention
@@ -108,7 +108,6 @@ def _decode_change(change: str, configs) -> list[tuple[str, Prediction, Predicti
 
 def design_changes() -> list[tuple[str, Prediction, Prediction]]:
     """(change, before, after) at every case the change touches, on H100 and H200."""
-    from kernels_pallas.fp8_matmul import api
     from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 
     out = []
@@ -170,13 +169,14 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
         lambda m, n, k: [mgpu.default_config(m, n, k, pdl=d) for d in (False, True)],
     )
     for model, layer, n, k, ms in (*MATMUL_LAYERS, *DECODE_ROWS_LAYERS):
-        for m in (m for m in ms if api.fused_default(m, n, k)):
+        for m in (m for m in ms if m == FUSED_DECODE_ROWS):
             for chip in GPU_CHIPS:  # standalone: x BF16 (in the program it arrives FP8)
                 label = f"{model} {layer} M={m}"
                 before, after = (predict_matmul(chip, m, n, k, "bf16", label=label, mode=mode)
                                  for mode in ("qarray", "default"))  # fmt: skip
                 out.append(("decode GEMM: BF16 x quantized in-kernel (M = 16, no act_quantize "
                             "launch)", before, after))  # fmt: skip
+    out += _fused_pick_changes()
     out += _model_pick_changes()
     for model, layer, n, k, m in WAVE_ROWS:
         tiles_m = -(-m // 128)  # before: 128x128, clustered by default_config's unchanged rule
@@ -302,25 +302,53 @@ def _model_pick_changes() -> list[tuple[str, Prediction, Prediction]]:
     return out
 
 
+FUSED_PICK_ROWS = (32, 48, 64)
+FUSED_PICK_CHANGE = "decode GEMM: BF16 x quantized in-kernel at 17-64 rows where the model picks it"
+
+
+def _fused_pick_changes() -> list[tuple[str, Prediction, Prediction]]:
+    """Raw BF16 x at 17-64 rows: quantized once (``act_quantize``, then the FP8-x tile) ->
+    the fused kernel, where ``tile_choice.fused_wins`` takes it (standalone: in the rollout
+    program x arrives FP8 from its producer's kernel)."""
+    from kernels_pallas.fp8_matmul import tile_choice
+
+    out = []
+    for model, layer, n, k in PICK_LAYERS:
+        for m in FUSED_PICK_ROWS:
+            for chip in GPU_CHIPS:
+                if tile_choice.fused_wins(m, n, k, chip=chip):
+                    label = f"{model} {layer} M={m}"
+                    before, after = (predict_matmul(chip, m, n, k, "bf16", label=label,
+                                                    mode=mode)
+                                     for mode in ("qarray", "fused"))  # fmt: skip
+                    out.append((FUSED_PICK_CHANGE, before, after))
+    return out
+
+
 def pick_summary(changes) -> str:
-    """The model-picked tiles' rows in one line per chip: the geometric mean and the range of
-    their ratio to BF16, before -> after, in a program."""
+    """The model-picked tiles' rows in one line per chip (their ratio to BF16 in a program),
+    and the fused-kernel picks at 17-64 rows' (standalone, raw BF16 x): the geometric mean and
+    the range of the ratio, before -> after."""
     import math
 
+    gm = lambda v: math.exp(sum(map(math.log, v)) / len(v))  # noqa: E731
     lines = []
-    for chip in GPU_CHIPS:
-        rows = [(b, a) for c, b, a in changes if c == PICK_CHANGE and
-                a.chip == chip and a.label.endswith(", in program")]  # fmt: skip
-        if not rows:
-            continue
-        gm = lambda v: math.exp(sum(map(math.log, v)) / len(v))
-        before, after = [b.ratio for b, _ in rows], [a.ratio for _, a in rows]
-        speed = [b.time_s / a.time_s for b, a in rows]
-        lines.append(f"- {chip}: {len(rows)} GEMMs (of {len(PICK_LAYERS) * len(PICK_ROWS)} "
-                     f"shapes x rows) take a model-picked tile; in a program, FP8 / BF16 "
-                     f"{gm(before):.2f}x -> {gm(after):.2f}x (geometric mean; worst "
-                     f"{min(before):.2f}x -> {min(after):.2f}x), each {min(speed):.2f}-"
-                     f"{max(speed):.2f}x faster than the rules' tile")  # fmt: skip
+    for change, what, total, keep in (
+        (PICK_CHANGE, "take a model-picked tile; in a program", len(PICK_LAYERS) * len(PICK_ROWS),
+         lambda p: p.label.endswith(", in program")),
+        (FUSED_PICK_CHANGE, "with raw BF16 x run fused (no act_quantize launch); standalone",
+         len(PICK_LAYERS) * len(FUSED_PICK_ROWS), lambda p: True),
+    ):  # fmt: skip
+        for chip in GPU_CHIPS:
+            rows = [(b, a) for c, b, a in changes if c == change and a.chip == chip and keep(a)]
+            if not rows:
+                continue
+            before, after = [b.ratio for b, _ in rows], [a.ratio for _, a in rows]
+            speed = [b.time_s / a.time_s for b, a in rows]
+            lines.append(f"- {chip}: {len(rows)} GEMMs (of {total} shapes x rows) {what}, "
+                         f"FP8 / BF16 {gm(before):.2f}x -> {gm(after):.2f}x (geometric mean; "
+                         f"worst {min(before):.2f}x -> {min(after):.2f}x), each "
+                         f"{min(speed):.2f}-{max(speed):.2f}x faster")  # fmt: skip
     return "\n".join(lines)
 
 
