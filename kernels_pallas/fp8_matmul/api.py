@@ -212,6 +212,19 @@ TUNE_LIMIT = 6
 DEEP_RING_STAGES = 6
 
 
+@dataclasses.dataclass(frozen=True)
+class QuantizedOnce:
+    """The autotuner's quantize-once candidate with raw x where the default runs fused
+    (``fused_default``): x quantized once by ``act_quantize``, then the QArray kernel on
+    ``config`` (an explicit ``MgpuConfig`` with raw x would run fused). Timed and replayed
+    through ``_quantized_once_choice``."""
+
+    config: mgpu.MgpuConfig
+
+
+ONCE_SUFFIX = "+quant:once"  # its spec's name: the FP8-x tile's name and this (bench_matmul's)
+
+
 def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None,
                  device_kind: str = "",
                  raw_x: bool = False) -> list[tuple[str, str, object]]:  # fmt: skip
@@ -285,7 +298,7 @@ def _model_ranked(specs, m: int, n: int, k: int, limit: int, device_kind: str, p
     return [s for i, s in enumerate(specs) if i in keep]
 
 
-def timed_program(impl: str, config, w_q: QArray, out_dtype):
+def timed_program(impl: str, config, w_q: QArray, out_dtype, interpret: bool = False):
     """The program the autotuner times for one candidate: the GEMM and a consumer of its output
     (``y + r``, as the model's residual add or SiLU product), so that a split-K tile's sum of
     partials fuses into the consumer as it does in the rollout program, instead of costing a
@@ -294,8 +307,16 @@ def timed_program(impl: str, config, w_q: QArray, out_dtype):
     floor, unused (None) for the FP8 candidates, which use ``w_q``."""
     if impl == autotune.BF16_FLOOR:
         return jax.jit(lambda a, b, r: jnp.dot(a, b.T, preferred_element_type=out_dtype) + r)
+    if isinstance(config, QuantizedOnce):
+
+        def once(a, b, r):
+            del b  # the FP8 weight is w_q
+            xq, m, cfg = _quantized_once_choice(a, w_q, config, interpret)
+            return _fp8_matmul_2d(xq, m, cfg, w_q, out_dtype, interpret) + r
+
+        return jax.jit(once)
     return jax.jit(lambda a, b, r: fp8_matmul(a, w_q, out_dtype=out_dtype, impl=impl,
-                                              config=config) + r)  # fmt: skip
+                                              config=config, interpret=interpret) + r)  # fmt: skip
 
 
 def timed_specs(m: int, n: int, k: int, platform: str, device_kind: str,
@@ -304,11 +325,19 @@ def timed_specs(m: int, n: int, k: int, platform: str, device_kind: str,
     replays it through ``fp8_matmul``. With raw x an explicit config runs the fused kernel
     wherever it takes the tile (``_fused``), but the default path quantizes x once outside
     ``fused_default``'s rows: the default's spec then carries no config, so that it is timed
-    and replayed as the default runs (the same tile, x quantized once)."""
+    and replayed as the default runs (the same tile, x quantized once). Where the default runs
+    fused, every Pallas candidate does, so the quantize-once path joins them
+    (``QuantizedOnce``: ``act_quantize``, then the FP8-x dispatch tile): the device, not the
+    model alone, decides between the two at 16-64 rows."""
     specs = tuning_specs(m, n, k, platform, limit=TUNE_LIMIT, device_kind=device_kind,
                          raw_x=raw_x)  # fmt: skip
-    if platform != "gpu" or not raw_x or fused_default(m, n, k, tile_choice.chip_of(device_kind)):
+    if platform != "gpu" or not raw_x:
         return specs
+    chip = tile_choice.chip_of(device_kind)
+    if fused_default(m, n, k, chip):  # the fused default, and x quantized once beside it
+        once = tile_choice.dispatch_config(m, n, k, chip=chip)
+        return [*specs, (tile_choice.name(once) + ONCE_SUFFIX, "pallas_mosaic_gpu",
+                         QuantizedOnce(once))]  # fmt: skip
     first = next((i for i, s in enumerate(specs) if s[1] == "pallas_mosaic_gpu"), None)
     if first is not None and fused_refuses(specs[first][2]) is None:  # explicit: it runs fused
         name, impl, _ = specs[first]
@@ -399,8 +428,25 @@ def fp8_matmul(
     x2 = _flat(x)
     if impl == "auto" and config is None and not interpret and autotune.enabled():
         impl, config = _autotuned(x2, w_q, out_dtype)
+        if isinstance(config, QuantizedOnce):  # x quantized once, not fused: it was faster
+            xq, m, cfg = _quantized_once_choice(x2, w_q, config, interpret)
+            y = _fp8_matmul_2d(xq, m, cfg, w_q, out_dtype, interpret)
+            return y.reshape(*x.shape[:-1], w_q.shape[0])
     chosen = IMPLEMENTATIONS.select(
         impl, x2, w_q, config=config, out_dtype=out_dtype, interpret=interpret
     )
     y = _run(x2, w_q, impl=chosen.name, config=config, out_dtype=out_dtype, interpret=interpret)
     return y.reshape(*x.shape[:-1], w_q.shape[0])
+
+
+def _quantized_once_choice(x2, w_q: QArray, choice: QuantizedOnce, interpret: bool):
+    """(x quantized once for ``choice``'s tile, its rows, the tile): the autotuner's
+    ``QuantizedOnce`` pick, as timed and as replayed."""
+    return _mgpu_quantized(x2, w_q, choice.config, interpret), _rows(x2), choice.config
+
+
+def _fp8_matmul_2d(xq: QArray, m: int, config, w_q: QArray, out_dtype, interpret: bool):
+    """The Hopper kernel on x quantized once (rows padded to the tile), its first ``m`` rows."""
+    y = _run(xq, w_q, impl="pallas_mosaic_gpu", config=config, out_dtype=jnp.dtype(out_dtype),
+             interpret=interpret)  # fmt: skip
+    return y[:m]

@@ -259,6 +259,46 @@ def test_with_raw_x_the_autotuner_times_the_default_as_the_default_runs():
     assert fused16[2] == mc.default_config(16, 4096, 4096, fused=True)  # runs fused either way
 
 
+def test_where_raw_x_runs_fused_the_autotuner_times_quantizing_once_beside_it():
+    """At 16 rows, and at 32 where the model fuses Qwen3-8B q|o_proj on the H100, every Pallas
+    candidate runs fused: the quantize-once path (act_quantize, then the FP8-x dispatch tile)
+    is timed beside them, last; not where the default already quantizes once (64 rows on the
+    H100, 32 on the H200), nor for FP8 x."""
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    for m in (16, 32):
+        name, impl, cfg = api.timed_specs(m, 4096, 4096, "gpu", h100, True)[-1]
+        once = tile_choice.dispatch_config(m, 4096, 4096, chip="h100")
+        assert (name, impl, cfg) == (tile_choice.name(once) + api.ONCE_SUFFIX,
+                                     "pallas_mosaic_gpu", api.QuantizedOnce(once))  # fmt: skip
+    for m, kind, raw in ((64, h100, True), (32, h200, True), (32, h100, False)):
+        specs = api.timed_specs(m, 4096, 4096, "gpu", kind, raw)
+        assert not any(isinstance(c, api.QuantizedOnce) for _, _, c in specs)
+
+
+def test_the_quantize_once_candidate_computes_what_it_replays():
+    """Its timed program (interpret mode) is ``act_quantize`` + the QArray kernel on its tile
+    + the consumer, equal bit for bit to the fused default's timed program (the same FP8 codes
+    and scales, the split-K sum fused into the add alike), and its replay to the fused
+    default's output."""
+    m, n, k = 32, 256, 512
+    kx, kw, kr = jax.random.split(jax.random.key(5), 3)
+    x = (jax.random.normal(kx, (m, k), jnp.float32) * 3.0).astype(jnp.bfloat16)
+    wq = quantize_weight(jax.random.normal(kw, (k, n), jnp.float32))
+    r = jax.random.normal(kr, (m, n), jnp.bfloat16)
+    choice = api.QuantizedOnce(tile_choice.dispatch_config(m, n, k))
+    got = api.timed_program("pallas_mosaic_gpu", choice, wq, jnp.bfloat16, interpret=True)(
+        x, None, r)  # fmt: skip
+    assert api.fused_default(m, n, k)  # the default runs fused here
+    fused = api.timed_program("pallas_mosaic_gpu", None, wq, jnp.bfloat16, interpret=True)(
+        x, None, r)  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(fused, np.float32))
+    xq, rows, cfg = api._quantized_once_choice(x, wq, choice, True)
+    assert rows == m and xq.shape[0] % cfg.block_m == 0
+    replay = api._fp8_matmul_2d(xq, rows, cfg, wq, jnp.bfloat16, True)
+    default = api.fp8_matmul(x, wq, impl="pallas_mosaic_gpu", interpret=True)
+    np.testing.assert_array_equal(np.asarray(replay, np.float32), np.asarray(default, np.float32))
+
+
 @pytest.mark.parametrize("m,n,k", [(128, 512, 1024), (256, 256, 512)])
 def test_the_dispatch_tile_computes_the_reference(m, n, k):
     """Interpret mode: where the model's tile differs from the rules' (swap-AB 64x64 tiles with
