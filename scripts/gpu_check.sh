@@ -20,9 +20,10 @@
 #            default launches dependent, MgpuConfig.pdl): compare their "wall us" (the wall
 #            clock per GEMM of a chain of them), for CUPTI's kernel time leaves out the gap
 #            between kernels that dependent launch shortens (the model: 2.0 -> 0.5 us a GEMM).
-#            At M 16 the BF16-x row (+quant) is the fused decode kernel (x quantized in-kernel,
-#            one launch) and +quant:once the act_quantize + QArray kernel path beside it (the
-#            model: 1.02-1.26x)
+#            At M 16 (and at 32 / 64 where the model picks it: tile_choice.fused_wins) the
+#            BF16-x row (+quant) is the fused decode kernel (x quantized in-kernel, one launch)
+#            and +quant:once the act_quantize + QArray kernel path beside it (the model:
+#            1.02-1.26x at 16 rows, 1.06-1.23x where it picks it at 32 / 64)
 #   quantize experiments/bench_quantize.py: per-token FP8 activation quantization (standalone,
 #            + RMSNorm, + SwiGLU), XLA's fusions vs the one-launch act_quantize kernels, M 16-16384
 #            (the kernels now run at every M: the prefill side had not been measured)

@@ -80,7 +80,7 @@ def fused_default(m: int, n: int, k: int, chip: str | None = None) -> bool:
     return tile_choice.fused_wins(m, n, k, chip=chip)
 
 
-def _fused(x, config, n: int = 0, k: int = 0) -> bool:
+def _fused(x, config, n: int, k: int) -> bool:
     """Raw BF16/F16 x goes to the fused kernel where ``fused_default`` says, or where an
     explicit config is one it runs (``mgpu_config.fused_refuses``); otherwise ``act_quantize``
     quantizes it once."""
