@@ -62,11 +62,11 @@ def test_no_candidate_runs_raises():
 
 
 def test_off_by_default_and_gpu_specs_pass_the_support_check(monkeypatch):
-    from kernels_pallas.fp8_matmul import api
+    from kernels_pallas.fp8_matmul import tuning
 
     monkeypatch.delenv("FP8RL_AUTOTUNE", raising=False)
     assert not autotune.enabled()
-    specs = api.tuning_specs(16, 4096, 4096, "gpu")
+    specs = tuning.tuning_specs(16, 4096, 4096, "gpu")
     names = [s[0] for s in specs]
     assert "xla" in names and BF16_FLOOR in names
     assert any(s[1] == "pallas_mosaic_gpu" and s[2].swap_ab for s in specs)
@@ -81,7 +81,7 @@ def test_timed_programs_feed_the_gemm_into_a_consumer():
     import jax.numpy as jnp
     import numpy as np
 
-    from kernels_pallas.fp8_matmul import api, fp8_matmul
+    from kernels_pallas.fp8_matmul import fp8_matmul, tuning
     from kernels_pallas.quantize import quantize_activations, quantize_weight
 
     kx, kw, kr = jax.random.split(jax.random.key(0), 3)
@@ -89,9 +89,9 @@ def test_timed_programs_feed_the_gemm_into_a_consumer():
     w = jax.random.normal(kw, (128, 256), jnp.bfloat16)
     r = jax.random.normal(kr, (16, 128), jnp.bfloat16)
     xq, wq = quantize_activations(x), quantize_weight(w.T)
-    got = api.timed_program("xla", None, wq, jnp.bfloat16)(xq, None, r)
+    got = tuning.timed_program("xla", None, wq, jnp.bfloat16)(xq, None, r)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(fp8_matmul(xq, wq, impl="xla") + r))
-    floor = api.timed_program(BF16_FLOOR, None, wq, jnp.bfloat16)(x, w, r)
+    floor = tuning.timed_program(BF16_FLOOR, None, wq, jnp.bfloat16)(x, w, r)
     want = jnp.dot(x, w.T, preferred_element_type=jnp.bfloat16) + r
     np.testing.assert_array_equal(np.asarray(floor), np.asarray(want))
 
@@ -123,13 +123,13 @@ def test_device_timer_takes_the_cupti_median_on_gpu_and_the_wall_clock_without_i
 def test_the_device_times_the_default_and_the_models_fastest_configs():
     """``limit``: the default tile config (first) and the ``limit - 1`` legal others the
     performance model predicts fastest in a program; XLA and the BF16 floor always."""
-    from kernels_pallas.fp8_matmul import api
     from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
+    from kernels_pallas.fp8_matmul import tuning
     from kernels_pallas.perf_model import gpu
 
     m, n, k = 16, 1024, 4096
-    every = api.tuning_specs(m, n, k, "gpu")
-    kept = api.tuning_specs(m, n, k, "gpu", limit=4, device_kind="NVIDIA H200")
+    every = tuning.tuning_specs(m, n, k, "gpu")
+    kept = tuning.tuning_specs(m, n, k, "gpu", limit=4, device_kind="NVIDIA H200")
     assert [s[0] for s in kept[:2]] == ["xla", BF16_FLOOR] and len(kept) == 6
     default = mgpu.default_config(m, n, k)
     assert kept[2][2] == default == every[2][2] and default.max_concurrent_steps == 4
@@ -142,14 +142,14 @@ def test_the_device_times_the_default_and_the_models_fastest_configs():
                                        in_program=True).time_s  # fmt: skip
     others = sorted(t(s[2]) for s in every[4:] if s[2] not in (default, one))
     assert sorted(t(s[2]) for s in kept[4:]) == others[:2]
-    # q|k|v fused (N = 6144, 32 K steps): the deepest ring (api.DEEP_RING_STAGES) of the
+    # q|k|v fused (N = 6144, 32 K steps): the deepest ring (tuning.DEEP_RING_STAGES) of the
     # default's two-slice 32x64 tile fits (6 x 24.25 KiB) and is pinned third
-    qkv = api.tuning_specs(16, 6144, 4096, "gpu", limit=4, device_kind="NVIDIA H200")
+    qkv = tuning.tuning_specs(16, 6144, 4096, "gpu", limit=4, device_kind="NVIDIA H200")
     d = mgpu.default_config(16, 6144, 4096)
     assert [s[2] for s in qkv[2:5]] == [
         d, dataclasses.replace(d, k_slices=1),
-        dataclasses.replace(d, max_concurrent_steps=api.DEEP_RING_STAGES)]  # fmt: skip
+        dataclasses.replace(d, max_concurrent_steps=tuning.DEEP_RING_STAGES)]  # fmt: skip
     assert len(every) > len(kept)
     # prefill: no twin (its ring is as deep as the SMEM allows), one pinned spec
-    prefill = api.tuning_specs(4096, 4096, 4096, "gpu", limit=4, device_kind="NVIDIA H200")
+    prefill = tuning.tuning_specs(4096, 4096, 4096, "gpu", limit=4, device_kind="NVIDIA H200")
     assert len(prefill) == 6 and not any(s[2] is not None and s[2].swap_ab for s in prefill[:3])

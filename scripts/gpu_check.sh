@@ -77,7 +77,7 @@
 # -n 4); matmul 44 s per M value over the 6 layers (4 arms; 6 arms at M <= 128); decode 44 s;
 # rollout 65-80 s per variant (compiles 17-38 s + 10-23 s, a 4K-token rollout 15-18 s); host_sync
 # 6 s; autotune > 85 s for one shape before its candidates were cut to the model's best 6
-# (api.TUNE_LIMIT). All stages need ~14 minutes: one call (<= 10 minutes) runs a subset.
+# (tuning.TUNE_LIMIT). All stages need ~14 minutes: one call (<= 10 minutes) runs a subset.
 # What the next lease should run (what the first one did not: the quantize stage, the pruned
 # fp8_matmul and the attention autotuners, the grouped kernel's device tests, Qwen3-8B's rollout,
 # the 5-stage FP8 attention default beside decode's :st3 and :bs128 arms, ~+20 s, 3 more

@@ -170,7 +170,7 @@ TILES = (
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _CK(32, 128, 4, True, 2)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 1024, 16, _CK(32, 128, 4, True, 8)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _F32, 4096, 1024, 64, _CK(64, 64, 4, True, 4)),
-    # the decode defaults' deep-ring twins the autotuner times (api.DEEP_RING_STAGES): o_proj
+    # the decode defaults' deep-ring twins the autotuner times (tuning.DEEP_RING_STAGES): o_proj
     # M = 16 (2 chunks in-cluster, 148 KiB) and gate|up M = 64 (two warpgroups, 162 KiB)
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 4096, 16, _CK(32, 128, 6, True, 2)),
     ("pallas_mosaic_gpu", ("h100",), "fp8", _BF, 4096, 12288, 64, _G(64, 128, 6, True)),

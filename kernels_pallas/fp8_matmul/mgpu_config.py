@@ -176,7 +176,7 @@ _CLUSTER_K_SPLIT = 2
 # registers, 0 spills). The model (``perf_model.md``, 30 decode shapes x chip, standalone and
 # in a program): 1.00-1.33x on the H200, whose decode GEMMs it finds latency-bound, 1.00-1.19x
 # on the H100, where HBM binds most (in a program 1.00-1.01x); never slower. The autotuner pins
-# one slice per step beside it and the benchmark times it (``api.tuning_specs``,
+# one slice per step beside it and the benchmark times it (``tuning.tuning_specs``,
 # ``bench_matmul``'s ``:plain`` arm).
 _DECODE_K_SLICES = 2
 # Dependent launch of the decode tiles (``MgpuConfig.pdl``, ``kernels_pallas/dependent_launch``):
@@ -315,7 +315,7 @@ def default_config(m: int, n: int, k: int, *, fused: bool = False, out_itemsize:
     0.996x on the M = 4096 prefill grids (a later wave of the plain grid costs one load round
     trip, the first device run says: what a persistent CTA pays between its tiles), and has run
     on no device yet; the on-device autotuner times it beside these defaults
-    (``api.tuning_specs``). The ring is as deep as fits the SMEM budget (<= 4 stages; 3 for
+    (``tuning.tuning_specs``). The ring is as deep as fits the SMEM budget (<= 4 stages; 3 for
     128x256 or the fused variant's BF16 x tiles; 2 for 128x256, F32 out). ``swap=False``: the
     prefill tiles even where ``swap_default`` says swap-AB (the performance model's before ->
     after).

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas.fp8_matmul import MgpuConfig, api, fp8_matmul
+from kernels_pallas.fp8_matmul import MgpuConfig, api, fp8_matmul, tuning
 from kernels_pallas.fp8_matmul import mgpu_config as mc
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.perf_model import sass
@@ -140,7 +140,7 @@ def test_fused_swap_smem_is_mosaics_count():
 def test_autotuner_times_raw_x_as_it_runs():
     """With raw x the tuner's default is the fused tile and every candidate is legal as the
     kernel ``fp8_matmul`` runs for it (fused where the fused kernel takes the config)."""
-    specs = api.tuning_specs(16, 4096, 4096, "gpu", raw_x=True)
+    specs = tuning.tuning_specs(16, 4096, 4096, "gpu", raw_x=True)
     cfgs = [c for _, impl, c in specs if impl == "pallas_mosaic_gpu"]
     assert cfgs[0] == mgpu.default_config(16, 4096, 4096, fused=True)
     for c in cfgs:

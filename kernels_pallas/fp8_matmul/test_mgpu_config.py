@@ -96,18 +96,18 @@ def test_persistent_legality_and_snake_band():
 def test_persistent_is_off_by_default_and_a_tuning_candidate(m, n, k):
     """Predicted 1.002-1.025x (perf_model.md), no device run yet: off by default; the on-device
     autotuner times a persistent twin of each prefill tile (unfused prefill grids of > 132 CTAs)."""
-    from kernels_pallas.fp8_matmul import api
+    from kernels_pallas.fp8_matmul import tuning
 
     assert mgpu.default_config(m, n, k).persistent == 0
     assert mgpu.default_config(m, n, k, fused=True).persistent == 0
-    specs = api.tuning_specs(m, n, k, "gpu")
+    specs = tuning.tuning_specs(m, n, k, "gpu")
     persistent = [cfg for _, _, cfg in specs if cfg is not None and cfg.persistent]
     assert persistent and all(cfg.persistent == 132 for cfg in persistent)
     assert all(name.endswith("/p132") for name, _, cfg in specs if cfg is not None and
                cfg.persistent)  # fmt: skip
     assert all(mgpu.supports(m, k, n, c, fused=False, x_itemsize=1, out_itemsize=2) is None
                for c in persistent)  # fmt: skip
-    assert not [c for _, _, c in api.tuning_specs(16, n, k, "gpu") if c is not None and
+    assert not [c for _, _, c in tuning.tuning_specs(16, n, k, "gpu") if c is not None and
                 c.persistent]  # decode: swap-AB, no persistent twin  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels_pallas.fp8_matmul import api, tile_choice
+from kernels_pallas.fp8_matmul import api, tile_choice, tuning
 from kernels_pallas.fp8_matmul import mgpu_config as mc
 from kernels_pallas.fp8_matmul.mgpu_config import MgpuConfig
 from kernels_pallas.fp8_matmul.reference import fp8_matmul_reference
@@ -234,7 +234,7 @@ def test_candidates_are_legal_distinct_and_leave_out_the_pinned():
 
 def test_the_autotuner_times_the_dispatch_tile_first_and_the_rules_beside_it():
     m, n, k = 256, 4096, 12288
-    specs = api.tuning_specs(m, n, k, "gpu", limit=6, device_kind="NVIDIA H100 80GB HBM3")
+    specs = tuning.tuning_specs(m, n, k, "gpu", limit=6, device_kind="NVIDIA H100 80GB HBM3")
     cfgs = [c for _, impl, c in specs if impl == "pallas_mosaic_gpu"]
     assert cfgs[0] == tile_choice.dispatch_config(m, n, k, chip="h100")
     assert mc.default_config(m, n, k) in cfgs  # pinned: the device judges the model's pick
@@ -247,7 +247,7 @@ def test_with_raw_x_the_autotuner_times_the_default_as_the_default_runs():
     default's spec carries no config, so it is timed and replayed through the default path
     (same tile)."""
     kind = "NVIDIA H100 80GB HBM3"
-    raw, fp8 = (api.timed_specs(128, 4096, 4096, "gpu", kind, r) for r in (True, False))
+    raw, fp8 = (tuning.timed_specs(128, 4096, 4096, "gpu", kind, r) for r in (True, False))
     first = lambda specs: next(s for s in specs if s[1] == "pallas_mosaic_gpu")
     pick = tile_choice.dispatch_config(128, 4096, 4096)
     assert mc.fused_refuses(pick) is None  # the fused kernel would take it
@@ -255,7 +255,7 @@ def test_with_raw_x_the_autotuner_times_the_default_as_the_default_runs():
     assert first(fp8) == (tile_choice.name(pick), "pallas_mosaic_gpu", pick)
     pallas = lambda specs: [c for _, impl, c in specs if impl == "pallas_mosaic_gpu"]
     assert pallas(raw).count(None) == 1 and None not in pallas(fp8)  # the others keep theirs
-    fused16 = first(api.timed_specs(16, 4096, 4096, "gpu", kind, True))
+    fused16 = first(tuning.timed_specs(16, 4096, 4096, "gpu", kind, True))
     assert fused16[2] == mc.default_config(16, 4096, 4096, fused=True)  # runs fused either way
 
 
@@ -266,13 +266,13 @@ def test_where_raw_x_runs_fused_the_autotuner_times_quantizing_once_beside_it():
     H100, 32 on the H200), nor for FP8 x."""
     h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
     for m in (16, 32):
-        name, impl, cfg = api.timed_specs(m, 4096, 4096, "gpu", h100, True)[-1]
+        name, impl, cfg = tuning.timed_specs(m, 4096, 4096, "gpu", h100, True)[-1]
         once = tile_choice.dispatch_config(m, 4096, 4096, chip="h100")
-        assert (name, impl, cfg) == (tile_choice.name(once) + api.ONCE_SUFFIX,
-                                     "pallas_mosaic_gpu", api.QuantizedOnce(once))  # fmt: skip
+        assert (name, impl, cfg) == (tile_choice.name(once) + tuning.ONCE_SUFFIX,
+                                     "pallas_mosaic_gpu", tuning.QuantizedOnce(once))  # fmt: skip
     for m, kind, raw in ((64, h100, True), (32, h200, True), (32, h100, False)):
-        specs = api.timed_specs(m, 4096, 4096, "gpu", kind, raw)
-        assert not any(isinstance(c, api.QuantizedOnce) for _, _, c in specs)
+        specs = tuning.timed_specs(m, 4096, 4096, "gpu", kind, raw)
+        assert not any(isinstance(c, tuning.QuantizedOnce) for _, _, c in specs)
 
 
 def test_the_quantize_once_candidate_computes_what_it_replays():
@@ -285,16 +285,14 @@ def test_the_quantize_once_candidate_computes_what_it_replays():
     x = (jax.random.normal(kx, (m, k), jnp.float32) * 3.0).astype(jnp.bfloat16)
     wq = quantize_weight(jax.random.normal(kw, (k, n), jnp.float32))
     r = jax.random.normal(kr, (m, n), jnp.bfloat16)
-    choice = api.QuantizedOnce(tile_choice.dispatch_config(m, n, k))
-    got = api.timed_program("pallas_mosaic_gpu", choice, wq, jnp.bfloat16, interpret=True)(
+    choice = tuning.QuantizedOnce(tile_choice.dispatch_config(m, n, k))
+    got = tuning.timed_program("pallas_mosaic_gpu", choice, wq, jnp.bfloat16, interpret=True)(
         x, None, r)  # fmt: skip
     assert api.fused_default(m, n, k)  # the default runs fused here
-    fused = api.timed_program("pallas_mosaic_gpu", None, wq, jnp.bfloat16, interpret=True)(
+    fused = tuning.timed_program("pallas_mosaic_gpu", None, wq, jnp.bfloat16, interpret=True)(
         x, None, r)  # fmt: skip
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(fused, np.float32))
-    xq, rows, cfg = api._quantized_once_choice(x, wq, choice, True)
-    assert rows == m and xq.shape[0] % cfg.block_m == 0
-    replay = api._fp8_matmul_2d(xq, rows, cfg, wq, jnp.bfloat16, True)
+    replay = tuning.quantized_once(x, wq, choice, jnp.bfloat16, interpret=True)
     default = api.fp8_matmul(x, wq, impl="pallas_mosaic_gpu", interpret=True)
     np.testing.assert_array_equal(np.asarray(replay, np.float32), np.asarray(default, np.float32))
 

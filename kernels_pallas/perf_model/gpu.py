@@ -317,7 +317,7 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
     prof = profs.get(key + "c" + sl) if in_cluster else None
     own = prof is not None
     if prof is None:  # several slices a step: a loop of as many (KeyError if none profiled:
-        prof = nearest_profile(key + sl, profs)  # ``api._model_ranked`` ranks those last)
+        prof = nearest_profile(key + sl, profs)  # ``tuning._model_ranked`` ranks those last)
     if in_cluster and not own:  # same K loop; the SMEM of the received accumulators, no f32
         from kernels_pallas.fp8_matmul.mgpu_config import smem_bytes  # partial tile
 
