@@ -330,3 +330,23 @@ def test_the_report_shows_the_rules_the_pick_and_why(capsys):
     with pytest.raises(SystemExit):
         tile_report.main(["256", "4096", "1000"])  # K not a multiple of 128
     assert "K a positive multiple of 128" in capsys.readouterr().err
+
+
+def test_the_raw_x_report_shows_the_fused_tiles_and_the_choice(capsys):
+    """``--raw-x``: the fused kernel's ranked tiles, then both paths in the four columns
+    ``fused_wins`` judges, the one that runs marked: fused for Qwen3-8B q|o_proj at 32 rows on
+    the H100, quantized once at 64 on the H200 (the fused tile's split-K sum is a launch of
+    its own standalone); outside 16-64 rows it says why there is nothing to show."""
+    from kernels_pallas.perf_model import tile_report
+
+    for m, chip, runs in ((32, "h100", "fused kernel"), (64, "h200", "act_quantize + QArray")):
+        text = tile_report.raw_x_report(m, 4096, 4096, chip=chip, top=2)
+        fused_tile = tile_choice.dispatch_config(m, 4096, 4096, fused=True, chip=chip)
+        assert f"| {tile_choice.name(fused_tile)} |" in text
+        marked = [r for r in text.splitlines() if r.endswith("| yes |")]
+        assert len(marked) == 1 and marked[0].startswith(f"| {runs}")
+    assert tile_report.main(["48", "1024", "4096", "--raw-x"]) == 0
+    assert "raw BF16 x at M=48: quantized once" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tile_report.main(["128", "4096", "4096", "--raw-x"])
+    assert "always quantized once" in capsys.readouterr().err
