@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 
 from kernels_pallas.fp8_matmul import mgpu_config as mc
 from kernels_pallas.fp8_matmul.mgpu_config import MgpuConfig, decode_pdl, fused_rows
@@ -188,8 +187,8 @@ def fused_wins(m: int, n: int, k: int, *, out_itemsize: int = 2, chip: str = "h1
     padded to the row tile) beats quantizing x once (the ``act_quantize`` launch, then the
     dispatch tile for FP8 x) by ``MODEL_MARGIN`` calibrated and by the SASS model alone, both
     inside a program (x's padding fused into its producer, split-K sums into the consumer) and
-    standalone (each a launch of its own). False where the profiles cannot be read (the
-    rules: quantize once)."""
+    standalone (each a launch of its own; ``raw_x_times``). False where the profiles cannot be
+    read (the rules: quantize once)."""
     if not mc.FUSED_DECODE_ROWS < m <= mc._WGMMA_M:
         return False
     return _fused_wins(m, n, k, out_itemsize, chip, decode_pdl())
@@ -197,24 +196,35 @@ def fused_wins(m: int, n: int, k: int, *, out_itemsize: int = 2, chip: str = "h1
 
 @functools.lru_cache(maxsize=4096)
 def _fused_wins(m: int, n: int, k: int, out_itemsize: int, chip: str, pdl: bool) -> bool:
-    from kernels_pallas.perf_model import calibration, gpu
-
-    fused = _dispatch(m, n, k, True, out_itemsize, chip, pdl)
-    once = _dispatch(m, n, k, False, out_itemsize, chip, pdl)
-
-    def t(cfg, mode, in_program):
-        return gpu.predict_matmul(chip, m, n, k, "bf16", mode=mode, config=cfg,
-                                  in_program=in_program).time_s  # fmt: skip
-
+    del pdl  # read by the dispatch through decode_pdl()
     try:
-        gpu.load_profiles()
-        times = []
-        for calibrated, in_program in itertools.product((True, False), (True, False)):
-            with contextlib.nullcontext() if calibrated else calibration.uncalibrated():
-                times.append((t(fused, "fused", in_program), t(once, "qarray", in_program)))
+        (_, fused), (_, once) = raw_x_times(m, n, k, out_itemsize=out_itemsize, chip=chip)
     except (OSError, KeyError):  # no profiles, or none of a tile's family: quantize once
         return False
-    return all(t_fused < MODEL_MARGIN * t_once for t_fused, t_once in times)
+    return all(t_fused < MODEL_MARGIN * t_once for t_fused, t_once in zip(fused, once))
+
+
+# the four predictions ``fused_wins`` judges each path by: (inside a program, calibrated)
+RAW_X_COLUMNS = ((True, True), (True, False), (False, True), (False, False))
+
+
+def raw_x_times(m: int, n: int, k: int, *, out_itemsize: int = 2, chip: str = "h100"):
+    """((fused tile, seconds), (FP8-x tile, seconds)) for raw BF16 x [M, K]: the fused kernel on
+    its dispatch tile, and ``act_quantize`` + the QArray kernel on the FP8-x dispatch tile, each
+    predicted in ``RAW_X_COLUMNS``. Raises ``OSError`` without the SASS profiles."""
+    from kernels_pallas.perf_model import calibration, gpu
+
+    gpu.load_profiles()
+    out = []
+    for fused, mode in ((True, "fused"), (False, "qarray")):
+        cfg = dispatch_config(m, n, k, fused=fused, out_itemsize=out_itemsize, chip=chip)
+        times = []
+        for in_program, calibrated in RAW_X_COLUMNS:
+            with contextlib.nullcontext() if calibrated else calibration.uncalibrated():
+                times.append(gpu.predict_matmul(chip, m, n, k, "bf16", mode=mode, config=cfg,
+                                                in_program=in_program).time_s)  # fmt: skip
+        out.append((cfg, tuple(times)))
+    return tuple(out)
 
 
 def _sass_alone(chip: str, m: int, n: int, k: int, cfg: MgpuConfig, fused: bool = False) -> float:

@@ -11,7 +11,6 @@ quantized in-kernel or once (``tile_choice.fused_wins``: both paths in a program
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 
 from kernels_pallas.fp8_matmul import mgpu_config as mc
@@ -51,12 +50,7 @@ def raw_x_report(m: int, n: int, k: int, *, chip: str = "h100", out_itemsize: in
     in a program and standalone, calibrated and by the SASS model alone, and which runs
     (``api.fused_default``: always fused at 16 rows, elsewhere ``tile_choice.fused_wins``)."""
     from kernels_pallas.fp8_matmul import api
-    from kernels_pallas.perf_model import calibration
 
-    paths = (("fused kernel", "fused", tc.dispatch_config(m, n, k, fused=True, chip=chip,
-                                                          out_itemsize=out_itemsize)),
-             ("act_quantize + QArray kernel", "qarray",
-              tc.dispatch_config(m, n, k, chip=chip, out_itemsize=out_itemsize)))  # fmt: skip
     fused = api.fused_default(m, n, k, chip)
     rows = [report(m, n, k, chip=chip, out_itemsize=out_itemsize, top=top, fused=True), "",
             f"raw BF16 x at M={m}: {'fused' if fused else 'quantized once'} (the fused kernel "
@@ -64,14 +58,10 @@ def raw_x_report(m: int, n: int, k: int, *, chip: str = "h100", out_itemsize: in
             f"{mc.FUSED_DECODE_ROWS} rows always)", "",
             "| path | tile | in a program us | SASS alone us | standalone us | SASS alone us "
             "| runs it |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for label, mode, cfg in paths:
-        ts = []
-        for in_program in (True, False):
-            for calibrated in (True, False):
-                with calibration.uncalibrated() if not calibrated else contextlib.nullcontext():
-                    ts.append(gpu.predict_matmul(chip, m, n, k, "bf16", mode=mode, config=cfg,
-                                                 in_program=in_program).time_s)  # fmt: skip
-        runs = "yes" if fused == (mode == "fused") else ""
+    paths = tc.raw_x_times(m, n, k, out_itemsize=out_itemsize, chip=chip)
+    for label, is_fused, (cfg, ts) in zip(("fused kernel", "act_quantize + QArray kernel"),
+                                          (True, False), paths):  # fmt: skip
+        runs = "yes" if fused == is_fused else ""
         rows.append(f"| {label} | {tc.name(cfg)} | " + " | ".join(f"{t * 1e6:.1f}" for t in ts)
                     + f" | {runs} |")  # fmt: skip
     return "\n".join(rows)
