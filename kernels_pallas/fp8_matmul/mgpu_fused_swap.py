@@ -18,10 +18,9 @@ their wgmma B operand):
     after the barrier of the step between, which the other warpgroup reaches only once its
     wgmmas of step ``p`` (waited for in ``promote``) have read it.
 
-The arithmetic is ``quantize_activations``' (``s = max(amax, tiny) / fp8_max``, ``x̂ =
-cast(x · (fp8_max / max(amax, tiny)))``): no clip, because ``|x| <= amax`` keeps the product
-within ``fp8_max`` up to one f32 rounding, which the cast's round-to-nearest absorbs (the
-FP8 ulp at 448 is 32); one division per row, not per element. In interpret mode the kernel
+The arithmetic is ``quantize_activations``' (``mgpu_k_step.quantize_rows``, shared with the
+prefill fused kernel: ``s = max(amax, tiny) / fp8_max``, ``x̂ = cast(x · (fp8_max / max(amax,
+tiny)))``, no clip; one division per row, not per element). In interpret mode the kernel
 equals the quantize-once kernel bit for bit. On a GPU the per-row ``fp8_max / den`` is an IEEE
 division, XLA's is ``div.full.f32`` (<= 2 ulp apart: ``act_quantize.div_xla``), so a value on a
 rounding boundary may land one FP8 step away; the device tests' tolerance covers it.
@@ -35,9 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels_pallas.fp8_matmul.mgpu_config import _WGMMA_M, GROUP, MgpuConfig, fused_unit_rows
-from kernels_pallas.fp8_matmul.mgpu_k_step import promote
-from kernels_pallas.qarray import SCALE_TINY, fp8_max
-from kernels_pallas.quantize import inverse_fp8_max
+from kernels_pallas.fp8_matmul.mgpu_k_step import promote, quantize_rows
 
 
 def _rows_layout(rows: int):
@@ -59,11 +56,7 @@ def _quantize(x_ref, wdt):
     """(FP8 values, f32 scale per row) of the [rows, 128] x slice in SMEM."""
     rows = x_ref.shape[0]
     x = x_ref[...] if rows % _WGMMA_M == 0 else plgpu.load(x_ref, layout=_rows_layout(rows))
-    x = x.astype(jnp.float32)
-    den = jnp.maximum(jnp.max(jnp.abs(x), axis=1), SCALE_TINY)
-    inv = fp8_max(wdt) / den
-    xq = (x * lax.broadcast_in_dim(inv, x.shape, [0])).astype(wdt)
-    return xq, den * inverse_fp8_max(wdt)
+    return quantize_rows(x, wdt)
 
 
 def shared(cfg: MgpuConfig, interpret: bool) -> bool:

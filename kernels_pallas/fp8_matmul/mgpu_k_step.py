@@ -14,6 +14,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kernels_pallas.fp8_matmul.mgpu_config import _WGMMA_M, _WIDE_SUB_N, GROUP, MgpuConfig
 from kernels_pallas.qarray import SCALE_TINY, fp8_max
+from kernels_pallas.quantize import inverse_fp8_max
 
 
 def smem_transforms(dtype, minor: int):
@@ -25,13 +26,16 @@ def smem_transforms(dtype, minor: int):
 
 
 def quantize_rows(x, fp8_dtype):
-    """In-register 1x128 quantization of a [64, 128] tile: returns (x_fp8, scale per row)."""
+    """In-register 1x128 quantization of a [rows, 128] tile: (x_fp8, f32 scale per row), with
+    ``quantize_activations``' arithmetic: ``x̂ = cast(x · (fp8_max / max(amax, tiny)))``, one
+    division per row and a multiply per element, and ``s = max(amax, tiny) · rn(1 / fp8_max)``.
+    No clip: ``|x| <= amax`` keeps the product within ``fp8_max`` up to one f32 rounding, which
+    the cast's round-to-nearest absorbs (the FP8 ulp at 448 is 32)."""
     x = x.astype(jnp.float32)
-    amax = jnp.max(jnp.abs(x), axis=1)
-    s = jnp.maximum(amax, SCALE_TINY) / fp8_max(fp8_dtype)
-    m = fp8_max(fp8_dtype)
-    xq = jnp.clip(x / lax.broadcast_in_dim(s, x.shape, [0]), -m, m).astype(fp8_dtype)
-    return xq, s
+    den = jnp.maximum(jnp.max(jnp.abs(x), axis=1), SCALE_TINY)
+    inv = fp8_max(fp8_dtype) / den
+    xq = (x * lax.broadcast_in_dim(inv, x.shape, [0])).astype(fp8_dtype)
+    return xq, den * inverse_fp8_max(fp8_dtype)
 
 
 def pipeline_operands(x_gmem, sx_gmem, w_gmem, m_slice, n_slice, k_part=0, *, cfg, fused, wdt):

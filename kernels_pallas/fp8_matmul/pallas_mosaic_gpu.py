@@ -73,10 +73,11 @@ views with one set of SMEM allocations; the epilogue waits for the previous tile
 have read the output SMEM tile before overwriting it, so that store overlaps the next tile.
 
 Fused activation quantization (``fp8_matmul_mgpu_fused``): ``x`` arrives in BF16/F16. Prefill
-order (opt-in): each compute warpgroup loads its [64, 128] slice, takes the row amax, computes
-``s = max(amax, tiny) / fp8_max``, casts ``clip(x / s)`` to FP8 and stores it into a private
-swizzled SMEM tile that feeds the wgmma: the formula of ``quantize_activations``. Swap-AB (the
-default for raw x at M = 16: ``api.fused_default``): the compute warpgroups split the tile's
+order (opt-in): each compute warpgroup loads its [64, 128] slice, takes the row amax, casts
+``x · (fp8_max / max(amax, tiny))`` to FP8 (``mgpu_k_step.quantize_rows``: one division per
+row, a multiply per element, the formula of ``quantize_activations``) and stores it into a
+private swizzled SMEM tile that feeds the wgmma. Swap-AB (the default for raw x at 16 rows and
+where the model picks it at 17-64: ``api.fused_default``): the compute warpgroups split the tile's
 x rows per 128-K slice between them and meet at an mbarrier (``mgpu_fused_swap.py``); 16-row
 tiles, as the ring carries no x scales.
 
