@@ -378,6 +378,16 @@ def _runs_alone(label: str) -> bool:
     return not any(label.startswith(f"{model} {layer} ") for model, layer in SEPARATE_ONLY)
 
 
+def hbm_ceiling(p: Prediction) -> float:
+    """BF16 / FP8 at ``p``'s shape if the FP8 call were its kernel alone streaming its HBM bytes:
+    ``HBM_EFF`` of peak, plus the per-kernel fixed cost (``FILL_S``, scaled by the kernel's
+    calibration) and its launch; no quantization, epilogue or compute time. No tile, split or
+    fusion of the quantization beats it under the model's constants, so a memory-bound target
+    missed below it is missed by those constants, not by a kernel's design."""
+    t = p.terms
+    return p.baseline_s / (t["calibration"] * t["hbm_s"] + t["launch_s"])
+
+
 def targets(preds: list[Prediction]) -> list[str]:
     """Issue 21's GPU targets, each judged on the model's predictions (H100)."""
     h100 = [p for p in preds if p.chip == "h100"]
@@ -390,10 +400,15 @@ def targets(preds: list[Prediction]) -> list[str]:
     att = [p for p in h100 if p.op in ("decode_attention", "paged_attention")]
     att64 = [p for p in att if _bkv(p.label) >= 64]
 
-    def verdict(name, rows, ok, show):
+    def verdict(name, rows, ok, show, ceiling=None):
         met = [p for p in rows if ok(p)]
         worst = min(rows, key=show) if rows else None
         w = f"; worst {worst.label} ({worst.op}): {show(worst):.2f}" if worst else ""
+        if ceiling and worst and len(met) < len(rows):  # ``ceiling``: the target ratio
+            missed = [p for p in rows if not ok(p)]
+            below = sum(hbm_ceiling(p) < ceiling for p in missed)
+            w += f" (its ceiling {hbm_ceiling(worst):.2f}; {below} of the {len(missed)} missed " \
+                 f"have a ceiling below {ceiling})"  # fmt: skip
         return f"- {name}: {'MET' if len(met) == len(rows) else 'NOT MET'} " \
                f"({len(met)}/{len(rows)} shapes meet it){w}"  # fmt: skip
 
@@ -414,7 +429,11 @@ def targets(preds: list[Prediction]) -> list[str]:
     return [
         "GEMMs the FP8 rollout runs: q|k|v and gate+up fused (one GEMM each, its BF16 baseline "
         "the BF16 GEMM of the same fused shape), o_proj, down_proj; the separate k|v_proj and "
-        "gate|up rows are judged on their own in the 'every listed shape' lines.",
+        "gate|up rows are judged on their own in the 'every listed shape' lines. A missed "
+        "M <= 64 line names the ceilings of its missed shapes (``hbm_ceiling``: BF16 over the "
+        "FP8 kernel alone at its HBM bound, with its fixed cost and launch): where one is below "
+        "the target, no tile, split or in-kernel quantization reaches it under the model's "
+        "constants.",
         verdict("H100 fp8_matmul >= 1.5x BF16 jnp.dot at M = 4096 (BF16 x, quantization "
                 "included)", big, lambda p: p.ratio >= 1.5, lambda p: p.ratio),
         verdict("  every listed shape, separate k|v_proj and gate|up included", big_all,
@@ -423,14 +442,14 @@ def targets(preds: list[Prediction]) -> list[str]:
                 lambda p: p.ratio >= 1.5, lambda p: p.ratio),
         verdict("H100 fp8_matmul >= 1.6x BF16 at M <= 64 (BF16 x; standalone: quantize, "
                 "GEMM, output fusion)", small,
-                lambda p: p.ratio >= 1.6, lambda p: p.ratio),
+                lambda p: p.ratio >= 1.6, lambda p: p.ratio, ceiling=1.6),
         verdict("  every listed shape, separate k|v_proj and gate|up included", small_all,
-                lambda p: p.ratio >= 1.6, lambda p: p.ratio),
+                lambda p: p.ratio >= 1.6, lambda p: p.ratio, ceiling=1.6),
         verdict("  same, x arriving FP8", small_pre, lambda p: p.ratio >= 1.6,
-                lambda p: p.ratio),
+                lambda p: p.ratio, ceiling=1.6),
         verdict("  same, in the rollout program (x quantized by its producer's kernel, split-K "
                 "sums fused into their consumers)",
-                prog, lambda p: p.ratio >= 1.6, lambda p: p.ratio),
+                prog, lambda p: p.ratio >= 1.6, lambda p: p.ratio, ceiling=1.6),
         verdict("H100 decode attention >= 80% of HBM, FP8 cache, B x KV >= 64", att64,
                 lambda p: p.hbm_fraction() >= 0.8, lambda p: p.hbm_fraction()),
     ]  # fmt: skip

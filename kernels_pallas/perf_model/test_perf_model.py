@@ -275,6 +275,32 @@ def test_targets_judge_the_gemms_the_rollout_runs():
     assert fused.time_s < before.time_s  # one launch, one quantization, 96 CTAs
 
 
+@pytest.mark.parametrize("x", ["bf16", "fp8"])
+@pytest.mark.parametrize("in_program", [False, True])
+@pytest.mark.parametrize("m,n", [(16, 4096), (64, 4096), (16, 1024)])
+def test_hbm_ceiling_bounds_every_tile_and_is_its_bytes_plus_the_fixed_cost(m, n, x, in_program):
+    """``hbm_ceiling``: BF16 / (calibration x (FP8 bytes at HBM_EFF + FILL_S) + launch), by hand
+    for Qwen3-8B's decode GEMMs; no tile the dispatch ranks, fused or quantized once, is
+    predicted past it."""
+    from kernels_pallas.fp8_matmul import tile_choice
+
+    k, chip = 4096, "h100"
+    p = gpu.predict_matmul(chip, m, n, k, x, in_program=in_program)
+    fused = x == "bf16" and "fused" in p.impl
+    nbytes = m * k * (2 if fused else 1) + n * k + m * n * 2 + (n // 128) * (k // 128) * 4 + (
+        0 if fused else m * (k // 128) * 4)  # fmt: skip
+    hbm_s = nbytes / (common.CHIPS[chip].hbm_bytes_per_s * gpu.HBM_EFF) + gpu.FILL_S
+    launch = gpu.PDL_LAUNCH_S if " pdl" in p.impl else gpu.LAUNCH_S
+    by_hand = p.baseline_s / (gpu.KERNEL_CALIBRATION["mm_decode"] * hbm_s + launch)
+    ceiling = gpu_targets.hbm_ceiling(p)
+    assert ceiling == pytest.approx(by_hand, rel=1e-9)
+    for raw in (True, False) if x == "bf16" else (False,):
+        for _, cfg in tile_choice.ranked(m, n, k, fused=raw, chip=chip):
+            q = gpu.predict_matmul(chip, m, n, k, x, mode="fused" if raw else "qarray",
+                                   config=cfg, in_program=in_program)  # fmt: skip
+            assert q.ratio <= ceiling, tile_choice.name(cfg)
+
+
 def test_compare_predicts_the_decode_attention_rows():
     """bench_decode rows of the Hopper kernel with every slot live get the model's time for
     their arm (swap-AB, ``:unswapped``, ``:bs128``, which the 128-slot profile models,
