@@ -40,7 +40,7 @@
 #            `python <script> [--quick] --out <stages>/bench_<name>.json` (a .md beside it is shown)
 #   serve    experiments/serve_check.py: our block-FP8 export served by vLLM for a few prompts,
 #            when vLLM is installed there (skipped otherwise)
-#   perf_model  kernels_pallas/perf_model/compare.py: measured matmul and decode attention rows
+#   perf_model  kernels_pallas/perf_model/compare.py: measured matmul, decode attention and grouped FP8 (MoE) rows
 #            (swap-AB and unswapped) and the rollout's decode step beside the model's predictions
 #            (issue 21)
 #   autotune kernels_pallas/autotune.py: the on-device autotuner's chosen tables: the decode
@@ -244,7 +244,7 @@ else
     "$0" -m kernels_pallas.perf_model.calibration "$@"
     "$0" -m kernels_pallas.perf_model.calibration "$@" --fit; exit $rc' "$PY" \
     "$STAGES/bench_matmul.json" \
-    "$STAGES/bench_decode.json" "$STAGES/bench_rollout.json"
+    "$STAGES/bench_decode.json" "$STAGES/bench_moe.json" "$STAGES/bench_rollout.json"
   FP8RL_AUTOTUNE_FILE="$STAGES/autotune.json" run_stage autotune 190 "$PY" -m kernels_pallas.autotune
   for f in perf_model autotune; do [ -f "$STAGES/$f.log" ] && cat "$STAGES/$f.log"; done
 fi

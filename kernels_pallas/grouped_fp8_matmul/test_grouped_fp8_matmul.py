@@ -335,8 +335,10 @@ def test_mosaic_gpu_support_check_and_defaults():
         assert "pdl" in _supports("pallas_mosaic_gpu", x, w, gs, dependent)
     assert "Hopper" in _supports("pallas_mosaic_gpu", *_sds(16, 256, 256, 4))  # CPU target
     # Decode-sized groups swap A and B with 32..64-row tiles (>= twice the mean group size);
-    # large groups get 128x128 CTAs.
-    assert mgpu.default_config(8, (768, 768), 2048, 128) == MgpuConfig(32, 64, 4, True)
+    # large groups get 128x128 CTAs; both 128 weight rows per CTA (two compute warpgroups)
+    # where every stack's N % 128 == 0, else 64.
+    assert mgpu.default_config(8, (768, 768), 2048, 128) == MgpuConfig(32, 128, 4, True)
+    assert mgpu.default_config(8, (2048, 64), 768, 128) == MgpuConfig(32, 64, 4, True)
     assert mgpu.default_config(2048, (768, 768), 2048, 128).block_m == 32  # 16 rows per group
     assert mgpu.default_config(4096, (768, 768), 2048, 128).block_m == 64
     assert mgpu.default_config(65536, (768, 768), 2048, 128) == MgpuConfig(128, 128, 4, False)

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chip", action="append", help="only these chips (repeatable)")
     args = ap.parse_args(argv)
     preds = run_all(args.chip)
-    changes = gpu_targets.design_changes()
+    changes = gpu_targets.design_changes() + gpu_grouped.design_changes()
     steps = gpu_rollout.predictions()
     goals = [*gpu_targets.targets(preds), gpu_rollout.target(steps), *tpu.targets(preds)]
     h100_64 = [p for p in steps if p.chip == "h100" and p.batch == 64]  # one per engine

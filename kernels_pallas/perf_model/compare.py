@@ -1,8 +1,9 @@
 """Measured beside predicted: ``python -m kernels_pallas.perf_model.compare BENCH_JSON...``.
 
-Reads ``experiments/bench_matmul.py`` / ``bench_decode.py`` output (``meta.device_kind``, rows
-with ``m, n, k, impl, median_us`` or ``b, s, h, k, c, cache, impl, median_us``) and prints, per
-fp8_matmul row and per full-length decode attention row of the Hopper kernel, the measured time
+Reads ``experiments/bench_matmul.py`` / ``bench_decode.py`` / ``bench_moe.py`` output
+(``meta.device_kind``, rows with ``m, n, k, impl, median_us``, ``b, s, h, k, c, cache, impl,
+median_us`` or ``layer, rows, experts, k, n, arm, median_us``) and prints, per fp8_matmul row,
+per full-length decode attention row and per grouped FP8 row of the Hopper kernel, the measured time
 beside the model's prediction for the same arm (``fp8:<impl>``: QArray x; ``+quant``: BF16 x
 quantized once; ``bf16``: the BF16 baseline; ``+add``: the GEMM and its consumer;
 ``pallas_mosaic_gpu[:unswapped]``: decode attention, ``predicted_us``), and measured /
@@ -30,6 +31,8 @@ def predicted_us(chip: str, row: dict) -> float | None:
     into the add) plus the add's own fusion, which the BF16 program runs too."""
     if "cache" in row:
         return _attention_us(chip, row)
+    if "arm" in row:
+        return _grouped_us(chip, row)
     m, n, k, impl = row.get("m"), row.get("n"), row.get("k"), row.get("impl", "")
     if None in (m, n, k) or k % 128 or n % 64:
         return None
@@ -96,7 +99,25 @@ def _attention_us(chip: str, row: dict) -> float | None:
     return None if p is None else p.time_s * 1e6
 
 
+def _grouped_us(chip: str, row: dict) -> float | None:
+    """The model's time for a bench_moe row of the Hopper grouped FP8 kernel (FP8 x; gate+up
+    as two equal stacks in one launch). bench_moe times the whole jitted call by the wall
+    clock (the tile map, the scales' transpose and the gather included, as the model counts
+    them) and routes tokens at random (the model spreads them evenly)."""
+    if row.get("arm") != "grouped_fp8:pallas_mosaic_gpu" or "experts" not in row:
+        return None
+    from kernels_pallas.perf_model import gpu_grouped
+
+    stacks = 2 if row.get("layer") == "gate+up" else 1
+    ns = (row["n"] // stacks,) * stacks
+    p = gpu_grouped.predict_grouped_fp8(chip, row["rows"], row["experts"], row["k"], ns)
+    return p.time_s * 1e6
+
+
 def _shape(row: dict) -> str:
+    if "arm" in row:
+        return f"{row.get('layer')} rows={row['rows']} E={row.get('experts')} K={row['k']} " \
+               f"N={row['n']}"  # fmt: skip
     if "cache" in row:
         return f"B={row['b']} S={row['s']} H/K={row['h']}/{row['k']} {row['cache']}"
     return f"M={row['m']} N={row['n']} K={row['k']}"
@@ -122,14 +143,15 @@ def rows_beside(paths: list[str]) -> list[str]:
         if chip is None:
             out.append(f"| {path} | (device {data.get('meta', {}).get('device_kind')}: no model) |")
             continue
-        for row in data.get("rows", []):
+        for row in data.get("rows") or data.get("results") or []:  # bench_moe: "results"
             pred, meas = predicted_us(chip, row), row.get("median_us")
             if pred is None or meas is None:
                 continue
             shape = _shape(row)
             wall = row.get("wall_median_us")
             walls = (f"{wall:.1f}", f"{wall / pred:.2f}") if wall else ("-", "-")
-            out.append(f"| {path.rsplit('/', 1)[-1]} | {shape} | {row['impl']} | {meas:.1f} | "
+            impl = row.get("impl") or row.get("arm")
+            out.append(f"| {path.rsplit('/', 1)[-1]} | {shape} | {impl} | {meas:.1f} | "
                        f"{walls[0]} | {pred:.1f} | {meas / pred:.2f} | {walls[1]} |")  # fmt: skip
     return out
 

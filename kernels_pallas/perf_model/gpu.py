@@ -260,9 +260,15 @@ def bf16_gemm_s(chip: str, m: int, n: int, k: int, fill: bool = True) -> float:
     ``baseline_fill``), its M = 4096 ones (compute-bound) 0.93-1.02x either way.
     ``fill=False``: inside a program (``gpu_rollout``), whose measured BF16 step the model
     already puts 11% slow without it."""
+    return bf16_kernel_s(chip, 2 * m * n * k, 2 * (m * k + n * k + m * n), fill)
+
+
+def bf16_kernel_s(chip: str, flops: float, nbytes: float, fill: bool = True) -> float:
+    """A BF16 GEMM kernel of ``flops`` over ``nbytes`` of HBM traffic at the stated cuBLAS
+    efficiencies (``bf16_gemm_s``), one launch."""
     c = CHIPS[chip]
-    t_mma = 2 * m * n * k / (c.bf16_flops_per_s * BF16_GEMM_EFF)
-    t_bw = 2 * (m * k + n * k + m * n) / (c.hbm_bytes_per_s * BF16_GEMM_BW_EFF)
+    t_mma = flops / (c.bf16_flops_per_s * BF16_GEMM_EFF)
+    t_bw = nbytes / (c.hbm_bytes_per_s * BF16_GEMM_BW_EFF)
     return max(t_mma, t_bw + (FILL_S if fill else 0.0)) + LAUNCH_S
 
 
@@ -300,6 +306,23 @@ def _variant_name(cfg, fused: bool) -> str:
     return f"mm_qarray_{cfg.block_m}x{cfg.block_n}{cluster}{tail}"
 
 
+def mm_loop(cfg, fused: bool) -> Loop:
+    """The step of a Hopper FP8 GEMM tile (``MgpuConfig``; the dense kernel's, which the grouped
+    kernel shares): a compute warpgroup's tile per step is 64 rows, or 128 rows / 256 columns
+    for the wide tiles, whose sub-tiles each wait for their own wgmma (``wg_subtiles``)."""
+    b_blk = cfg.block_m if cfg.swap_ab else cfg.block_n
+    wg_rows = 64 if cfg.swap_ab else cfg.block_m // cfg.num_compute_wgs
+    x_b, kb = 2 if fused else 1, getattr(cfg, "k_block", 128)  # K per step: 256 with overlap
+    return Loop(
+        nwg=cfg.num_compute_wgs, threads=128 * (cfg.num_compute_wgs + 1),
+        wg_flops=2 * wg_rows * b_blk * kb, fp8=True, waits=len(cfg.wg_subtiles) * kb // 128,
+        # a weight tile multicast to a cluster of CTAs is read from L2 once for all of them
+        step_bytes=(cfg.block_m * x_b + cfg.block_n // cfg.cluster_m) * kb
+        + cfg.block_m * 4 * kb // 128,
+        stages=cfg.max_concurrent_steps,
+    )  # fmt: skip
+
+
 def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=None,
                   epilogue_launch: bool = True):  # fmt: skip
     """(kernel seconds, epilogue seconds, terms, variant) of the Hopper fp8_matmul kernel at
@@ -323,19 +346,7 @@ def matmul_kernel(chip: str, m: int, n: int, k: int, cfg, fused: bool, profs=Non
 
         prof = dict(prof, smem_bytes=smem_bytes(cfg, k, 1, 2, False))
     name += f" k_slices={ks}" if sl else ""
-    # a compute warpgroup's tile per step: 64 rows, or 128 rows / 256 columns for the wide
-    # tiles, whose sub-tiles each wait for their own wgmma (MgpuConfig.wg_subtiles)
-    b_blk = cfg.block_m if cfg.swap_ab else cfg.block_n
-    wg_rows = 64 if cfg.swap_ab else cfg.block_m // cfg.num_compute_wgs
-    x_b, kb = 2 if fused else 1, getattr(cfg, "k_block", 128)  # K per step: 256 with overlap
-    loop = Loop(
-        nwg=cfg.num_compute_wgs, threads=128 * (cfg.num_compute_wgs + 1),
-        wg_flops=2 * wg_rows * b_blk * kb, fp8=True, waits=len(cfg.wg_subtiles) * kb // 128,
-        # a weight tile multicast to a cluster of CTAs is read from L2 once for all of them
-        step_bytes=(cfg.block_m * x_b + cfg.block_n // cfg.cluster_m) * kb
-        + cfg.block_m * 4 * kb // 128,
-        stages=cfg.max_concurrent_steps,
-    )  # fmt: skip
+    loop, kb = mm_loop(cfg, fused), getattr(cfg, "k_block", 128)  # K per step: 256 with overlap
     cl = getattr(cfg, "cluster_m", 1)  # M is padded to whole clusters
     ctas = math.ceil(m / (cfg.block_m * cl)) * cl * (n // cfg.block_n) * split
     t, terms = grid_time(chip, loop, prof, ctas, k // kb // split, cfg.persistent)

@@ -1,6 +1,8 @@
-"""GPU performance model of ``grouped_matmul``'s Hopper kernels (the BF16 MoE experts of the
-scoring and training passes) against XLA:GPU's dense ``ragged_dot``: the step formula, waves and
-assumptions of ``gpu.py``, with the kernels' own SASS profiles (``profile_gpu.py``)."""
+"""GPU performance model of the MoE experts' Hopper kernels: ``grouped_matmul`` (the BF16
+experts of the scoring and training passes) against XLA:GPU's dense ``ragged_dot``, and
+``grouped_fp8_matmul`` (the FP8 rollout's experts) against a BF16 grouped GEMM at cuBLAS's
+efficiencies: the step formula, waves and assumptions of ``gpu.py``, with the kernels' own SASS
+profiles (``profile_gpu.py``)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,17 @@ import math
 
 from kernels_pallas.perf_model.common import CHIPS, GPU_CHIPS, Case, Prediction
 from kernels_pallas.perf_model.gpu import (
+    BF16_GEMM_BW_EFF,
     BF16_GEMM_EFF,
     LAUNCH_S,
     Loop,
     bf16_gemm_s,
+    bf16_kernel_s,
+    calibration,
     finish,
     grid_time,
     load_profiles,
+    mm_loop,
 )
 
 
@@ -68,6 +74,61 @@ def predict_grouped_bf16(chip: str, m: int, live: int, e: int, k: int, n: int, p
                    base, dense_ragged_dot_s(chip, m, k, n, e, pass_), extra)  # fmt: skip
 
 
+# XLA fusions around the grouped FP8 kernel (``grouped_fp8_matmul_mgpu``): the tile map from the
+# group sizes, x's scales padded and transposed (x padded too where the rows are not whole row
+# tiles), and the gather of each row's output from its tile
+GROUPED_FP8_FUSIONS = 3
+# below this many rows per expert the groups are decode-sized (``default_config``'s swap-AB rule)
+DECODE_ROWS_PER_EXPERT = 64
+
+
+def grouped_fp8_variant(cfg) -> str:
+    """The SASS profile of the grouped FP8 kernel's tile (``profile_gpu``: ``gfp8_*``)."""
+    return f"gfp8_{'swap_' if cfg.swap_ab else ''}{cfg.block_m}x{cfg.block_n}"
+
+
+def predict_grouped_fp8(chip: str, rows: int, e: int, k: int, ns: tuple[int, ...],
+                        label: str = "", config=None) -> Prediction:  # fmt: skip
+    """``grouped_fp8_matmul``'s Hopper kernel on its default tile (``default_config``) for
+    ``rows`` FP8 rows (tokens x top-k, sorted by expert) over ``e`` experts' stacked weights
+    ``[E, N_i, K]`` (``ns``: gate and up run as one launch; ``config``: another tile), routing
+    spread evenly: ``min(E,
+    rows)`` experts have rows, each streaming its weights once per row tile, and the tiles are
+    the kernel's bound ``cdiv(rows, tm) + min(E, rows) - 1`` (every group boundary splits a row
+    tile; dead tiles exit at once, not modelled). The kernel's K loop is the dense kernel's
+    (``gfp8_*`` and ``mm_*`` profiles agree within 2 instructions), so its calibration is the
+    dense family's. Around it, ``GROUPED_FP8_FUSIONS`` XLA launches: x padded to whole row
+    tiles with its scales transposed, and the gather of the tile outputs (rows x N, read and
+    written). Baseline: one BF16 grouped GEMM over the same experts at cuBLAS's efficiencies
+    (``bf16_kernel_s``), the bound a BF16 rollout's experts could reach (XLA:GPU's own
+    ``ragged_dot`` expands densely over the experts: ``dense_ragged_dot_s``)."""
+    from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as kernel
+    from kernels_pallas.grouped_fp8_matmul.tiles import num_tiles
+
+    n, used = sum(ns), min(e, rows)
+    cfg = config or kernel.default_config(rows, ns, k, e)
+    name = grouped_fp8_variant(cfg)
+    prof = load_profiles()[name]
+    tiles = num_tiles(rows, e, cfg.block_m)
+    t, terms = grid_time(chip, mm_loop(cfg, False), prof, tiles * (n // cfg.block_n), k // 128)
+    terms = dict(terms, registers=prof["registers"], smem_alloc=prof["smem_bytes"])
+    bw = CHIPS[chip].hbm_bytes_per_s
+    w_bytes = used * n * k + used * (n // 128) * (k // 128) * 4
+    x_bytes = rows * k + rows * (k // 128) * 4
+    hbm = w_bytes + x_bytes + tiles * cfg.block_m * n * 2
+    rows_pad = -(-rows // cfg.block_m) * cfg.block_m
+    pad = (x_bytes + rows_pad * k) if rows % cfg.block_m else 2 * rows * (k // 128) * 4
+    extra = (pad + 2 * rows * n * 2) / bw + GROUPED_FP8_FUSIONS * LAUNCH_S
+    base_s = bf16_kernel_s(chip, 2 * rows * n * k, used * n * k * 2 + rows * (k + n) * 2)
+    base = (f"BF16 grouped GEMM over the {used} experts with rows ({BF16_GEMM_EFF:.0%} of peak / "
+            f"{BF16_GEMM_BW_EFF:.0%} of HBM)")  # fmt: skip
+    label = label or f"rows={rows} E={e} K={k} N={'+'.join(map(str, ns))}"
+    # the measured family of the regime, whatever the tile: decode-sized groups stream weights
+    scale = calibration("mm_decode" if rows / e < DECODE_ROWS_PER_EXPERT else "mm_prefill")
+    return finish("grouped_fp8_matmul", label, chip, f"{name} + {GROUPED_FP8_FUSIONS} fusions",
+                  t, terms, hbm, 2 * rows * n * k, base, base_s, extra, scale)  # fmt: skip
+
+
 # (label, dispatch rows M, live rows, local experts E, K, N): Qwen3-30B-A3B's training experts
 # (D 2,048, expert F 768, top-8) over one dispatch chunk of 4,096 gathered tokens: at expert = 8
 # (16 local experts, ~1/8 of the 32,768 rows live: moe_parallel) and on one device (all 128).
@@ -78,18 +139,65 @@ GROUPED_SHAPES = (
 )
 
 
+# The FP8 rollout's experts (Qwen3-30B-A3B: E 128, top-8, D 2,048, expert F 768; the rows of
+# ``grouped_fp8_matmul.aot_cases``: decode steps of 1-256 sequences, prefill chunks of 512 and
+# 8,192 tokens): (layer, K, N of each weight stack)
+GROUPED_FP8_LAYERS = (("gate+up", 2048, (768, 768)), ("down", 768, (2048,)))
+GROUPED_FP8_ROWS = (8, 64, 512, 2048, 4096, 65536)
+GROUPED_FP8_E = 128
+
 CASES: list[Case] = [
     Case.make(
         "grouped_matmul", f"{label} {pass_}", GPU_CHIPS, M=m, L=live, E=e, K=k, N=n, x=pass_
     )  # fmt: skip
     for label, m, live, e, k, n in GROUPED_SHAPES
     for pass_ in ("fwd", "dgrad", "wgrad")
+] + [
+    Case.make(
+        "grouped_fp8_matmul",
+        f"Qwen3-30B-A3B {layer} rows={rows}",
+        GPU_CHIPS,
+        M=rows,
+        E=GROUPED_FP8_E,
+        K=k,
+        N=ns,
+    )  # fmt: skip
+    for layer, k, ns in GROUPED_FP8_LAYERS
+    for rows in GROUPED_FP8_ROWS
 ]
 
 
 def predict(op: str, shape: dict, chip: str, label: str = "") -> Prediction:
-    """The common interface (``common``) for ``grouped_matmul``."""
+    """The common interface (``common``) for ``grouped_matmul`` and ``grouped_fp8_matmul``."""
+    if op == "grouped_fp8_matmul":
+        return predict_grouped_fp8(chip, shape["M"], shape["E"], shape["K"], tuple(shape["N"]),
+                                   label=label)  # fmt: skip
     if op != "grouped_matmul":
         raise ValueError(f"perf_model.gpu_grouped: no model for {op}")
     return predict_grouped_bf16(chip, shape["M"], shape["L"], shape["E"], shape["K"], shape["N"],
                                 shape["x"], label=label)  # fmt: skip
+
+
+GROUPED_TILE_CHANGE = "grouped FP8 experts: 128 weight rows per CTA (two compute warpgroups)"
+
+
+def design_changes() -> list[tuple[str, Prediction, Prediction]]:
+    """(change, before, after) where ``default_config``'s decode tiles took 128 weight rows per
+    CTA instead of 64 (every Qwen3-30B-A3B stack's N % 128 == 0), on H100 and H200."""
+    import dataclasses
+
+    from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as kernel
+
+    out = []
+    for layer, k, ns in GROUPED_FP8_LAYERS:
+        for rows in GROUPED_FP8_ROWS:
+            cfg = kernel.default_config(rows, ns, k, GROUPED_FP8_E)
+            if not cfg.swap_ab:
+                continue  # the prefill tiles were 128 wide already
+            old = dataclasses.replace(cfg, block_n=64)
+            label = f"Qwen3-30B-A3B {layer} rows={rows}"
+            for chip in GPU_CHIPS:
+                before, after = (predict_grouped_fp8(chip, rows, GROUPED_FP8_E, k, ns, label, c)
+                                 for c in (old, cfg))  # fmt: skip
+                out.append((GROUPED_TILE_CHANGE, before, after))
+    return out

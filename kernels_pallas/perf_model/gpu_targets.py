@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from kernels_pallas.fp8_matmul.mgpu_config import FUSED_DECODE_ROWS, NUM_SMS
+from kernels_pallas.perf_model import gpu_grouped
 from kernels_pallas.perf_model.common import GPU_CHIPS, Case, Prediction
 from kernels_pallas.perf_model.gpu import predict_matmul
 from kernels_pallas.perf_model.gpu_attention import predict_attention
@@ -327,8 +328,8 @@ def _fused_pick_changes() -> list[tuple[str, Prediction, Prediction]]:
 
 def pick_summary(changes) -> str:
     """The model-picked tiles' rows in one line per chip (their ratio to BF16 in a program),
-    and the fused-kernel picks at 17-64 rows' (standalone, raw BF16 x): the geometric mean and
-    the range of the ratio, before -> after."""
+    the fused-kernel picks at 17-64 rows' (standalone, raw BF16 x) and the grouped FP8 kernel's
+    decode tiles': the geometric mean and the range of the ratio, before -> after."""
     import math
 
     gm = lambda v: math.exp(sum(map(math.log, v)) / len(v))  # noqa: E731
@@ -338,6 +339,9 @@ def pick_summary(changes) -> str:
          lambda p: p.label.endswith(", in program")),
         (FUSED_PICK_CHANGE, "with raw BF16 x run fused (no act_quantize launch); standalone",
          len(PICK_LAYERS) * len(FUSED_PICK_ROWS), lambda p: True),
+        (gpu_grouped.GROUPED_TILE_CHANGE, "of the FP8 MoE experts (grouped) take 128 weight "
+         "rows per CTA; standalone, FP8 x",
+         len(gpu_grouped.GROUPED_FP8_LAYERS) * len(gpu_grouped.GROUPED_FP8_ROWS), lambda p: True),
     ):  # fmt: skip
         for chip in GPU_CHIPS:
             rows = [(b, a) for c, b, a in changes if c == change and a.chip == chip and keep(a)]

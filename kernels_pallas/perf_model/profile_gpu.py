@@ -73,6 +73,13 @@ def variants() -> dict:
         w = sds((16, 768, 2048) if kind == "dgrad" else (16, 2048, 768), bf)
         return functools.partial(bf16.gmm_mgpu, transpose_w=kind == "dgrad"), (x, w, gs)
 
+    def gfp8(rows, cfg):  # the grouped FP8 kernel (MoE rollout experts): Qwen3-30B-A3B
+        from kernels_pallas.grouped_fp8_matmul import aot_cases as gac  # gate+up, one launch
+
+        fn = functools.partial(gac._call, impl="pallas_mosaic_gpu", out_dtype="bfloat16",
+                               config=cfg)  # fmt: skip
+        return fn, gac._operands(rows, gac.D, (gac.F, gac.F), "fp8")
+
     def swaps(family, x_kind, loads, tiles, pdl=False):
         """Swap-AB variants ``{family}_{M}x{N}[_k{split}c][_s{slices}]`` of (M, N, split,
         slices, stages) tiles, K chunks summed in-cluster."""
@@ -165,6 +172,13 @@ def variants() -> dict:
         "decode_fp8_unswapped": (*dec("fp8_static", False), two),
         "decode_bf16_unswapped": (*dec("bf16", False), two),
         "paged_fp8_unswapped": (*paged("fp8_static", False), two),
+        # the grouped FP8 kernel's default tiles (``grouped_fp8_matmul.default_config``): swap-AB
+        # 32 / 64 rows for decode-sized groups (< 32 / 64 rows per expert), 128x128 above
+        "gfp8_swap_32x64": (*gfp8(512, G(32, 64, 4, True)), mm_loads),
+        "gfp8_swap_64x64": (*gfp8(4096, G(64, 64, 4, True)), mm_loads),
+        "gfp8_swap_32x128": (*gfp8(512, G(32, 128, 4, True)), mm_loads),
+        "gfp8_swap_64x128": (*gfp8(4096, G(64, 128, 4, True)), mm_loads),
+        "gfp8_128x128": (*gfp8(65536, G(128, 128, 4)), mm_loads),
         "gmm_bf16_128x128": (*gmm("fwd"), two),
         "gmm_bf16_128x128_t": (*gmm("dgrad"), two),
         "tgmm_bf16_128x128": (*gmm("tgmm"), two),

@@ -1,0 +1,112 @@
+"""The GPU model of the grouped FP8 kernel (the FP8 rollout's MoE experts, ``gpu_grouped``):
+its tiles, bytes, XLA launches and BF16 baseline by hand, the SASS claim it rests on (the grouped
+kernel's K loop is the dense kernel's), and the two-warpgroup decode tiles it justified."""
+
+import math
+
+import pytest
+
+from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as kernel
+from kernels_pallas.perf_model import common, gpu, gpu_grouped
+
+
+def test_grouped_fp8_tiles_bytes_launches_and_baseline_by_hand():
+    """Qwen3-30B-A3B down (K 768, N 2048) at 512 rows (B = 64, top-8) over 128 experts on the
+    H100: 32-row swap-AB tiles, ``cdiv(512, 32) + 128 - 1`` = 143 row tiles x 16 N tiles."""
+    rows, e, k, n, chip = 512, 128, 768, 2048, "h100"
+    p = gpu_grouped.predict_grouped_fp8(chip, rows, e, k, (n,))
+    assert kernel.default_config(rows, (n,), k, e) == kernel.MgpuConfig(32, 128, 4, True)
+    assert p.impl.startswith("gfp8_swap_32x128")
+    assert p.terms["tiles"] == 143 * 16
+    w = 128 * n * k + 128 * (n // 128) * (k // 128) * 4  # every expert has rows
+    x = rows * k + rows * (k // 128) * 4
+    assert p.bytes == w + x + 143 * 32 * n * 2  # the tile outputs, BF16
+    bw = common.CHIPS[chip].hbm_bytes_per_s
+    # x's scales padded and transposed (512 rows are whole tiles: x itself is not padded), the
+    # gather reading and writing rows x N, three launches
+    extra = (2 * rows * (k // 128) * 4 + 2 * rows * n * 2) / bw + 3 * gpu.LAUNCH_S
+    assert p.terms["extra_s"] == pytest.approx(extra, rel=1e-12)
+    c = common.CHIPS[chip]
+    t_mma = 2 * rows * n * k / (c.bf16_flops_per_s * gpu.BF16_GEMM_EFF)
+    t_bw = (128 * n * k * 2 + rows * (k + n) * 2) / (bw * gpu.BF16_GEMM_BW_EFF) + gpu.FILL_S
+    assert p.baseline_s == pytest.approx(max(t_mma, t_bw) + gpu.LAUNCH_S, rel=1e-12)
+    cal = gpu.KERNEL_CALIBRATION["mm_decode"]  # 4 rows per expert: decode-sized groups
+    kernel_s = cal * max(p.terms["compute_s"], p.terms["hbm_s"])
+    assert p.time_s == pytest.approx(kernel_s + gpu.LAUNCH_S + extra, rel=1e-12)
+
+
+def test_the_regime_not_the_tile_picks_the_calibration():
+    """An unswapped 128x128 tile on decode-sized groups is calibrated as the decode GEMMs were
+    measured (weight-streaming), a swap-AB tile on prefill-sized groups as the prefill ones."""
+    args = ("h100", 512, 128, 2048, (768, 768))
+    wide = gpu_grouped.predict_grouped_fp8(*args, config=kernel.MgpuConfig(128, 128, 4))
+    assert wide.terms["calibration"] == gpu.KERNEL_CALIBRATION["mm_decode"]
+    big = ("h100", 65536, 128, 2048, (768, 768))
+    swap = gpu_grouped.predict_grouped_fp8(*big, config=kernel.MgpuConfig(64, 128, 4, True))
+    assert swap.terms["calibration"] == gpu.KERNEL_CALIBRATION["mm_prefill"]
+
+
+@pytest.mark.parametrize(
+    "grouped,dense",
+    [("gfp8_swap_32x64", "mm_swap_32x64"), ("gfp8_swap_64x64", "mm_swap_64x64"),
+     ("gfp8_swap_32x128", "mm_swap_32x128"), ("gfp8_swap_64x128", "mm_swap_64x128"),
+     ("gfp8_128x128", "mm_qarray_128x128")],
+)  # fmt: skip
+def test_grouped_kernel_runs_the_dense_k_loop(grouped, dense):
+    """The committed SASS profiles: the grouped kernel's K loop (its tile's expert and row
+    block read once, before the loop) is the dense kernel's on the same tile, within two
+    instructions, with its registers and MMAs, so the dense kernels' measured calibration
+    carries over."""
+    profs = gpu.load_profiles()
+    g, d = profs[grouped], profs[dense]
+    assert g["registers"] == d["registers"] and g["spill_bytes"] == 0
+    gm, dm = g["main_loop"], d["main_loop"]
+    assert (gm["mma"], gm["mma_shape"]) == (dm["mma"], dm["mma_shape"])
+    assert abs(gm["total"] - dm["total"]) <= 2
+
+
+def test_two_warpgroup_decode_tiles_are_never_predicted_slower():
+    """``default_config``'s decode tiles with 128 weight rows per CTA (168 registers, two CTAs
+    an SM) against the 64 of before (255 registers, one CTA): never slower, on either chip, and
+    far faster where many experts each stream a few rows' weights."""
+    rows = gpu_grouped.design_changes()
+    assert len(rows) == 2 * 10  # 10 decode cases (2 layers x 5 row counts) x 2 chips
+    gain = {}
+    for _, before, after in rows:
+        assert "x64 " in before.impl and "x128 " in after.impl
+        assert after.time_s <= before.time_s * (1 + 1e-9), (after.label, after.chip)
+        gain[(after.label, after.chip)] = before.time_s / after.time_s
+    assert gain[("Qwen3-30B-A3B down rows=2048", "h100")] >= 1.4
+    assert gain[("Qwen3-30B-A3B gate+up rows=2048", "h200")] >= 1.5
+    assert math.prod(gain.values()) ** (1 / len(gain)) >= 1.2
+
+
+def test_compare_puts_bench_moe_grouped_rows_beside_the_model(tmp_path):
+    """A GPU run's bench_moe file: its Hopper grouped FP8 rows (gate+up as two equal stacks)
+    beside the model's time; its other arms (BF16, XLA, quantizing) have no row."""
+    import json
+
+    from kernels_pallas.perf_model import compare
+
+    common_ = dict(model="Qwen3-30B-A3B", experts=128, tokens=64, rows=512)
+    rows = [
+        dict(common_, layer="gate+up", k=2048, n=1536, arm="grouped_fp8:pallas_mosaic_gpu",
+             median_us=150.0),
+        dict(common_, layer="down", k=768, n=2048, arm="grouped_fp8:pallas_mosaic_gpu",
+             median_us=90.0),
+        dict(common_, layer="down", k=768, n=2048, arm="bf16_ragged_dot", median_us=900.0),
+        dict(common_, layer="down", k=768, n=2048, arm="grouped_fp8:pallas_mosaic_gpu+quant",
+             median_us=95.0),
+    ]  # fmt: skip
+    bench = tmp_path / "bench_moe.json"
+    bench.write_text(json.dumps(dict(meta=dict(device_kind="NVIDIA H100 80GB HBM3"),
+                                     results=rows)))  # fmt: skip
+    lines = compare.rows_beside([str(bench)])
+    assert len(lines) == 2 + 2
+    up = gpu_grouped.predict_grouped_fp8("h100", 512, 128, 2048, (768, 768)).time_s * 1e6
+    assert (
+        "gate+up rows=512 E=128 K=2048 N=1536 | grouped_fp8:pallas_mosaic_gpu | 150.0" in lines[2]
+    )
+    assert f"| {up:.1f} | {150.0 / up:.2f} |" in lines[2]
+    down = gpu_grouped.predict_grouped_fp8("h100", 512, 128, 768, (2048,)).time_s * 1e6
+    assert f"| 90.0 | - | {down:.1f} | {90.0 / down:.2f} |" in lines[3]
