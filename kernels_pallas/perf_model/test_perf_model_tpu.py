@@ -51,3 +51,22 @@ def test_table_before_and_now():
     assert "pack=2 fp8->mxu" in decode["detail_now"] and decode["steps_now"] == 4
     assert decode["steps_before"] == 256  # 32 N tiles x 8 K tiles of the wave-2 kernel
     assert decode["ratio_now"] > 5 * decode["ratio_before"]
+
+
+def test_grouped_row_tile_of_four_mean_groups_is_never_predicted_slower(monkeypatch):
+    """``pallas_tpu.tile_m``: a power of two >= 4x the mean group size (32 rows at 1-4 rows
+    per expert, 64 / 128 at 16 / 32, 512 at 512); at every Qwen3-30B-A3B case on v5e and v6e
+    it streams fewer expert weights than a tile of the mean group size, and at 32 rows per
+    expert it is predicted > 1.3x faster."""
+    from kernels_pallas.grouped_fp8_matmul import pallas_tpu as tpu
+
+    cfg = tpu.TpuConfig()
+    assert [tpu.tile_m(r, 128, cfg) for r in (8, 512, 2048, 4096, 65536)] == [32, 32, 64, 128, 512]
+    now = {(r["target"], r["shape"]): r["now_us"] for r in tpu_table.grouped_rows()}
+    monkeypatch.setattr(tpu, "TILE_PER_MEAN_GROUP", 1)
+    mean = {(r["target"], r["shape"]): r["now_us"] for r in tpu_table.grouped_rows()}
+    assert len(now) == 24 and now.keys() == mean.keys()
+    for key, t in now.items():
+        assert t <= mean[key] * (1 + 1e-9), key
+    faster = [mean[key] / t for key, t in now.items() if "rows=4096 " in key[1]]
+    assert len(faster) == 4 and min(faster) > 1.3
