@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from kernels_pallas.grouped_fp8_matmul import aot_cases as gfp8_cases
 from kernels_pallas.perf_model.common import CHIPS, GPU_CHIPS, Case, Prediction
 from kernels_pallas.perf_model.gpu import (
     BF16_GEMM_BW_EFF,
@@ -92,16 +93,15 @@ def predict_grouped_fp8(chip: str, rows: int, e: int, k: int, ns: tuple[int, ...
     """``grouped_fp8_matmul``'s Hopper kernel on its default tile (``default_config``) for
     ``rows`` FP8 rows (tokens x top-k, sorted by expert) over ``e`` experts' stacked weights
     ``[E, N_i, K]`` (``ns``: gate and up run as one launch; ``config``: another tile), routing
-    spread evenly: ``min(E,
-    rows)`` experts have rows, each streaming its weights once per row tile, and the tiles are
-    the kernel's bound ``cdiv(rows, tm) + min(E, rows) - 1`` (every group boundary splits a row
-    tile; dead tiles exit at once, not modelled). The kernel's K loop is the dense kernel's
-    (``gfp8_*`` and ``mm_*`` profiles agree within 2 instructions), so its calibration is the
-    dense family's. Around it, ``GROUPED_FP8_FUSIONS`` XLA launches: x padded to whole row
-    tiles with its scales transposed, and the gather of the tile outputs (rows x N, read and
-    written). Baseline: one BF16 grouped GEMM over the same experts at cuBLAS's efficiencies
-    (``bf16_kernel_s``), the bound a BF16 rollout's experts could reach (XLA:GPU's own
-    ``ragged_dot`` expands densely over the experts: ``dense_ragged_dot_s``)."""
+    spread evenly: ``min(E, rows)`` experts have rows, each streaming its weights once per row tile,
+    and the tiles are the kernel's bound ``cdiv(rows, tm) + min(E, rows) - 1`` (every group
+    boundary splits a row tile; dead tiles exit at once, not modelled). The kernel's K loop is
+    the dense kernel's (``gfp8_*`` and ``mm_*`` profiles agree within 2 instructions), so its
+    calibration is the dense family's. Around it, ``GROUPED_FP8_FUSIONS`` XLA launches: x padded
+    to whole row tiles with its scales transposed, and the gather of the tile outputs (rows x N,
+    read and written). Baseline: one BF16 grouped GEMM over the same experts at cuBLAS's
+    efficiencies (``bf16_kernel_s``), the bound a BF16 rollout's experts could reach (XLA:GPU's
+    own ``ragged_dot`` expands densely over the experts: ``dense_ragged_dot_s``)."""
     from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as kernel
     from kernels_pallas.grouped_fp8_matmul.tiles import num_tiles
 
@@ -139,12 +139,11 @@ GROUPED_SHAPES = (
 )
 
 
-# The FP8 rollout's experts (Qwen3-30B-A3B: E 128, top-8, D 2,048, expert F 768; the rows of
-# ``grouped_fp8_matmul.aot_cases``: decode steps of 1-256 sequences, prefill chunks of 512 and
-# 8,192 tokens): (layer, K, N of each weight stack)
-GROUPED_FP8_LAYERS = (("gate+up", 2048, (768, 768)), ("down", 768, (2048,)))
-GROUPED_FP8_ROWS = (8, 64, 512, 2048, 4096, 65536)
-GROUPED_FP8_E = 128
+# The FP8 rollout's experts, as the grouped kernel's compile cases have them (Qwen3-30B-A3B:
+# E 128, top-8, D 2,048, expert F 768; decode steps of 1-256 sequences, prefill chunks of 512
+# and 8,192 tokens): (layer, K, N of each weight stack), rows, experts
+GROUPED_FP8_LAYERS, GROUPED_FP8_ROWS = gfp8_cases.LAYERS, gfp8_cases.ALL_ROWS
+GROUPED_FP8_E = gfp8_cases.E
 
 CASES: list[Case] = [
     Case.make(
