@@ -7,7 +7,15 @@ import dataclasses
 import os
 import sys
 
-from kernels_pallas.perf_model import common, gpu, gpu_grouped, gpu_rollout, gpu_targets, tpu
+from kernels_pallas.perf_model import (
+    common,
+    gpu,
+    gpu_grouped,
+    gpu_rollout,
+    gpu_rollout_moe,
+    gpu_targets,
+    tpu,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "perf_model.json")
@@ -35,6 +43,7 @@ def main(argv=None) -> int:
     preds = run_all(args.chip)
     changes = gpu_targets.design_changes() + gpu_grouped.design_changes()
     steps = gpu_rollout.predictions()
+    moe_steps = gpu_rollout_moe.predictions()
     goals = [*gpu_targets.targets(preds), gpu_rollout.target(steps), *tpu.targets(preds)]
     h100_64 = [p for p in steps if p.chip == "h100" and p.batch == 64]  # one per engine
     sections = {
@@ -50,6 +59,17 @@ def main(argv=None) -> int:
                 gpu_rollout.__doc__.strip(),
             )  # fmt: skip
         ),
+        "MoE rollout decode step, W8A8 + FP8 KV vs BF16 (predicted, calibrated)": "\n\n".join(
+            (
+                gpu_rollout.table(moe_steps),
+                *(
+                    gpu_rollout.breakdown(p)
+                    for p in moe_steps
+                    if p.chip == "h100" and p.batch == 64
+                ),
+                gpu_rollout_moe.__doc__.strip(),
+            )  # fmt: skip
+        ),
         "Issue-21 targets (predicted, calibrated: H100, TPU v5e / v6e)": "\n".join(goals),
         "GPU model and its assumptions": gpu.__doc__.strip(),
     }
@@ -59,6 +79,7 @@ def main(argv=None) -> int:
     extra = dict(
         targets=goals,
         rollout_steps=[p.to_json() for p in steps],
+        moe_rollout_steps=[p.to_json() for p in moe_steps],
         design_changes=[
             dict(change=c, before=b.to_json(), after=a.to_json()) for c, b, a in changes
         ],

@@ -36,15 +36,17 @@ def dense_ragged_dot_s(chip: str, m: int, k: int, n: int, e: int, pass_: str) ->
 
 
 def predict_grouped_bf16(chip: str, m: int, live: int, e: int, k: int, n: int, pass_: str,
-                         label: str = "") -> Prediction:  # fmt: skip
+                         label: str = "", in_program: bool = False) -> Prediction:  # fmt: skip
     """``grouped_matmul``'s Hopper kernels (128x128 output tiles, 64-deep steps, 4 stages) for
     one pass over a dispatch buffer of ``m`` rows of which ``live`` belong to the ``e`` groups
     (``fwd``: ``[m, k] x [e, k, n]``; ``dgrad``: ``[m, n] x [e, k, n]ᵀ``; ``wgrad``:
     ``[e, k, n]``). Live tiles are the bound ``cdiv(live, 128) + e - 1`` (each group boundary
     splits a row block); dead tiles exit at once (not modelled). The XLA around the kernels:
     padding x to whole row blocks (fwd/dgrad, when M is not a multiple of 128), the output row
-    gather, and the f32 -> BF16 cast of dw."""
+    gather, and the f32 -> BF16 cast of dw (``in_program``: their bytes, not their launches,
+    which a program's count has)."""
     bm = bn = 128
+    launch = 0.0 if in_program else LAUNCH_S
     bk, stages = 64, 4
     c = CHIPS[chip]
     bw = c.hbm_bytes_per_s
@@ -56,7 +58,7 @@ def predict_grouped_bf16(chip: str, m: int, live: int, e: int, k: int, n: int, p
     if pass_ == "wgrad":
         ctas = e * (k // bm) * (n // bn)
         steps = math.ceil((live + e * (bk - 1)) / bk / e)  # a group's row blocks, on average
-        extra = e * k * n * (4 + 2) / bw + LAUNCH_S  # the f32 dw read and cast to BF16
+        extra = e * k * n * (4 + 2) / bw + launch  # the f32 dw read and cast to BF16
         hbm = (live + e * bk) * (k + n) * 2 + e * k * n * 4
         flops = 2 * live * k * n
     else:
@@ -64,7 +66,7 @@ def predict_grouped_bf16(chip: str, m: int, live: int, e: int, k: int, n: int, p
         tiles = math.ceil(live / bm) + e - 1
         ctas, steps = tiles * (nn // bn), kk // bk
         pad = m * kk * 2 * 2 if m % bm else 0  # jnp.pad of x to whole row blocks
-        extra = (pad + (tiles * bm + m) * nn * 2 * 2) / bw + 2 * LAUNCH_S
+        extra = (pad + (tiles * bm + m) * nn * 2 * 2) / bw + 2 * launch
         hbm = tiles * bm * kk * 2 + e * k * n * 2 + tiles * bm * nn * 2
         flops = 2 * live * k * n
     t, terms = grid_time(chip, loop, prof, ctas, steps)
@@ -89,7 +91,8 @@ def grouped_fp8_variant(cfg) -> str:
 
 
 def predict_grouped_fp8(chip: str, rows: int, e: int, k: int, ns: tuple[int, ...],
-                        label: str = "", config=None) -> Prediction:  # fmt: skip
+                        label: str = "", config=None,
+                        in_program: bool = False) -> Prediction:  # fmt: skip
     """``grouped_fp8_matmul``'s Hopper kernel on its default tile (``default_config``) for
     ``rows`` FP8 rows (tokens x top-k, sorted by expert) over ``e`` experts' stacked weights
     ``[E, N_i, K]`` (``ns``: gate and up run as one launch; ``config``: another tile), routing
@@ -101,7 +104,9 @@ def predict_grouped_fp8(chip: str, rows: int, e: int, k: int, ns: tuple[int, ...
     to whole row tiles with its scales transposed, and the gather of the tile outputs (rows x N,
     read and written). Baseline: one BF16 grouped GEMM over the same experts at cuBLAS's
     efficiencies (``bf16_kernel_s``), the bound a BF16 rollout's experts could reach (XLA:GPU's
-    own ``ragged_dot`` expands densely over the experts: ``dense_ragged_dot_s``)."""
+    own ``ragged_dot`` expands densely over the experts: ``dense_ragged_dot_s``).
+    ``in_program``: the fusions' bytes without their launches, which a program's count has
+    (``gpu_rollout.moe_step``)."""
     from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as kernel
     from kernels_pallas.grouped_fp8_matmul.tiles import num_tiles
 
@@ -118,7 +123,7 @@ def predict_grouped_fp8(chip: str, rows: int, e: int, k: int, ns: tuple[int, ...
     hbm = w_bytes + x_bytes + tiles * cfg.block_m * n * 2
     rows_pad = -(-rows // cfg.block_m) * cfg.block_m
     pad = (x_bytes + rows_pad * k) if rows % cfg.block_m else 2 * rows * (k // 128) * 4
-    extra = (pad + 2 * rows * n * 2) / bw + GROUPED_FP8_FUSIONS * LAUNCH_S
+    extra = (pad + 2 * rows * n * 2) / bw + (0 if in_program else GROUPED_FP8_FUSIONS * LAUNCH_S)
     base_s = bf16_kernel_s(chip, 2 * rows * n * k, used * n * k * 2 + rows * (k + n) * 2)
     base = (f"BF16 grouped GEMM over the {used} experts with rows ({BF16_GEMM_EFF:.0%} of peak / "
             f"{BF16_GEMM_BW_EFF:.0%} of HBM)")  # fmt: skip

@@ -91,9 +91,10 @@ class StepPrediction:
                     bf16_tokens_per_s=self.batch / self.bf16_s)  # fmt: skip
 
 
-def _counts(precision: str, batch: int, engine: str) -> hlo_launches.Launches:
+def _counts(precision: str, batch: int, engine: str,
+            path: str = hlo_launches.LAUNCHES_JSON) -> hlo_launches.Launches:  # fmt: skip
     """The measured launches of the batch size measured nearest below ``batch`` (or above)."""
-    by_b = hlo_launches.load(engine=engine)[precision]
+    by_b = hlo_launches.load(path, engine=engine)[precision]
     sizes = sorted(int(b) for b in by_b)
     return by_b[str(max([b for b in sizes if b <= batch] or sizes[:1]))]
 
@@ -150,16 +151,24 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: st
         "(RMSNorm x2, combine, SiLU product: XLA fusions among the others)": 0.0,
         f"{bf16_n.per_layer['xla']} other fusions": bf16_n.per_layer["xla"] * gpu.LAUNCH_S,
     }
-    head = bf(cfg.vocab, d)  # the LM head, both
-    fp8_parts = {k: v * cfg.layers for k, v in fp8.items()} | {
-        f"LM head + {fp8_n.per_step['xla']} fusions": head + fp8_n.per_step["xla"] * gpu.LAUNCH_S,
-        f"{fp8_n.host_syncs} host syncs": fp8_n.host_syncs * gpu.HOST_SYNC_S,
-    }
-    bf16_parts = {k: v * cfg.layers for k, v in bf16.items()} | {
-        f"LM head + {bf16_n.per_step['xla']} fusions": head + bf16_n.per_step["xla"] * gpu.LAUNCH_S,
-        f"{bf16_n.host_syncs} host syncs": bf16_n.host_syncs * gpu.HOST_SYNC_S,
-    }
-    kv = 2 * cfg.layers * batch * (PROMPT + RESPONSE) * kv_n / 2**30  # bytes per element: 1
+    return step(chip, cfg, batch, context, engine, (fp8, fp8_n), (bf16, bf16_n))
+
+
+def step(chip: str, cfg: DenseModel, batch: int, context: int, engine: str,
+         fp8: tuple, bf16: tuple) -> StepPrediction:  # fmt: skip
+    """The step from each program's per-layer kernel times and its launch counts (``(parts,
+    Launches)``): the layers, then per step the BF16 LM head GEMM, the step's other fusions and
+    the host syncs; the KV cache at full length (FP8: one byte an element)."""
+    head = gpu.bf16_gemm_s(chip, batch, cfg.vocab, cfg.hidden, fill=False)  # both
+
+    def parts(per_layer: dict, n: hlo_launches.Launches) -> dict:
+        return {k: v * cfg.layers for k, v in per_layer.items()} | {
+            f"LM head + {n.per_step['xla']} fusions": head + n.per_step["xla"] * gpu.LAUNCH_S,
+            f"{n.host_syncs} host syncs": n.host_syncs * gpu.HOST_SYNC_S,
+        }
+
+    fp8_parts, bf16_parts = parts(*fp8), parts(*bf16)
+    kv = 2 * cfg.layers * batch * (PROMPT + RESPONSE) * cfg.kv_heads * cfg.head_dim / 2**30
     return StepPrediction(cfg.name, chip, batch, context, sum(fp8_parts.values()),
                           sum(bf16_parts.values()), fp8_parts, bf16_parts, kv, 2 * kv,
                           engine)  # fmt: skip

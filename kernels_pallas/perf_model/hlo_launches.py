@@ -25,7 +25,8 @@ its branch index the same way: the stream drains and the next launch starts from
 conditional nodes.
 
 ``python -m kernels_pallas.perf_model.hlo_launches`` (the AOT venv: the CUDA plugin) writes
-``experiments/results/rollout_launches.json``.
+``experiments/results/rollout_launches.json``; with ``--model qwen3-30b-a3b --engine static``
+the MoE rollout's counts (``rollout_launches_qwen3-30b-a3b.json``: ``gpu_rollout.moe_step``).
 """
 
 from __future__ import annotations
@@ -274,16 +275,17 @@ def load(path: str = LAUNCHES_JSON, engine: str = "static") -> dict:
 
 
 def _program(precision: str, layers: int, batch: int, prompt: int, response: int,
-             engine: str = "static"):  # fmt: skip
-    """(fn, args) of the rollout at Qwen3-8B widths (``generation.aot_cases``): the static
-    engine's ``generate``, or the paged engine with one slot per row."""
+             engine: str = "static", model: str = "qwen3-8b"):  # fmt: skip
+    """(fn, args) of the rollout at ``model``'s widths (a ``presets.PRESETS`` name;
+    ``generation.aot_cases``): the static engine's ``generate``, or the paged engine with one
+    slot per row."""
     from fp8rl_jax.generation import aot_cases as ac
     from fp8rl_jax.generation.sampling import SamplingConfig
     from fp8rl_jax.generation.static import generate
-    from fp8rl_jax.models.presets import QWEN3_8B
+    from fp8rl_jax.models.presets import PRESETS
     from fp8rl_jax.quant import QuantRecipe
 
-    cfg = dataclasses.replace(QWEN3_8B, num_layers=layers)
+    cfg = dataclasses.replace(PRESETS[model], num_layers=layers)
     shape = ac.RolloutShape(batch=batch, prompt_len=prompt, max_new_tokens=response)
     if engine == "paged":
         kernels, page = ac.PAGED_IMPLS["h100"]
@@ -313,9 +315,17 @@ ENGINE_NOTES = {
 }
 
 
+def launches_json(model: str = "qwen3-8b") -> str:
+    """Where ``model``'s counts are kept: ``LAUNCHES_JSON`` for Qwen3-8B, beside it for others."""
+    return (
+        LAUNCHES_JSON if model == "qwen3-8b" else LAUNCHES_JSON.replace(".json", f"_{model}.json")
+    )
+
+
 def measure(batches=(16, 64, 128, 256), prompt: int = 2048, response: int = 4096,
-            engines=ENGINES) -> dict:  # fmt: skip
-    """Compiles the programs (module docstring) and counts their decode launches."""
+            engines=ENGINES, model: str = "qwen3-8b") -> dict:  # fmt: skip
+    """Compiles the programs (module docstring) at ``model``'s widths and counts their decode
+    launches."""
     from kernels_pallas import aot
 
     aot.prepare_environment()
@@ -331,7 +341,7 @@ def measure(batches=(16, 64, 128, 256), prompt: int = 2048, response: int = 4096
             for b in batches:
                 counts, n_syncs = [], []
                 for layers in (1, 2):
-                    fn, args = _program(prec, layers, b, prompt, response, engine)
+                    fn, args = _program(prec, layers, b, prompt, response, engine, model)
                     hlo = aot.compile_for("h100", fn, *args).compiled.as_text()
                     counts.append(count(hlo))
                     n_syncs.append(count_syncs(hlo))
@@ -341,23 +351,30 @@ def measure(batches=(16, 64, 128, 256), prompt: int = 2048, response: int = 4096
                 progs.setdefault(prec, {})[str(b)] = dataclasses.asdict(split)
         out[engine] = dict(program=ENGINE_NOTES[engine], programs=progs)
     return dict(
-        jax=jax.__version__, target="h100", model="Qwen3-8B widths", prompt=prompt,
+        jax=jax.__version__, target="h100", model=f"{model} widths", prompt=prompt,
         response=response, engines=out,
     )  # fmt: skip
 
 
-def main() -> None:
-    data = measure()
+def main(argv=None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen3-8b", help="a presets.PRESETS name")
+    ap.add_argument("--engine", action="append", choices=ENGINES, help="(repeatable; default both)")
+    args = ap.parse_args(argv)
+    path = launches_json(args.model)
+    data = measure(engines=tuple(args.engine or ENGINES), model=args.model)
     before = None  # the earlier paged count is a record: keep it
-    if os.path.exists(LAUNCHES_JSON):
-        with open(LAUNCHES_JSON) as f:
+    if os.path.exists(path):
+        with open(path) as f:
             before = json.load(f).get("engines", {}).get("paged", {}).get("before_bookkeeping_cond")
-    if before is not None:
+    if before is not None and "paged" in data["engines"]:
         data["engines"]["paged"]["before_bookkeeping_cond"] = before
-    with open(LAUNCHES_JSON, "w") as f:
+    with open(path, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
-    print(f"-> {LAUNCHES_JSON}")
+    print(f"-> {path}")
 
 
 if __name__ == "__main__":
