@@ -34,6 +34,7 @@ from kernels_pallas.fp8_train_matmul.api import (
     transpose_weight,
 )
 from kernels_pallas.grouped_fp8_matmul import grouped_fp8_matmul
+from kernels_pallas.grouped_fp8_matmul.tiles import group_of
 from kernels_pallas.grouped_matmul import grouped_matmul
 from kernels_pallas.qarray import SCALE_TINY, QArray, fp8_max
 from kernels_pallas.quantize import amax_to_scale, quantize_activations, saturating_cast
@@ -50,7 +51,7 @@ def token_tiles(group_sizes_E: jax.Array, num_rows: int, group: int = GROUP):
     num_experts = gs.shape[0]
     ends = jnp.cumsum(gs)
     rows = jnp.arange(num_rows, dtype=jnp.int32)
-    e_R = jnp.searchsorted(ends, rows, side="right")  # E past the last group
+    e_R = group_of(ends, rows)  # E past the last group
     e_safe = jnp.minimum(e_R, num_experts - 1)
     tiles_E = (gs + group - 1) // group
     first_tile_E = jnp.cumsum(tiles_E) - tiles_E

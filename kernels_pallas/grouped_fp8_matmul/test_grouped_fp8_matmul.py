@@ -27,6 +27,7 @@ from kernels_pallas.grouped_fp8_matmul import (
     num_tiles,
 )
 from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as mgpu
+from kernels_pallas.grouped_fp8_matmul import tiles as tiles_mod
 from kernels_pallas.qarray import QArray, dequantize
 from kernels_pallas.quantize import quantize_activations, quantize_weight
 
@@ -392,3 +393,17 @@ def test_operand_errors():
         grouped_fp8_matmul(xq, (wq, quantize_weight(jnp.ones((2, 256, 128)), dtype=E5M2)), gs)
     with pytest.raises(ValueError, match="pallas_mosaic_gpu.*Hopper"):
         grouped_fp8_matmul(xq, wq, gs, impl="pallas_mosaic_gpu")
+
+
+def test_tile_map_searches_without_a_loop():
+    """``tiles.group_of`` is ``searchsorted(side="right")`` (random sorted ends, queries past
+    both ends), and the tile map compiles to no ``while``: on a GPU each iteration of the
+    default binary search launches its fusions, ~40 launches per search per decode step."""
+    rng = np.random.default_rng(3)
+    ends = np.sort(rng.integers(0, 300, 64)).astype(np.int32)
+    i = np.arange(-2, 310, dtype=np.int32)
+    np.testing.assert_array_equal(tiles_mod.group_of(jnp.asarray(ends), jnp.asarray(i)),
+                                  np.searchsorted(ends, i, side="right"))  # fmt: skip
+    text = jax.jit(make_tile_map, static_argnums=(1, 2)).lower(
+        jnp.zeros((128,), jnp.int32), 512, 32).as_text()  # fmt: skip
+    assert "while" not in text

@@ -46,6 +46,15 @@ class TileMap:
         return jnp.stack([self.group_T, self.block_T, self.live_T])
 
 
+def group_of(ends_E: jax.Array, i: jax.Array) -> jax.Array:
+    """The number of ``ends_E`` <= each ``i`` (``searchsorted(..., side="right")``) by comparing
+    every pair: one XLA fusion. The default, a binary search as a ``while`` loop of
+    ``log2(E) + 1`` steps, launches its 4 fusions and its condition at every step on a GPU,
+    ~40 launches per search inside every decode step (``perf_model.hlo_launches`` counts them);
+    E is small (the experts), so the E x len(i) compares cost less than one launch."""
+    return jnp.searchsorted(ends_E, i, side="right", method="compare_all")
+
+
 def group_bounds(group_sizes_E: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
     """``(starts_E, ends_E)``: each group's rows ``[start, end)`` of the ``m`` sorted rows, the
     sizes clipped so that the groups cover at most ``m`` rows (int32)."""
@@ -70,10 +79,10 @@ def make_tile_map(group_sizes_E: jax.Array, m: int, tile_m: int) -> TileMap:
     idx = jnp.arange(t, dtype=jnp.int32)
     last_live = jnp.maximum(live - 1, 0)
     t_eff = jnp.minimum(idx, last_live)  # dead tiles repeat the last live one
-    group = jnp.minimum(jnp.searchsorted(tile_end, t_eff, side="right"), e - 1).astype(jnp.int32)
+    group = jnp.minimum(group_of(tile_end, t_eff), e - 1).astype(jnp.int32)
     block = first[group] + t_eff - tile_start[group]
     rows = jnp.arange(m, dtype=jnp.int32)
-    row_group = jnp.minimum(jnp.searchsorted(ends, rows, side="right"), e - 1)
+    row_group = jnp.minimum(group_of(ends, rows), e - 1)
     row_tile = tile_start[row_group] + rows // tile_m - first[row_group]
     out_row = jnp.where(rows < ends[-1], row_tile * tile_m + rows % tile_m, -1)
     return TileMap(

@@ -85,6 +85,12 @@ def condition_launches(comps: dict[str, list[str]], line: str) -> collections.Co
     return launches(comps, re.search(r"condition=%?([\w.\-]+)", line).group(1))
 
 
+def trip_count(line: str) -> int | None:
+    """A ``while``'s trip count where XLA knows it (``backend_config``'s known_trip_count)."""
+    m = re.search(r'known_trip_count"?\s*:\s*\{\s*"n"\s*:\s*"(\d+)"', line)
+    return int(m.group(1)) if m else None
+
+
 def launches(comps: dict[str, list[str]], name: str) -> collections.Counter:
     """Launches by kind in computation ``name``, into nested loops, branches and calls."""
     count = collections.Counter()
@@ -92,9 +98,14 @@ def launches(comps: dict[str, list[str]], name: str) -> collections.Counter:
         if not (m := _OP.search(line)):
             continue
         op = m.group(1)
-        if op == "while":  # its body once, its condition once (a loop of one iteration)
-            count += launches(comps, re.search(r"body=%?([\w.\-]+)", line).group(1))
-            count += condition_launches(comps, line)
+        if op == "while":  # a known trip count's n iterations (e.g. jnp.searchsorted's
+            # binary search): its body n times, its condition n + 1; else body and condition
+            # once (a loop of its own: its trips are not the step's)
+            n = trip_count(line)
+            body = launches(comps, re.search(r"body=%?([\w.\-]+)", line).group(1))
+            cond = condition_launches(comps, line)
+            count += collections.Counter({k: (n or 1) * v for k, v in body.items()})
+            count += collections.Counter({k: (n + 1 if n else 1) * v for k, v in cond.items()})
         elif op == "conditional":
             for b in branches(line):
                 count += launches(comps, b)

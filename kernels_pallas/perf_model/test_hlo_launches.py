@@ -190,3 +190,29 @@ def test_committed_measurement_covers_the_rollout_batches():
             assert (n.per_layer["xla_gemm"], n.per_layer["mosaic"]) == (5, 1)
     with pytest.raises(ValueError, match="engine must be one of"):
         h.load(engine="dense")
+
+
+def test_a_loop_with_a_known_trip_count_launches_its_body_every_iteration():
+    """A ``while`` XLA knows the trips of (``jnp.searchsorted``'s binary search: log2(E) + 1)
+    launches its body n times and its condition n + 1 times; without a known count, once
+    each (a loop of its own)."""
+    known = '{"known_trip_count":{"n":"8"}}'
+    body = """%search_body (t: (s32[])) -> (s32[]) {
+  %f1 = s32[] fusion(%x), kind=kLoop, calls=%fused_norm
+  %f2 = s32[] fusion(%x), kind=kLoop, calls=%fused_norm
+}
+
+%search_cond (t: (s32[])) -> pred[] {
+  %c = pred[] fusion(%x), kind=kLoop, calls=%fused_norm
+}
+
+%outer (t: (s32[])) -> (s32[]) {
+  %w = (s32[]) while(%t), condition=%search_cond, body=%search_body, backend_config=BC
+}
+"""
+    comps = h.computations(body.replace("BC", known))
+    assert h.trip_count(comps["outer"][0]) == 8
+    assert h.launches(comps, "outer") == {"xla": 8 * 2 + 9 * 1}
+    comps = h.computations(body.replace("BC", "{}"))
+    assert h.trip_count(comps["outer"][0]) is None
+    assert h.launches(comps, "outer") == {"xla": 2 + 1}
