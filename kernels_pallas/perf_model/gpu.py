@@ -249,6 +249,16 @@ def finish(op, label, chip, impl, t_compute, terms, hbm_bytes, flops, base, base
                       int(flops))  # fmt: skip
 
 
+def hbm_ceiling(p: Prediction) -> float:
+    """BF16 / FP8 at ``p``'s shape if the FP8 call were its kernel alone streaming its HBM bytes:
+    ``HBM_EFF`` of peak, plus the per-kernel fixed cost (``FILL_S``, scaled by the kernel's
+    calibration) and its launch; no quantization, epilogue or compute time. No tile, split or
+    fusion of the quantization beats it under the model's constants, so a memory-bound target
+    missed below it is missed by those constants, not by a kernel's design."""
+    t = p.terms
+    return p.baseline_s / (t["calibration"] * t["hbm_s"] + t["launch_s"])
+
+
 # --- fp8_matmul -----------------------------------------------------------------------------
 
 

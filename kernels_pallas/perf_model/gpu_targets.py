@@ -7,9 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from kernels_pallas.fp8_matmul.mgpu_config import FUSED_DECODE_ROWS, NUM_SMS
-from kernels_pallas.perf_model import gpu_grouped
 from kernels_pallas.perf_model.common import GPU_CHIPS, Case, Prediction
-from kernels_pallas.perf_model.gpu import predict_matmul
+from kernels_pallas.perf_model.gpu import hbm_ceiling, predict_matmul
 from kernels_pallas.perf_model.gpu_attention import predict_attention
 
 # --- the cases the GPU half predicts --------------------------------------------------------------
@@ -326,36 +325,6 @@ def _fused_pick_changes() -> list[tuple[str, Prediction, Prediction]]:
     return out
 
 
-def pick_summary(changes) -> str:
-    """The model-picked tiles' rows in one line per chip (their ratio to BF16 in a program),
-    the fused-kernel picks at 17-64 rows' (standalone, raw BF16 x) and the grouped FP8 kernel's
-    decode tiles': the geometric mean and the range of the ratio, before -> after."""
-    import math
-
-    gm = lambda v: math.exp(sum(map(math.log, v)) / len(v))  # noqa: E731
-    lines = []
-    for change, what, total, keep in (
-        (PICK_CHANGE, "take a model-picked tile; in a program", len(PICK_LAYERS) * len(PICK_ROWS),
-         lambda p: p.label.endswith(", in program")),
-        (FUSED_PICK_CHANGE, "with raw BF16 x run fused (no act_quantize launch); standalone",
-         len(PICK_LAYERS) * len(FUSED_PICK_ROWS), lambda p: True),
-        (gpu_grouped.GROUPED_TILE_CHANGE, "of the FP8 MoE experts (grouped) take 128 weight "
-         "rows per CTA; standalone, FP8 x",
-         len(gpu_grouped.GROUPED_FP8_LAYERS) * len(gpu_grouped.GROUPED_FP8_ROWS), lambda p: True),
-    ):  # fmt: skip
-        for chip in GPU_CHIPS:
-            rows = [(b, a) for c, b, a in changes if c == change and a.chip == chip and keep(a)]
-            if not rows:
-                continue
-            before, after = [b.ratio for b, _ in rows], [a.ratio for _, a in rows]
-            speed = [b.time_s / a.time_s for b, a in rows]
-            lines.append(f"- {chip}: {len(rows)} GEMMs (of {total} shapes x rows) {what}, "
-                         f"FP8 / BF16 {gm(before):.2f}x -> {gm(after):.2f}x (geometric mean; "
-                         f"worst {min(before):.2f}x -> {min(after):.2f}x), each "
-                         f"{min(speed):.2f}-{max(speed):.2f}x faster")  # fmt: skip
-    return "\n".join(lines)
-
-
 # Prefill grids where 128x128 CTAs need a second wave (one CTA per SM) and 128x256 do not
 # (``mgpu_config._wide_grid``): (model, layer, N, K, M), FP8 x in the program.
 WAVE_ROWS = (
@@ -380,16 +349,6 @@ def separate_sum(chip: str, m: int, parts, k: int, label: str) -> Prediction:
 def _runs_alone(label: str) -> bool:
     """Whether the FP8 rollout runs this MATMUL_LAYERS / FUSED_LAYERS row as its own GEMM."""
     return not any(label.startswith(f"{model} {layer} ") for model, layer in SEPARATE_ONLY)
-
-
-def hbm_ceiling(p: Prediction) -> float:
-    """BF16 / FP8 at ``p``'s shape if the FP8 call were its kernel alone streaming its HBM bytes:
-    ``HBM_EFF`` of peak, plus the per-kernel fixed cost (``FILL_S``, scaled by the kernel's
-    calibration) and its launch; no quantization, epilogue or compute time. No tile, split or
-    fusion of the quantization beats it under the model's constants, so a memory-bound target
-    missed below it is missed by those constants, not by a kernel's design."""
-    t = p.terms
-    return p.baseline_s / (t["calibration"] * t["hbm_s"] + t["launch_s"])
 
 
 def targets(preds: list[Prediction]) -> list[str]:

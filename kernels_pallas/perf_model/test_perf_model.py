@@ -292,7 +292,7 @@ def test_hbm_ceiling_bounds_every_tile_and_is_its_bytes_plus_the_fixed_cost(m, n
     hbm_s = nbytes / (common.CHIPS[chip].hbm_bytes_per_s * gpu.HBM_EFF) + gpu.FILL_S
     launch = gpu.PDL_LAUNCH_S if " pdl" in p.impl else gpu.LAUNCH_S
     by_hand = p.baseline_s / (gpu.KERNEL_CALIBRATION["mm_decode"] * hbm_s + launch)
-    ceiling = gpu_targets.hbm_ceiling(p)
+    ceiling = gpu.hbm_ceiling(p)
     assert ceiling == pytest.approx(by_hand, rel=1e-9)
     for raw in (True, False) if x == "bf16" else (False,):
         for _, cfg in tile_choice.ranked(m, n, k, fused=raw, chip=chip):
