@@ -192,7 +192,7 @@ def test_producers_quantizing_change_no_bit(fuse, monkeypatch):
     same math as the GEMM quantizing it: prefill and a cached decode step give the same logits
     bit for bit as with every producer forced plain."""
     from fp8rl_jax.generation.kv.dense import init_cache
-    from fp8rl_jax.models import layers, transformer
+    from fp8rl_jax.models import layers
     from kernels_pallas.backend import KernelImpls
 
     q = _quantized()
@@ -214,9 +214,29 @@ def test_producers_quantizing_change_no_bit(fuse, monkeypatch):
 
     got = run()
     assert len(calls) == 2 * 2 * CFG.num_layers  # two norms per layer, prefill and decode
-    for mod in (layers, transformer):
-        monkeypatch.setattr(mod, "fp8_input_dtype", lambda *ws: None)
+    monkeypatch.setattr(layers, "fp8_input_dtype", lambda *ws: None)  # every producer's
     want = run()
     assert float(jnp.max(jnp.abs(want[1]))) > 0.5
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_producers_hand_hopper_decode_gemms_of_16_rows_raw_x(monkeypatch):
+    """On Hopper the FP8 GEMMs of a 16-row decode step take raw BF16 x (the fused kernel's
+    16-row tiles, quantized in-kernel) instead of FP8 x padded to 32 rows by two XLA launches
+    each: ``producer_dtype`` is None there, the FP8 format at every other row count, on every
+    other target and with the XLA matmul."""
+    import types
+
+    from fp8rl_jax.models import layers
+    from kernels_pallas.act_quantize import api
+
+    w = _quantized()["layers"][0]["attn"]["wq"]
+    fp8 = w.values.dtype
+    x16, x32 = jnp.zeros((16, 1, CFG.hidden_size)), jnp.zeros((32, CFG.hidden_size))
+    assert layers.producer_dtype(x16, w) == fp8  # CPU: the producers quantize
+    monkeypatch.setattr(api, "target_device", lambda: types.SimpleNamespace(is_hopper=True))
+    assert layers.producer_dtype(x16, w) is None
+    assert layers.producer_dtype(x32, w) == fp8
+    assert layers.producer_dtype(x16, w, impl="xla") == fp8
+    assert layers.producer_dtype(x16, w, jnp.zeros((4, 4))) is None  # a BF16 consumer: raw

@@ -11,15 +11,23 @@ which BF16 roundings XLA skips inside a fusion (a last-bit change, as any refact
 
 from __future__ import annotations
 
+import math
+
 import jax
 
 from fp8rl_jax.models.fused import GATE_UP, split_gate_up
 from fp8rl_jax.quant import matmul
-from kernels_pallas.act_quantize import fp8_input_dtype, rmsnorm_quantize, swiglu_quantize
+from kernels_pallas.act_quantize import (
+    fp8_input_dtype,
+    quantizes_for,
+    rmsnorm_quantize,
+    swiglu_quantize,
+)
 from kernels_pallas.act_quantize.reference import rms_norm, swiglu
 from kernels_pallas.qarray import QArray
 
-__all__ = ["fp8_input_dtype", "linear", "quant_impl", "rms_norm", "rms_norm_for", "swiglu_mlp"]
+__all__ = ["fp8_input_dtype", "linear", "producer_dtype", "quant_impl", "rms_norm", "rms_norm_for",
+           "swiglu_mlp"]  # fmt: skip
 
 
 def quant_impl(matmul_impl: str) -> str:
@@ -28,10 +36,22 @@ def quant_impl(matmul_impl: str) -> str:
     return "xla" if matmul_impl == "xla" else "auto"
 
 
+def producer_dtype(x, *consumers, impl: str = "auto"):
+    """The FP8 format ``x``'s producer quantizes it to for the GEMMs of ``consumers`` (their
+    ``fp8_input_dtype``), or None where they take it raw: no FP8 input, or on Hopper at the
+    fused decode kernel's rows (``act_quantize.quantizes_for``); ``impl`` is the model's
+    matmul impl."""
+    dtype = fp8_input_dtype(*consumers)
+    if dtype is None or quantizes_for(math.prod(x.shape[:-1]), quant_impl(impl)):
+        return dtype
+    return None
+
+
 def rms_norm_for(x, w: jax.Array, eps: float, consumers: tuple, *, impl: str = "auto"):
     """``rms_norm(x, w, eps)``, quantized (a QArray) when every weight in ``consumers`` (the
-    GEMMs that read it) takes FP8 input; ``impl`` is the model's matmul impl."""
-    dtype = fp8_input_dtype(*consumers)
+    GEMMs that read it) takes FP8 input from its producer (``producer_dtype``); ``impl`` is the
+    model's matmul impl."""
+    dtype = producer_dtype(x, *consumers, impl=impl)
     if dtype is None:
         return rms_norm(x, w, eps)
     return rmsnorm_quantize(x, w, eps, dtype, impl=quant_impl(impl))
@@ -50,7 +70,7 @@ def swiglu_mlp(p: dict, x, *, impl: str = "auto") -> jax.Array:
     """``W_down (silu(x W_gate) ⊙ x W_up)`` (Shazeer 2020, arXiv 2002.05202); a fused
     ``w_gate_up`` (``models.fused``) runs both input GEMMs as one. A QArray ``w_down`` gets its
     input quantized with the product (one launch on Hopper at decode sizes)."""
-    dtype, q_impl = fp8_input_dtype(p["w_down"]), quant_impl(impl)
+    dtype, q_impl = producer_dtype(x, p["w_down"], impl=impl), quant_impl(impl)
     if GATE_UP in p and dtype is not None and p[GATE_UP].block_shape[0] == 128:
         h = swiglu_quantize(linear(x, p[GATE_UP], impl=impl), dtype=dtype, impl=q_impl)
     else:

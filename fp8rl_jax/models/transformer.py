@@ -17,7 +17,7 @@ from fp8rl_jax.models.attention import (
 from fp8rl_jax.models.cache import Cache, CacheStep
 from fp8rl_jax.models.config import ModelConfig
 from fp8rl_jax.models.fused import GATE_UP, QKV, QKV_PARTS
-from fp8rl_jax.models.layers import fp8_input_dtype, linear, rms_norm, rms_norm_for, swiglu_mlp
+from fp8rl_jax.models.layers import linear, producer_dtype, rms_norm, rms_norm_for, swiglu_mlp
 from fp8rl_jax.models.moe import load_balancing_loss, moe_mlp
 from fp8rl_jax.models.remat import remat_block
 from fp8rl_jax.models.rope import rope_cos_sin
@@ -110,7 +110,7 @@ def _attention(p: dict, h_BTD: jax.Array, layer: int, inp: _Inputs):
     q, k, v = project_qkv(p, h_BTD, inp.cos_BTC, inp.sin_BTC, cfg, kernels.matmul)
     amax = qkv_amax(q, k, v, inp.valid_BT) if inp.want_amax else None
     # an FP8 o_proj: the cache's attention may hand its output over quantized (one launch)
-    quant = fp8_input_dtype(p["wo"])
+    quant = producer_dtype(h_BTD, p["wo"], impl=kernels.matmul)
     o, kv = inp.step.attend(layer, q, k, v, cfg.head_dim**-0.5, quant_out=quant)
     if not isinstance(o, QArray):
         o = o.reshape(B, T, cfg.num_heads * cfg.head_dim)

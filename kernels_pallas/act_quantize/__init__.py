@@ -5,6 +5,7 @@ references in ``reference.py``; dispatch in ``api.py``)."""
 
 from kernels_pallas.act_quantize.api import (
     fp8_input_dtype,
+    quantizes_for,
     rmsnorm_quantize,
     swiglu_quantize,
 )
@@ -13,6 +14,7 @@ from kernels_pallas.act_quantize.pallas_triton import quantize_activations_trito
 __all__ = [
     "fp8_input_dtype",
     "quantize_activations_triton",
+    "quantizes_for",
     "rmsnorm_quantize",
     "supports",
     "swiglu_quantize",

@@ -37,6 +37,21 @@ def use_kernel(op: str, impl: str, reason: str | None) -> bool:
     return impl == "auto" and reason is None and target_device().is_hopper
 
 
+def quantizes_for(rows: int, impl: str = "auto") -> bool:
+    """Whether a producer quantizes its output for the FP8 GEMMs of ``rows`` rows it feeds
+    (else it hands them raw BF16 x, which they quantize in-kernel). Always, but on Hopper
+    (``impl`` "auto") at the fused decode kernel's rows (``mgpu_config.FUSED_DECODE_ROWS``):
+    there FP8 x would be padded to the QArray kernel's 32-row tile by two XLA launches per
+    GEMM (its values and its scales; a Triton producer cannot absorb a pad: 8 launches a
+    layer in the compiled Qwen3-8B decode, ``perf_model.hlo_launches``), while raw x runs the
+    fused kernel's 16-row tiles unpadded (``fp8_matmul.fused_default``; bit for bit the
+    quantize-once result in interpret mode). The producer is then XLA's fusion, one launch as
+    the Triton kernel was."""
+    from kernels_pallas.fp8_matmul.mgpu_config import FUSED_DECODE_ROWS
+
+    return not (impl == "auto" and rows == FUSED_DECODE_ROWS and target_device().is_hopper)
+
+
 def _rows(x) -> int:
     return x.size // x.shape[-1]
 

@@ -114,15 +114,22 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: st
     q_n, kv_n = cfg.heads * c, cfg.kv_heads * c
     fp8_n, bf16_n = _counts("fp8", batch, engine), _counts("bf16", batch, engine)
     engine = "paged" if engine == hlo_launches.PAGED_BEFORE else engine
-    # the kernels modelled one by one must be the ones the programs launch
-    assert (fp8_n.per_layer["mosaic"], fp8_n.per_layer["triton"]) == (5, 4), fp8_n
+    # the kernels modelled one by one must be the ones the programs launch: the FP8 GEMMs'
+    # inputs quantized by 4 Triton producers, or (``act_quantize.quantizes_for``: Hopper at 16
+    # rows) by none, the GEMMs quantizing raw x in-kernel and the producers XLA fusions
+    fp8_kinds = (fp8_n.per_layer["mosaic"], fp8_n.per_layer["triton"])
+    assert fp8_kinds in ((5, 4), (5, 0)), fp8_n
     assert (bf16_n.per_layer["xla_gemm"], bf16_n.per_layer["mosaic"]) == (5, 1), bf16_n
+    raw = fp8_kinds[1] == 0
 
-    def mm(n, k):  # x arrives FP8 from its producer's kernel (counted below); today's tiles
-        # are the dispatch's, the tiles before a change the rules' with that change undone
-        tile = tile_choice.dispatch_config(batch, n, k, chip=chip) if k_slices and pdl else \
-            mgpu_config.default_config(batch, n, k, k_slices=k_slices, pdl=pdl)  # fmt: skip
-        return gpu.predict_matmul(chip, batch, n, k, "fp8", in_program=True, config=tile).time_s
+    def mm(n, k):  # x from its producer (counted below); today's tiles are the dispatch's,
+        # the tiles before a change the rules' with that change undone
+        if k_slices and pdl:
+            tile = tile_choice.dispatch_config(batch, n, k, fused=raw, chip=chip)
+        else:
+            tile = mgpu_config.default_config(batch, n, k, fused=raw, k_slices=k_slices, pdl=pdl)
+        x = "bf16" if raw else "fp8"
+        return gpu.predict_matmul(chip, batch, n, k, x, in_program=True, config=tile).time_s
 
     def quant(k):  # a producer + quantization kernel writing [batch, k] FP8
         return gpu.quantize_s(chip, batch, k)
@@ -136,7 +143,7 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: st
         "o_proj": mm(d, q_n),
         "gate+up fused": mm(2 * cfg.ffn, d),
         "down_proj": mm(d, cfg.ffn),
-        "4 producer+quantize kernels": 2 * quant(d) + quant(q_n) + quant(cfg.ffn),
+        "4 producer+quantize kernels": 0.0 if raw else 2 * quant(d) + quant(q_n) + quant(cfg.ffn),
         f"{fp8_n.per_layer['xla']} other fusions": fp8_n.per_layer["xla"] * gpu.LAUNCH_S,
     }
     bf = lambda n, k: gpu.bf16_gemm_s(chip, batch, n, k, fill=False)  # noqa: E731

@@ -333,7 +333,7 @@ def launches_json(model: str = "qwen3-8b") -> str:
     )
 
 
-def measure(batches=(16, 64, 128, 256), prompt: int = 2048, response: int = 4096,
+def measure(batches=(16, 32, 64, 128, 256), prompt: int = 2048, response: int = 4096,
             engines=ENGINES, model: str = "qwen3-8b") -> dict:  # fmt: skip
     """Compiles the programs (module docstring) at ``model``'s widths and counts their decode
     launches."""

@@ -176,16 +176,18 @@ def test_conditional_branches_in_both_forms():
 def test_committed_measurement_covers_the_rollout_batches():
     """The committed counts (``python -m kernels_pallas.perf_model.hlo_launches``) have both
     programs of both engines at every batch the rollout table shows, with the kernels the
-    rollout model charges one by one (5 Mosaic + 4 Triton per FP8 layer; 5 XLA GEMMs + the
-    attention kernel per BF16 layer)."""
+    rollout model charges one by one (5 Mosaic + 4 Triton per FP8 layer, none at 16 rows,
+    whose GEMMs take raw x: ``act_quantize.quantizes_for``; 5 XLA GEMMs + the attention kernel
+    per BF16 layer)."""
     from kernels_pallas.perf_model import gpu_rollout
 
     for engine in h.ENGINES:
         data = h.load(engine=engine)
         for prec in ("fp8", "bf16"):
             assert {str(b) for b in gpu_rollout.BATCHES} <= set(data[prec])
-        for n in data["fp8"].values():
-            assert (n.per_layer["mosaic"], n.per_layer["triton"]) == (5, 4)
+        for b, n in data["fp8"].items():
+            triton = 0 if b == "16" else 4
+            assert (n.per_layer["mosaic"], n.per_layer["triton"]) == (5, triton), b
         for n in data["bf16"].values():
             assert (n.per_layer["xla_gemm"], n.per_layer["mosaic"]) == (5, 1)
     with pytest.raises(ValueError, match="engine must be one of"):
