@@ -2,16 +2,17 @@
 the Qwen3-30B-A3B programs' own launch counts (``hlo_launches --model qwen3-30b-a3b --engine
 static``, compiled for H100 at 1 and 2 layers of its widths).
 
-Per layer the FP8 program launches (the count checks it) 5 Mosaic GPU kernels: q|k|v as one
-GEMM and o_proj (``gpu.predict_matmul``, x FP8 from its producer), decode attention on the FP8
-cache, and the experts' gate+up as one grouped GEMM over both stacks and down
+Per layer the FP8 program launches (the count checks it) 5 Mosaic GPU kernels: q|k|v as one GEMM
+and o_proj (``gpu.predict_matmul``, x FP8 from its producer), decode attention on the FP8 cache,
+and the experts' gate+up as one grouped GEMM over both stacks and down
 (``gpu_grouped.predict_grouped_fp8``, B x top-k rows spread evenly over the experts); 2 Triton
 kernels, the RMSNorm and attention-combine producers quantizing for q|k|v and o_proj
-(``gpu.quantize_s``); and the router as an XLA BF16 GEMM. The BF16 program: q|k|v (XLA fuses the
-dots), o_proj and the router as XLA GEMMs, attention on the BF16 cache, and gate, up and down each
-through ``grouped_matmul``'s BF16 kernel (``predict_grouped_bf16``, its 128-row tiles). Both:
-every other fusion at ``gpu.LAUNCH_S`` (routing: top-k and its softmax, the sort by expert, the
-tile maps, the row gathers and the weighted combine; in the FP8 program also the experts' input
+(``gpu.quantize_s``; none at 16 rows, where those GEMMs quantize raw x in-kernel); and the
+router as an XLA BF16 GEMM. The BF16 program: q|k|v (XLA fuses the dots), o_proj and the router
+as XLA GEMMs, attention on the BF16 cache, and gate, up and down each through
+``grouped_matmul``'s BF16 kernel (``predict_grouped_bf16``, its 128-row tiles). Both: every
+other fusion at ``gpu.LAUNCH_S`` (routing: top-k and its softmax, the sort by expert, the tile
+maps, the row gathers and the weighted combine; in the FP8 program also the experts' input
 quantization and SiLU product), then the LM head, the step's fusions and its host syncs
 (``gpu_rollout.step``). Predicted, never measured; ``gpu.py``'s assumptions carry over.
 """
@@ -43,16 +44,19 @@ def moe_step(chip: str, cfg: MoeModel, batch: int, context: int):
 
     path = hlo_launches.launches_json(MODEL)
     fp8_n, bf16_n = (_counts(p, batch, "static", path) for p in ("fp8", "bf16"))
-    # the kernels modelled one by one must be the ones the programs launch
+    # the kernels modelled one by one must be the ones the programs launch (no Triton producer
+    # at 16 rows: the GEMMs take raw x, ``act_quantize.quantizes_for``)
     fp8_kinds = (fp8_n.per_layer["mosaic"], fp8_n.per_layer["triton"], fp8_n.per_layer["xla_gemm"])
-    assert fp8_kinds == (5, 2, 1), fp8_n
+    assert fp8_kinds in ((5, 2, 1), (5, 0, 1)), fp8_n
+    raw = fp8_kinds[1] == 0
     assert (bf16_n.per_layer["mosaic"], bf16_n.per_layer["xla_gemm"]) == (4, 3), bf16_n
     d, c, e, f = cfg.hidden, cfg.head_dim, cfg.experts, cfg.expert_ffn
     q_n, kv_n, rows = cfg.heads * c, cfg.kv_heads * c, batch * cfg.top_k
 
-    def mm(n, k):  # the dispatch's tile, x FP8 from its producer's kernel
-        tile = tile_choice.dispatch_config(batch, n, k, chip=chip)
-        return gpu.predict_matmul(chip, batch, n, k, "fp8", in_program=True, config=tile).time_s
+    def mm(n, k):  # the dispatch's tile, x FP8 from its producer's kernel or raw (fused)
+        tile = tile_choice.dispatch_config(batch, n, k, fused=raw, chip=chip)
+        x = "bf16" if raw else "fp8"
+        return gpu.predict_matmul(chip, batch, n, k, x, in_program=True, config=tile).time_s
 
     def experts_fp8(k, ns):
         return gpu_grouped.predict_grouped_fp8(chip, rows, e, k, ns, in_program=True).time_s
@@ -71,8 +75,9 @@ def moe_step(chip: str, cfg: MoeModel, batch: int, context: int):
         "router (XLA BF16 GEMM)": bf(e, d),
         "experts gate+up (grouped FP8, one launch)": experts_fp8(d, (f, f)),
         "experts down (grouped FP8)": experts_fp8(f, (d,)),
-        "2 producer+quantize kernels": gpu.quantize_s(chip, batch, d)
-        + gpu.quantize_s(chip, batch, q_n),
+        "2 producer+quantize kernels": 0.0
+        if raw
+        else gpu.quantize_s(chip, batch, d) + gpu.quantize_s(chip, batch, q_n),
         f"{fp8_n.per_layer['xla']} other fusions": fp8_n.per_layer["xla"] * gpu.LAUNCH_S,
     }
     bf16 = {
