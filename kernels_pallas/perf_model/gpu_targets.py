@@ -384,9 +384,10 @@ def targets(preds: list[Prediction]) -> list[str]:
     small_pre = [p for p in pre if int(p.label.rsplit("M=", 1)[1]) <= 64]
     # inside the rollout program: x arrives FP8 from its producer's kernel (RMSNorm, the
     # attention combine, the SiLU product: ``act_quantize.fused``, launches the BF16 program
-    # runs as XLA fusions) and a split-K sum fuses into its consumer (``gpu_rollout``)
-    prog = [predict_matmul("h100", m, n, k, "fp8", label=f"{model} {layer} M={m}",
-                           in_program=True)
+    # runs as XLA fusions), raw at the fused decode kernel's rows (``quantizes_for``: the
+    # producer is then XLA's fusion), and a split-K sum fuses into its consumer (``gpu_rollout``)
+    prog = [predict_matmul("h100", m, n, k, "bf16" if m == FUSED_DECODE_ROWS else "fp8",
+                           label=f"{model} {layer} M={m}", in_program=True)
             for model, layer, n, k, ms in rows for m in ms if m <= 64]  # fmt: skip
     prog = [p for p in prog if _runs_alone(p.label)]
     return [
@@ -410,8 +411,8 @@ def targets(preds: list[Prediction]) -> list[str]:
                 lambda p: p.ratio >= 1.6, lambda p: p.ratio, ceiling=1.6),
         verdict("  same, x arriving FP8", small_pre, lambda p: p.ratio >= 1.6,
                 lambda p: p.ratio, ceiling=1.6),
-        verdict("  same, in the rollout program (x quantized by its producer's kernel, split-K "
-                "sums fused into their consumers)",
+        verdict("  same, in the rollout program (x quantized by its producer's kernel, at 16 "
+                "rows in-kernel; split-K sums fused into their consumers)",
                 prog, lambda p: p.ratio >= 1.6, lambda p: p.ratio, ceiling=1.6),
         verdict("H100 decode attention >= 80% of HBM, FP8 cache, B x KV >= 64", att64,
                 lambda p: p.hbm_fraction() >= 0.8, lambda p: p.hbm_fraction()),
