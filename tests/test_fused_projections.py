@@ -240,3 +240,8 @@ def test_producers_hand_hopper_decode_gemms_of_16_rows_raw_x(monkeypatch):
     assert layers.producer_dtype(x32, w) == fp8
     assert layers.producer_dtype(x16, w, impl="xla") == fp8
     assert layers.producer_dtype(x16, w, jnp.zeros((4, 4))) is None  # a BF16 consumer: raw
+    monkeypatch.setenv("FP8RL_FUSED_X", "0")  # the switch: producers quantize, x never fused
+    assert layers.producer_dtype(x16, w) == fp8
+    from kernels_pallas.fp8_matmul import api as mm_api
+
+    assert not mm_api.fused_default(16, 4096, 4096, "h100")

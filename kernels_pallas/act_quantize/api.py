@@ -46,10 +46,11 @@ def quantizes_for(rows: int, impl: str = "auto") -> bool:
     layer in the compiled Qwen3-8B decode, ``perf_model.hlo_launches``), while raw x runs the
     fused kernel's 16-row tiles unpadded (``fp8_matmul.fused_default``; bit for bit the
     quantize-once result in interpret mode). The producer is then XLA's fusion, one launch as
-    the Triton kernel was."""
-    from kernels_pallas.fp8_matmul.mgpu_config import FUSED_DECODE_ROWS
+    the Triton kernel was. Always with ``FP8RL_FUSED_X=0`` (``mgpu_config.fused_enabled``)."""
+    from kernels_pallas.fp8_matmul.mgpu_config import FUSED_DECODE_ROWS, fused_enabled
 
-    return not (impl == "auto" and rows == FUSED_DECODE_ROWS and target_device().is_hopper)
+    raw = rows == FUSED_DECODE_ROWS and fused_enabled() and target_device().is_hopper
+    return not (impl == "auto" and raw)
 
 
 def _rows(x) -> int:

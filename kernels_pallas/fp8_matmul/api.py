@@ -32,6 +32,7 @@ from kernels_pallas.fp8_matmul import pallas_tpu as tpu
 from kernels_pallas.fp8_matmul import tile_choice
 from kernels_pallas.fp8_matmul.mgpu_config import (
     FUSED_DECODE_ROWS,
+    fused_enabled,
     fused_refuses,
 )
 from kernels_pallas.fp8_matmul.reference import check_operands
@@ -70,9 +71,12 @@ def fused_default(m: int, n: int, k: int, chip: str | None = None) -> bool:
     program and standalone); elsewhere x is quantized once per 1x128 group (one
     ``act_quantize`` launch) and the QArray kernel runs. An explicit swap-AB config
     with raw x runs fused (``_fused``), so the autotuner times fused tiles there. A prefill CTA
-    re-quantizing its x slice N/128 times over is issue-bound (725 instructions per K step
-    against 128; 0.57-0.66x the quantize-once time at M 65-8192): the fused prefill tiles run
-    only with an explicit config."""
+    re-quantizing its x slice N/128 times over is issue-bound (476 instructions per K step
+    against 128; 0.36-0.95x the quantize-once time at M 128-4096 on the rollout shapes,
+    1.02-1.05x on one narrow one): the fused prefill tiles run only with an explicit config.
+    Never with ``FP8RL_FUSED_X=0`` (``mgpu_config.fused_enabled``)."""
+    if not fused_enabled():
+        return False
     if m == FUSED_DECODE_ROWS:
         return True
     if chip is None:

@@ -4,6 +4,7 @@ SMEM they take (as Mosaic GPU counts it), and the per-shape defaults. Pure Pytho
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from kernels_pallas.dependent_launch import enabled as pdl_enabled
 
@@ -22,6 +23,17 @@ SWAP_ROW_ALIGN = 32
 # is a multiple of 8; a 16-row BF16 stage is 4 KiB per 128-K slice), so M = 16 needs no padding
 FUSED_ROW_ALIGN = 16
 FUSED_DECODE_ROWS = 16  # raw x of this many rows runs fused by default (api.fused_default)
+FUSED_ENV = "FP8RL_FUSED_X"
+
+
+def fused_enabled() -> bool:
+    """Whether raw BF16 x may run the fused kernel by default (``FP8RL_FUSED_X`` unset or not
+    "0"). "0": raw x is quantized once everywhere (``act_quantize``) and every producer
+    quantizes for its FP8 GEMMs (``act_quantize.quantizes_for``): a switch for a device where
+    the fused kernel misbehaves (it has not yet run on one), and for measuring both ways."""
+    return os.environ.get(FUSED_ENV, "1") != "0"
+
+
 _SMEM_ALIGN = 1024  # Mosaic GPU rounds every SMEM scratch buffer up to this (SMEM_ALIGNMENT)
 _MAX_STAGES = 6  # deepest ring that compiled without spills for every tile shape tried
 _MAX_GRID = 65535  # CUDA's limit on the y and z grid dimensions (x allows 2^31 - 1)
