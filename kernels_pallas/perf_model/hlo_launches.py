@@ -13,20 +13,21 @@ and cache, same attention kernel), on both engines:
   (zero iterations unless the pool runs short).
 
 Loop conditions evaluated every step count once. In a counted computation every fusion, custom
-call (a Pallas kernel) and copy is one launch; per layer = 2 layers minus 1 layer, per step (LM
-head, sampling, bookkeeping) = 1 layer minus per layer. Kinds: ``mosaic`` (Mosaic GPU: GEMMs,
-attention), ``triton`` (Pallas Triton: ``act_quantize``, in the FP8 program its producer-fused
-kernels), ``xla_gemm`` (XLA's GEMM fusions and cuBLAS calls), ``xla`` (every other fusion or
-copy). Counted apart (``decode_body_syncs``, ``paged_step_syncs``): the predicates the host
-reads in a step. XLA's GPU runtime evaluates a ``while`` without a known trip count by copying
-its predicate to the host and waiting before every iteration, and a ``conditional`` by copying
-its branch index the same way: the stream drains and the next launch starts from an idle GPU
-(``gpu.HOST_SYNC_S`` each), unless XLA records the loop in a command buffer with device-side
-conditional nodes.
+call (a Pallas kernel) and copy is one launch, a nested loop whose trip count XLA knows launches
+its body that many times (``jnp.searchsorted``'s binary search was one); per layer = 2 layers
+minus 1 layer, per step (LM head, sampling, bookkeeping) = 1 layer minus per layer. Kinds:
+``mosaic`` (Mosaic GPU: GEMMs, attention), ``triton`` (Pallas Triton: ``act_quantize``, in the
+FP8 program its producer-fused kernels), ``xla_gemm`` (XLA's GEMM fusions and cuBLAS calls),
+``xla`` (every other fusion or copy). Counted apart (``decode_body_syncs``,
+``paged_step_syncs``): the predicates the host reads in a step. XLA's GPU runtime evaluates a
+``while`` without a known trip count by copying its predicate to the host and waiting before
+every iteration, and a ``conditional`` by copying its branch index the same way: the stream
+drains and the next launch starts from an idle GPU (``gpu.HOST_SYNC_S`` each), unless XLA
+records the loop in a command buffer with device-side conditional nodes.
 
 ``python -m kernels_pallas.perf_model.hlo_launches`` (the AOT venv: the CUDA plugin) writes
 ``experiments/results/rollout_launches.json``; with ``--model qwen3-30b-a3b --engine static``
-the MoE rollout's counts (``rollout_launches_qwen3-30b-a3b.json``: ``gpu_rollout.moe_step``).
+the MoE rollout's counts (``rollout_launches_qwen3-30b-a3b.json``: ``gpu_rollout_moe``).
 """
 
 from __future__ import annotations
