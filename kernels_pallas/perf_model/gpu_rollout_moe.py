@@ -1,6 +1,7 @@
 """Rollout decode step of an MoE model, W8A8 + FP8 KV against BF16: ``gpu_rollout``'s method on
-the Qwen3-30B-A3B programs' own launch counts (``hlo_launches --model qwen3-30b-a3b --engine
-static``, compiled for H100 at 1 and 2 layers of its widths).
+the Qwen3-30B-A3B programs' own launch counts (``hlo_launches --model qwen3-30b-a3b``, compiled
+for H100 at 1 and 2 layers of its widths), on the static engine and on the paged one the
+real-model recipes run (its bookkeeping's own launches and host syncs counted as for Qwen3-8B).
 
 Per layer the FP8 program launches (the count checks it) 5 Mosaic GPU kernels: q|k|v as one GEMM
 and o_proj (``gpu.predict_matmul``, x FP8 from its producer), decode attention on the FP8 cache,
@@ -40,12 +41,12 @@ class MoeModel(DenseModel):
 QWEN3_30B_A3B = MoeModel("Qwen3-30B-A3B", 48, 2048, 32, 4, 128, 6144, 151936, 128, 8, 768)
 
 
-def moe_step(chip: str, cfg: MoeModel, batch: int, context: int):
-    """One static-engine decode step of ``batch`` rows at ``context`` slots, FP8 and BF16."""
+def moe_step(chip: str, cfg: MoeModel, batch: int, context: int, engine: str = "static"):
+    """One decode step of ``batch`` rows at ``context`` slots on ``engine``, FP8 and BF16."""
     from kernels_pallas.fp8_matmul import tile_choice
 
     path = hlo_launches.launches_json(MODEL)
-    fp8_n, bf16_n = (_counts(p, batch, "static", path) for p in ("fp8", "bf16"))
+    fp8_n, bf16_n = (_counts(p, batch, engine, path) for p in ("fp8", "bf16"))
     # the kernels modelled one by one must be the ones the programs launch (no Triton producer
     # at 16 rows: the GEMMs take raw x, ``act_quantize.quantizes_for``)
     fp8_kinds = (fp8_n.per_layer["mosaic"], fp8_n.per_layer["triton"], fp8_n.per_layer["xla_gemm"])
@@ -94,9 +95,10 @@ def moe_step(chip: str, cfg: MoeModel, batch: int, context: int):
         "(RMSNorm, combine: XLA fusions among the others)": 0.0,
         f"{bf16_n.per_layer['xla']} other fusions": bf16_n.per_layer["xla"] * gpu.LAUNCH_S,
     }
-    return step(chip, cfg, batch, context, "static", (fp8, fp8_n), (bf16, bf16_n))
+    return step(chip, cfg, batch, context, engine, (fp8, fp8_n), (bf16, bf16_n))
 
 
 def predictions(chips=gpu.GPU_CHIPS) -> list:
     ctx = PROMPT + RESPONSE // 2
-    return [moe_step(chip, QWEN3_30B_A3B, b, ctx) for chip in chips for b in BATCHES]
+    return [moe_step(chip, QWEN3_30B_A3B, b, ctx, e) for e in hlo_launches.ENGINES
+            for chip in chips for b in BATCHES]  # fmt: skip

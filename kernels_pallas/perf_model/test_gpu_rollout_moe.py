@@ -40,11 +40,12 @@ def test_moe_step_is_its_kernels_and_its_programs_counts():
     assert p.kv_fp8_gib == pytest.approx(48 * 64 * 6144 * 2 * 512 / 2**30)
 
 
-def test_every_batch_and_chip_is_predicted_from_its_own_count():
+def test_every_engine_batch_and_chip_is_predicted_from_its_own_count():
     preds = gpu_rollout_moe.predictions()
-    assert [(p.chip, p.batch) for p in preds] == [
-        (c, b) for c in gpu.GPU_CHIPS for b in gpu_rollout_moe.BATCHES
-    ]
+    assert [(p.engine, p.chip, p.batch) for p in preds] == [
+        (e, c, b) for e in hlo_launches.ENGINES for c in gpu.GPU_CHIPS
+        for b in gpu_rollout_moe.BATCHES
+    ]  # fmt: skip
     for p in preds:  # FP8 experts stream half the bytes in one launch fewer per layer
         fp8 = sum(v for k, v in p.fp8_parts.items() if k.startswith("experts"))
         bf16 = sum(v for k, v in p.bf16_parts.items() if k.startswith("experts"))
