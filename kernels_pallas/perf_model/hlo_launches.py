@@ -26,8 +26,8 @@ drains and the next launch starts from an idle GPU (``gpu.HOST_SYNC_S`` each), u
 records the loop in a command buffer with device-side conditional nodes.
 
 ``python -m kernels_pallas.perf_model.hlo_launches`` (the AOT venv: the CUDA plugin) writes
-``experiments/results/rollout_launches.json``; with ``--model qwen3-30b-a3b --engine static``
-the MoE rollout's counts (``rollout_launches_qwen3-30b-a3b.json``: ``gpu_rollout_moe``).
+``experiments/results/rollout_launches.json``; with ``--model qwen3-30b-a3b`` the MoE rollout's
+counts (``rollout_launches_qwen3-30b-a3b.json``: ``gpu_rollout_moe``).
 """
 
 from __future__ import annotations
