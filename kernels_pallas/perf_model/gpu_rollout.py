@@ -91,12 +91,27 @@ class StepPrediction:
                     bf16_tokens_per_s=self.batch / self.bf16_s)  # fmt: skip
 
 
-def _counts(precision: str, batch: int, engine: str,
+def launch_counts(precision: str, batch: int, engine: str,
             path: str = hlo_launches.LAUNCHES_JSON) -> hlo_launches.Launches:  # fmt: skip
     """The measured launches of the batch size measured nearest below ``batch`` (or above)."""
     by_b = hlo_launches.load(path, engine=engine)[precision]
     sizes = sorted(int(b) for b in by_b)
     return by_b[str(max([b for b in sizes if b <= batch] or sizes[:1]))]
+
+
+def gemm_s(chip: str, batch: int, n: int, k: int, raw: bool, *, k_slices: bool = True,
+           pdl: bool = True) -> float:  # fmt: skip
+    """A decode GEMM inside the rollout program: x FP8 from its producer's kernel, or ``raw``
+    (quantized in-kernel, ``act_quantize.quantizes_for``); today's tiles are the dispatch's,
+    the tiles before a change (``k_slices`` / ``pdl`` False) the rules' with it undone."""
+    from kernels_pallas.fp8_matmul import mgpu_config, tile_choice
+
+    if k_slices and pdl:
+        tile = tile_choice.dispatch_config(batch, n, k, fused=raw, chip=chip)
+    else:
+        tile = mgpu_config.default_config(batch, n, k, fused=raw, k_slices=k_slices, pdl=pdl)
+    x = "bf16" if raw else "fp8"
+    return gpu.predict_matmul(chip, batch, n, k, x, in_program=True, config=tile).time_s
 
 
 def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: str = "static",
@@ -108,11 +123,10 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: st
     two: ``mgpu_config._DECODE_K_SLICES``); ``pdl=False``: the GEMMs and the attention kernel
     launched after their predecessor completes (before they launched dependent:
     ``kernels_pallas/dependent_launch``)."""
-    from kernels_pallas.fp8_matmul import mgpu_config, tile_choice
 
     d, c = cfg.hidden, cfg.head_dim
     q_n, kv_n = cfg.heads * c, cfg.kv_heads * c
-    fp8_n, bf16_n = _counts("fp8", batch, engine), _counts("bf16", batch, engine)
+    fp8_n, bf16_n = launch_counts("fp8", batch, engine), launch_counts("bf16", batch, engine)
     engine = "paged" if engine == hlo_launches.PAGED_BEFORE else engine
     # the kernels modelled one by one must be the ones the programs launch: the FP8 GEMMs'
     # inputs quantized by 4 Triton producers, or (``act_quantize.quantizes_for``: Hopper at 16
@@ -122,14 +136,8 @@ def decode_step(chip: str, cfg: DenseModel, batch: int, context: int, engine: st
     assert (bf16_n.per_layer["xla_gemm"], bf16_n.per_layer["mosaic"]) == (5, 1), bf16_n
     raw = fp8_kinds[1] == 0
 
-    def mm(n, k):  # x from its producer (counted below); today's tiles are the dispatch's,
-        # the tiles before a change the rules' with that change undone
-        if k_slices and pdl:
-            tile = tile_choice.dispatch_config(batch, n, k, fused=raw, chip=chip)
-        else:
-            tile = mgpu_config.default_config(batch, n, k, fused=raw, k_slices=k_slices, pdl=pdl)
-        x = "bf16" if raw else "fp8"
-        return gpu.predict_matmul(chip, batch, n, k, x, in_program=True, config=tile).time_s
+    def mm(n, k):
+        return gemm_s(chip, batch, n, k, raw, k_slices=k_slices, pdl=pdl)
 
     def quant(k):  # a producer + quantization kernel writing [batch, k] FP8
         return gpu.quantize_s(chip, batch, k)
@@ -255,7 +263,7 @@ def paged_bookkeeping_change(chip: str = "h100") -> str:
     for b in BATCHES:
         old = decode_step(chip, QWEN3_8B, b, ctx, hlo_launches.PAGED_BEFORE)
         new = decode_step(chip, QWEN3_8B, b, ctx, "paged")
-        n_old, n_new = (_counts("fp8", b, e).total(QWEN3_8B.layers)
+        n_old, n_new = (launch_counts("fp8", b, e).total(QWEN3_8B.layers)
                         for e in (hlo_launches.PAGED_BEFORE, "paged"))  # fmt: skip
         rows.append(f"| {b} | {n_old} -> {n_new} | {old.fp8_s * 1e6:.0f} -> {new.fp8_s * 1e6:.0f} "
                     f"| {old.bf16_s * 1e6:.0f} -> {new.bf16_s * 1e6:.0f} "

@@ -25,7 +25,14 @@ from __future__ import annotations
 import dataclasses
 
 from kernels_pallas.perf_model import gpu, gpu_attention, gpu_grouped, hlo_launches
-from kernels_pallas.perf_model.gpu_rollout import PROMPT, RESPONSE, DenseModel, _counts, step
+from kernels_pallas.perf_model.gpu_rollout import (
+    PROMPT,
+    RESPONSE,
+    DenseModel,
+    gemm_s,
+    launch_counts,
+    step,
+)
 
 MODEL = "qwen3-30b-a3b"  # the presets name its launch counts are kept under
 BATCHES = (16, 64, 128, 256)
@@ -43,10 +50,8 @@ QWEN3_30B_A3B = MoeModel("Qwen3-30B-A3B", 48, 2048, 32, 4, 128, 6144, 151936, 12
 
 def moe_step(chip: str, cfg: MoeModel, batch: int, context: int, engine: str = "static"):
     """One decode step of ``batch`` rows at ``context`` slots on ``engine``, FP8 and BF16."""
-    from kernels_pallas.fp8_matmul import tile_choice
-
     path = hlo_launches.launches_json(MODEL)
-    fp8_n, bf16_n = (_counts(p, batch, engine, path) for p in ("fp8", "bf16"))
+    fp8_n, bf16_n = (launch_counts(p, batch, engine, path) for p in ("fp8", "bf16"))
     # the kernels modelled one by one must be the ones the programs launch (no Triton producer
     # at 16 rows: the GEMMs take raw x, ``act_quantize.quantizes_for``)
     fp8_kinds = (fp8_n.per_layer["mosaic"], fp8_n.per_layer["triton"], fp8_n.per_layer["xla_gemm"])
@@ -56,10 +61,8 @@ def moe_step(chip: str, cfg: MoeModel, batch: int, context: int, engine: str = "
     d, c, e, f = cfg.hidden, cfg.head_dim, cfg.experts, cfg.expert_ffn
     q_n, kv_n, rows = cfg.heads * c, cfg.kv_heads * c, batch * cfg.top_k
 
-    def mm(n, k):  # the dispatch's tile, x FP8 from its producer's kernel or raw (fused)
-        tile = tile_choice.dispatch_config(batch, n, k, fused=raw, chip=chip)
-        x = "bf16" if raw else "fp8"
-        return gpu.predict_matmul(chip, batch, n, k, x, in_program=True, config=tile).time_s
+    def mm(n, k):
+        return gemm_s(chip, batch, n, k, raw)
 
     def experts_fp8(k, ns):
         return gpu_grouped.predict_grouped_fp8(chip, rows, e, k, ns, in_program=True).time_s
