@@ -46,6 +46,8 @@ EXTRA = (
     ("pallas_mosaic_gpu", "h100", _E4, _F32, "gate+up", D, (F, F), 64, None),
     ("pallas_mosaic_gpu", "h100", _E4, _BF, "gate", D, (F,), 512, None),
     ("pallas_mosaic_gpu", "h100", _E4, _BF, "gate+up", D, (F, F), 4096, MgpuConfig(64, 128, 4)),
+    ("pallas_mosaic_gpu", "h100", _E4, _BF, "gate+up", D, (F, F), 65536, MgpuConfig(128, 128, 4)),
+    ("pallas_mosaic_gpu", "h100", _E4, _BF, "down", F, (D,), 65536, MgpuConfig(256, 128, 3)),
     ("pallas_mosaic_gpu", "h100", _E4, _BF, "gate+up", D, (F, F), 8192, MgpuConfig(64, 64, 5)),
     ("pallas_mosaic_gpu", "h100", _E4, _BF, "gate", D, (F,), 8192, MgpuConfig(64, 64, 6)),
     ("pallas_mosaic_gpu", "h100", _E4, _BF, "down", F, (D,), 2048, MgpuConfig(64, 128, 4, True)),

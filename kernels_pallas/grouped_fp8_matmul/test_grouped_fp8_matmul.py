@@ -122,6 +122,39 @@ def test_tile_map_hand_case():
     np.testing.assert_array_equal(tiles.out_row_M, expect)
 
 
+def test_ragged_meta_hand_case():
+    # The groups of test_tile_map_hand_case (tm=4) plus rows 17-19 as a seventh, zero group:
+    # (group, block, mode, first row in the block, rows) per tile; num_tiles(20, 7, 4) = 11.
+    meta = np.asarray(tiles_mod.ragged_meta(jnp.array([0, 5, 0, 3, 9, 0]), 20, 4))
+    live = [(1, 0, 1, 0, 4), (1, 1, 1, 0, 1), (3, 1, 1, 1, 3), (4, 2, 1, 0, 4), (4, 3, 1, 0, 4),
+            (4, 4, 1, 0, 1), (5, 4, 2, 1, 3)]  # fmt: skip
+    assert meta.shape == (5, 11)
+    np.testing.assert_array_equal(meta[:, :7].T, live)
+    np.testing.assert_array_equal(meta[2, 7:], 0)  # dead
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("tile_m", [1, 8, 32])
+def test_ragged_meta_covers_every_row_once(seed, tile_m):
+    """The live tiles' row ranges cover each row of its group exactly once, in the group's
+    own row block; the zero tiles cover exactly the rows past Σ sizes."""
+    rng = np.random.default_rng(seed)
+    e, m = 12, 70
+    sizes = rng.multinomial(int(rng.integers(0, m + 1)), rng.dirichlet(np.ones(e) * 0.3))
+    meta = np.asarray(tiles_mod.ragged_meta(jnp.asarray(sizes, jnp.int32), m, tile_m))
+    assert meta.shape == (5, num_tiles(m, e + 1, tile_m))
+    covered = np.full(m, -1)
+    for g, block, mode, first, count in meta.T:
+        if mode == 0:
+            continue
+        rows = block * tile_m + np.arange(first, first + count)
+        assert first >= 0 and count > 0 and first + count <= tile_m
+        assert (covered[rows] == -1).all()
+        covered[rows] = g if mode == 1 else e
+    np.testing.assert_array_equal(covered, np.append(np.repeat(np.arange(e), sizes),
+                                                     np.full(m - sizes.sum(), e)))  # fmt: skip
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("tile_m", [1, 8, 32])
 def test_tile_map_invariants(seed, tile_m):
@@ -165,6 +198,9 @@ _GRID = [
     (150, 384, 128, (70, 1, 0, 66), E4M3, True),
     (300, 128, 128, (0, 129, 0, 0, 171), E4M3, False),
     (24, 256, (128, 256), (9, 0, 11), E4M3, False),
+    # prefill-sized groups (Hopper: ragged stores of wide 128x256 tiles), rows past Σ sizes
+    (330, 256, 256, (0, 129, 0, 0, 150), E4M3, False),
+    (330, 256, (256, 256), (70, 129, 3, 0, 100), E5M2, True),
 ]
 _GRID_XLA_METHODS = [_GRID[2], _GRID[4]]
 
@@ -216,9 +252,11 @@ def test_impl_matches_reference(impl, config, interpret, m, k, n, sizes, dtype, 
 
 @pytest.mark.parametrize(
     "impl,cfg",
-    [  # 64-row tiles, one compute warpgroup; swap-AB 32-row tiles, two compute warpgroups.
+    [  # 64-row tiles, one compute warpgroup; swap-AB 32-row tiles, two compute warpgroups;
+        # 256x128 tiles, two 64-row sub-tiles per warpgroup, the ragged stores of each.
         ("pallas_mosaic_gpu", MgpuConfig(block_m=64, block_n=64, max_concurrent_steps=2)),
         ("pallas_mosaic_gpu", MgpuConfig(block_m=32, block_n=128, swap_ab=True)),
+        ("pallas_mosaic_gpu", MgpuConfig(block_m=256, block_n=128, max_concurrent_steps=3)),
     ],
 )
 def test_kernel_explicit_configs_bf16_out(impl, cfg):
@@ -334,6 +372,14 @@ def test_mosaic_gpu_support_check_and_defaults():
         assert "k_slices" in _supports("pallas_mosaic_gpu", x, w, gs, sliced)
         dependent = MgpuConfig(32, 128, 4, True, pdl=True)  # the dense decode tiles' launch
         assert "pdl" in _supports("pallas_mosaic_gpu", x, w, gs, dependent)
+        # the dense kernel's wide tiles run here too (ragged stores); its clusters do not
+        wide = MgpuConfig(128, 256, 3)
+        assert _supports("pallas_mosaic_gpu", *_sds(65536, 2048, 1536, 128), wide) is None
+        assert "block_n=256" in _supports("pallas_mosaic_gpu", *_sds(65536, 2048, 384, 128), wide)
+        clustered = MgpuConfig(128, 128, 4, cluster_m=2)
+        assert "cluster_m" in _supports(
+            "pallas_mosaic_gpu", *_sds(65536, 2048, 1536, 128), clustered
+        )
     assert "Hopper" in _supports("pallas_mosaic_gpu", *_sds(16, 256, 256, 4))  # CPU target
     # Decode-sized groups swap A and B with 32..64-row tiles (>= twice the mean group size);
     # large groups get 128x128 CTAs; both 128 weight rows per CTA (two compute warpgroups)
@@ -342,7 +388,11 @@ def test_mosaic_gpu_support_check_and_defaults():
     assert mgpu.default_config(8, (2048, 64), 768, 128) == MgpuConfig(32, 64, 4, True)
     assert mgpu.default_config(2048, (768, 768), 2048, 128).block_m == 32  # 16 rows per group
     assert mgpu.default_config(4096, (768, 768), 2048, 128).block_m == 64
-    assert mgpu.default_config(65536, (768, 768), 2048, 128) == MgpuConfig(128, 128, 4, False)
+    # Prefill: the wide 128x256 tiles where every N % 256 == 0, as deep as SMEM allows (3 stages
+    # of 48 KiB beside the 64 KiB output tile); with F32 outputs (128 KiB) two stages fit.
+    assert mgpu.default_config(65536, (768, 768), 2048, 128) == MgpuConfig(128, 256, 3, False)
+    assert mgpu.default_config(65536, (2048,), 768, 128, out_itemsize=4) == MgpuConfig(128, 256, 2)
+    assert mgpu.default_config(8192, (384,), 2048, 128) == MgpuConfig(128, 128, 4, False)
     assert mgpu.default_config(65536, (2048, 64), 768, 128).block_n == 64
 
 

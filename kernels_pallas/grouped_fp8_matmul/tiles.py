@@ -9,11 +9,13 @@ one tile to the ``cdiv(M, tm)`` row blocks). Tiles past the live ones ("dead") r
 live tile's group and block (a TPU grid step whose block indices are unchanged fetches nothing)
 and are skipped by the kernels.
 
-Every implementation computes all ``tm`` rows of a tile with the tile's expert into its own
-output tile ``out[t·tm : (t+1)·tm]`` (rows of the block that belong to another group are
-computed and ignored), and ``gather_rows`` picks row m from the tile of its own group. That
-costs one gather of the output (fused by XLA into its consumer) instead of masked, ragged
-stores in the kernels.
+The TPU kernel and the Hopper kernel's swap-AB (decode) tiles compute all ``tm`` rows of a
+tile with the tile's expert into its own output tile ``out[t·tm : (t+1)·tm]`` (rows of the block
+that belong to another group are computed and ignored), and ``gather_rows`` picks row m from the
+tile of its own group: one gather of the output. The Hopper kernel's prefill tiles store only
+their group's rows, straight into ``y`` (``ragged_meta``: each tile's first row and row count in
+its block; the rows past Σ sizes are one more group, whose tiles store zeros), so ``y`` is
+written once and never gathered.
 """
 
 from __future__ import annotations
@@ -92,6 +94,24 @@ def make_tile_map(group_sizes_E: jax.Array, m: int, tile_m: int) -> TileMap:
         out_row.astype(jnp.int32),
         tile_m,
     )
+
+
+def ragged_meta(group_sizes_E: jax.Array, m: int, tile_m: int) -> jax.Array:
+    """The tiles of ragged stores, [5, T] int32 with ``T = num_tiles(m, E + 1, tile_m)``: per
+    tile its group (clipped to E - 1), row block, mode (0 dead, 1 live, 2 the rows past Σ sizes:
+    store zeros), and the first row and the number of rows of its group inside the block."""
+    e = group_sizes_E.shape[0]
+    _, ends = group_bounds(group_sizes_E, m)
+    tail = jnp.full((1,), m, jnp.int32) - ends[-1:]
+    sizes = jnp.concatenate([jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32)), tail])
+    tiles = make_tile_map(sizes, m, tile_m)
+    starts_x, ends_x = group_bounds(sizes, m)
+    g, row0 = tiles.group_T, tiles.block_T * tile_m
+    first = jnp.maximum(starts_x[g] - row0, 0)
+    count = jnp.minimum(ends_x[g] - row0, tile_m) - first
+    mode = jnp.where(tiles.live_T == 0, 0, jnp.where(g == e, 2, 1))
+    meta = (jnp.minimum(g, e - 1), tiles.block_T, mode, first, count)
+    return jnp.stack([a.astype(jnp.int32) for a in meta])
 
 
 def gather_rows(out_tiles: jax.Array, tiles: TileMap, out_dtype) -> jax.Array:

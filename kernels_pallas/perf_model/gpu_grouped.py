@@ -14,6 +14,7 @@ from kernels_pallas.perf_model.gpu import (
     BF16_GEMM_BW_EFF,
     BF16_GEMM_EFF,
     LAUNCH_S,
+    SMEM_BYTES_PER_CLK,
     Loop,
     bf16_gemm_s,
     bf16_kernel_s,
@@ -79,10 +80,30 @@ def predict_grouped_bf16(chip: str, m: int, live: int, e: int, k: int, n: int, p
 
 # XLA fusions around the grouped FP8 kernel (``grouped_fp8_matmul_mgpu``): the tile map from the
 # group sizes, x's scales padded and transposed (x padded too where the rows are not whole row
-# tiles), and the gather of each row's output from its tile
+# tiles), and on swap-AB (decode) tiles the gather of each row's output from its tile; prefill
+# tiles store their rows into y themselves (ragged stores)
 GROUPED_FP8_FUSIONS = 3
+GROUPED_FP8_FUSIONS_RAGGED = 2
 # below this many rows per expert the groups are decode-sized (``default_config``'s swap-AB rule)
 DECODE_ROWS_PER_EXPERT = 64
+# A ragged store's unswizzled SMEM tile: each 32-bit store of a WGMMA fragment puts a warp's 8 rows
+# (256-512 B apart) in the same 4 banks, so it takes 8 bank wavefronts (the swizzled stores of a
+# whole sub-tile take one: ``stmatrix``)
+RAGGED_CONFLICT_WAYS = 8
+_WGMMA_ROWS = 64
+
+
+def ragged_epilogue_s(chip: str, cfg, used: int, n_tiles: int, ctas_per_sm: int,
+                      out_itemsize: int = 2) -> float:  # fmt: skip
+    """Seconds the prefill tiles' ragged stores add: each of the ``used - 1`` group boundaries
+    (routing spread evenly: none on a row-tile edge) cuts a tile of each of its two groups, in
+    which one compute warpgroup's 64 cut rows (a 64-row sub-tile of each of its 128-column
+    blocks) go through the unswizzled SMEM tile at ``RAGGED_CONFLICT_WAYS`` times the store
+    cost, spread over the SMs' CTA slots."""
+    c = CHIPS[chip]
+    cycles = _WGMMA_ROWS * cfg.block_n * out_itemsize * RAGGED_CONFLICT_WAYS / SMEM_BYTES_PER_CLK
+    ragged_ctas = 2 * max(used - 1, 0) * n_tiles
+    return ragged_ctas * cycles / c.clock_hz / (c.cores * ctas_per_sm)
 
 
 def grouped_fp8_variant(cfg) -> str:
@@ -91,8 +112,8 @@ def grouped_fp8_variant(cfg) -> str:
 
 
 def predict_grouped_fp8(chip: str, rows: int, e: int, k: int, ns: tuple[int, ...],
-                        label: str = "", config=None,
-                        in_program: bool = False) -> Prediction:  # fmt: skip
+                        label: str = "", config=None, in_program: bool = False,
+                        ragged: bool | None = None) -> Prediction:  # fmt: skip
     """``grouped_fp8_matmul``'s Hopper kernel on its default tile (``default_config``) for
     ``rows`` FP8 rows (tokens x top-k, sorted by expert) over ``e`` experts' stacked weights
     ``[E, N_i, K]`` (``ns``: gate and up run as one launch; ``config``: another tile), routing
@@ -102,11 +123,14 @@ def predict_grouped_fp8(chip: str, rows: int, e: int, k: int, ns: tuple[int, ...
     the dense kernel's (``gfp8_*`` and ``mm_*`` profiles agree within 2 instructions), so its
     calibration is the dense family's. Around it, ``GROUPED_FP8_FUSIONS`` XLA launches: x padded
     to whole row tiles with its scales transposed, and the gather of the tile outputs (rows x N,
-    read and written). Baseline: one BF16 grouped GEMM over the same experts at cuBLAS's
-    efficiencies (``bf16_kernel_s``), the bound a BF16 rollout's experts could reach (XLA:GPU's
-    own ``ragged_dot`` expands densely over the experts: ``dense_ragged_dot_s``).
+    read and written); prefill tiles store their rows into y (``GROUPED_FP8_FUSIONS_RAGGED``,
+    no gather; ``ragged_epilogue_s`` for the tiles a group boundary cuts). Baseline: one BF16
+    grouped GEMM over the same experts at cuBLAS's efficiencies (``bf16_kernel_s``), the bound
+    a BF16 rollout's experts could reach (XLA:GPU's own ``ragged_dot`` expands densely over the
+    experts: ``dense_ragged_dot_s``).
     ``in_program``: the fusions' bytes without their launches, which a program's count has
-    (``gpu_rollout.moe_step``)."""
+    (``gpu_rollout.moe_step``). ``ragged=False``: a prefill tile stored whole into the tile
+    outputs and gathered, as before the ragged stores (``design_changes``)."""
     from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as kernel
     from kernels_pallas.grouped_fp8_matmul.tiles import num_tiles
 
@@ -114,23 +138,29 @@ def predict_grouped_fp8(chip: str, rows: int, e: int, k: int, ns: tuple[int, ...
     cfg = config or kernel.default_config(rows, ns, k, e)
     name = grouped_fp8_variant(cfg)
     prof = load_profiles()[name]
-    tiles = num_tiles(rows, e, cfg.block_m)
-    t, terms = grid_time(chip, mm_loop(cfg, False), prof, tiles * (n // cfg.block_n), k // 128)
+    tiles, n_tiles = num_tiles(rows, e, cfg.block_m), n // cfg.block_n
+    t, terms = grid_time(chip, mm_loop(cfg, False), prof, tiles * n_tiles, k // 128)
+    # rows stored into y by the kernel: no tile outputs, no gather
+    ragged = not cfg.swap_ab if ragged is None else ragged
+    if ragged:
+        t += ragged_epilogue_s(chip, cfg, used, n_tiles, terms["ctas_per_sm"])
     terms = dict(terms, registers=prof["registers"], smem_alloc=prof["smem_bytes"])
     bw = CHIPS[chip].hbm_bytes_per_s
     w_bytes = used * n * k + used * (n // 128) * (k // 128) * 4
     x_bytes = rows * k + rows * (k // 128) * 4
-    hbm = w_bytes + x_bytes + tiles * cfg.block_m * n * 2
+    hbm = w_bytes + x_bytes + (rows if ragged else tiles * cfg.block_m) * n * 2
     rows_pad = -(-rows // cfg.block_m) * cfg.block_m
     pad = (x_bytes + rows_pad * k) if rows % cfg.block_m else 2 * rows * (k // 128) * 4
-    extra = (pad + 2 * rows * n * 2) / bw + (0 if in_program else GROUPED_FP8_FUSIONS * LAUNCH_S)
+    fusions = GROUPED_FP8_FUSIONS_RAGGED if ragged else GROUPED_FP8_FUSIONS
+    gather = 0 if ragged else 2 * rows * n * 2
+    extra = (pad + gather) / bw + (0 if in_program else fusions * LAUNCH_S)
     base_s = bf16_kernel_s(chip, 2 * rows * n * k, used * n * k * 2 + rows * (k + n) * 2)
     base = (f"BF16 grouped GEMM over the {used} experts with rows ({BF16_GEMM_EFF:.0%} of peak / "
             f"{BF16_GEMM_BW_EFF:.0%} of HBM)")  # fmt: skip
     label = label or f"rows={rows} E={e} K={k} N={'+'.join(map(str, ns))}"
     # the measured family of the regime, whatever the tile: decode-sized groups stream weights
     scale = calibration("mm_decode" if rows / e < DECODE_ROWS_PER_EXPERT else "mm_prefill")
-    return finish("grouped_fp8_matmul", label, chip, f"{name} + {GROUPED_FP8_FUSIONS} fusions",
+    return finish("grouped_fp8_matmul", label, chip, f"{name} + {fusions} fusions",
                   t, terms, hbm, 2 * rows * n * k, base, base_s, extra, scale)  # fmt: skip
 
 
@@ -183,25 +213,35 @@ def predict(op: str, shape: dict, chip: str, label: str = "") -> Prediction:
 
 
 GROUPED_TILE_CHANGE = "grouped FP8 experts: 128 weight rows per CTA (two compute warpgroups)"
+GROUPED_PREFILL_CHANGE = "grouped FP8 prefill: rows stored into y (no gather), wide 128x256 tiles"
 
 
 def design_changes() -> list[tuple[str, Prediction, Prediction]]:
-    """(change, before, after) where ``default_config``'s decode tiles took 128 weight rows per
-    CTA instead of 64 (every Qwen3-30B-A3B stack's N % 128 == 0), on H100 and H200."""
+    """(change, before, after) on H100 and H200 where ``default_config``'s decode tiles took 128
+    weight rows per CTA instead of 64 (every Qwen3-30B-A3B stack's N % 128 == 0), and where its
+    prefill tiles became the wide 128x256 ones storing their group's rows into y (before:
+    128x128 tiles written whole into the tile outputs, then gathered)."""
     import dataclasses
 
+    from kernels_pallas.fp8_matmul.mgpu_config import MgpuConfig
     from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as kernel
 
     out = []
     for layer, k, ns in GROUPED_FP8_LAYERS:
         for rows in GROUPED_FP8_ROWS:
             cfg = kernel.default_config(rows, ns, k, GROUPED_FP8_E)
-            if not cfg.swap_ab:
-                continue  # the prefill tiles were 128 wide already
-            old = dataclasses.replace(cfg, block_n=64)
             label = f"Qwen3-30B-A3B {layer} rows={rows}"
+            if cfg.swap_ab:
+                change, old, old_ragged = (
+                    GROUPED_TILE_CHANGE,
+                    dataclasses.replace(cfg, block_n=64),
+                    None,
+                )
+            else:
+                change, old, old_ragged = GROUPED_PREFILL_CHANGE, MgpuConfig(128, 128, 4), False
             for chip in GPU_CHIPS:
-                before, after = (predict_grouped_fp8(chip, rows, GROUPED_FP8_E, k, ns, label, c)
-                                 for c in (old, cfg))  # fmt: skip
-                out.append((GROUPED_TILE_CHANGE, before, after))
+                before = predict_grouped_fp8(chip, rows, GROUPED_FP8_E, k, ns, label, old,
+                                             ragged=old_ragged)  # fmt: skip
+                after = predict_grouped_fp8(chip, rows, GROUPED_FP8_E, k, ns, label, cfg)
+                out.append((change, before, after))
     return out

@@ -173,12 +173,15 @@ def variants() -> dict:
         "decode_bf16_unswapped": (*dec("bf16", False), two),
         "paged_fp8_unswapped": (*paged("fp8_static", False), two),
         # the grouped FP8 kernel's default tiles (``grouped_fp8_matmul.default_config``): swap-AB
-        # 32 / 64 rows for decode-sized groups (< 32 / 64 rows per expert), 128x128 above
+        # 32 / 64 rows for decode-sized groups (< 32 / 64 rows per expert), wide 128x256
+        # above (128x128 where N % 256 != 0; 256x128 for the autotuner); ragged stores
         "gfp8_swap_32x64": (*gfp8(512, G(32, 64, 4, True)), mm_loads),
         "gfp8_swap_64x64": (*gfp8(4096, G(64, 64, 4, True)), mm_loads),
         "gfp8_swap_32x128": (*gfp8(512, G(32, 128, 4, True)), mm_loads),
         "gfp8_swap_64x128": (*gfp8(4096, G(64, 128, 4, True)), mm_loads),
         "gfp8_128x128": (*gfp8(65536, G(128, 128, 4)), mm_loads),
+        "gfp8_128x256": (*gfp8(65536, G(128, 256, 3)), mm_loads),
+        "gfp8_256x128": (*gfp8(65536, G(256, 128, 3)), mm_loads),
         "gmm_bf16_128x128": (*gmm("fwd"), two),
         "gmm_bf16_128x128_t": (*gmm("dgrad"), two),
         "tgmm_bf16_128x128": (*gmm("tgmm"), two),

@@ -50,7 +50,8 @@ def test_the_regime_not_the_tile_picks_the_calibration():
     "grouped,dense",
     [("gfp8_swap_32x64", "mm_swap_32x64"), ("gfp8_swap_64x64", "mm_swap_64x64"),
      ("gfp8_swap_32x128", "mm_swap_32x128"), ("gfp8_swap_64x128", "mm_swap_64x128"),
-     ("gfp8_128x128", "mm_qarray_128x128")],
+     ("gfp8_128x128", "mm_qarray_128x128"), ("gfp8_128x256", "mm_qarray_128x256"),
+     ("gfp8_256x128", "mm_qarray_256x128")],
 )  # fmt: skip
 def test_grouped_kernel_runs_the_dense_k_loop(grouped, dense):
     """The committed SASS profiles: the grouped kernel's K loop (its tile's expert and row
@@ -69,7 +70,7 @@ def test_two_warpgroup_decode_tiles_are_never_predicted_slower():
     """``default_config``'s decode tiles with 128 weight rows per CTA (168 registers, two CTAs
     an SM) against the 64 of before (255 registers, one CTA): never slower, on either chip, and
     far faster where many experts each stream a few rows' weights."""
-    rows = gpu_grouped.design_changes()
+    rows = [r for r in gpu_grouped.design_changes() if r[0] == gpu_grouped.GROUPED_TILE_CHANGE]
     assert len(rows) == 2 * 10  # 10 decode cases (2 layers x 5 row counts) x 2 chips
     gain = {}
     for _, before, after in rows:
@@ -79,6 +80,44 @@ def test_two_warpgroup_decode_tiles_are_never_predicted_slower():
     assert gain[("Qwen3-30B-A3B down rows=2048", "h100")] >= 1.4
     assert gain[("Qwen3-30B-A3B gate+up rows=2048", "h200")] >= 1.5
     assert math.prod(gain.values()) ** (1 / len(gain)) >= 1.2
+
+
+def test_prefill_tiles_store_rows_by_hand():
+    """Qwen3-30B-A3B down at 65,536 rows (8,192 prompt tokens, top-8) on the H100: wide 128x256
+    tiles, ``cdiv(65536, 128) + 127`` = 639 row tiles x 8 N tiles; y written once (no tile
+    outputs, no gather: two launches around the kernel); the 127 group boundaries each cut a
+    tile of both their groups, whose cut warpgroup stores 64 x 256 BF16 through the unswizzled
+    tile at 8 bank wavefronts per 128 B."""
+    rows, e, k, n, chip = 65536, 128, 768, 2048, "h100"
+    p = gpu_grouped.predict_grouped_fp8(chip, rows, e, k, (n,))
+    assert p.impl == "gfp8_128x256 + 2 fusions" and p.terms["tiles"] == 639 * 8
+    w = 128 * n * k + 128 * (n // 128) * (k // 128) * 4
+    x = rows * k + rows * (k // 128) * 4
+    assert p.bytes == w + x + rows * n * 2
+    bw = common.CHIPS[chip].hbm_bytes_per_s
+    extra = 2 * rows * (k // 128) * 4 / bw + 2 * gpu.LAUNCH_S  # the scales' pad/transpose only
+    assert p.terms["extra_s"] == pytest.approx(extra, rel=1e-12)
+    c = common.CHIPS[chip]
+    per_cta = 64 * 256 * 2 * 8 / 128 / c.clock_hz
+    ragged = 2 * 127 * 8 * per_cta / (c.cores * p.terms["ctas_per_sm"])
+    cfg = kernel.default_config(rows, (n,), k, e)
+    got = gpu_grouped.ragged_epilogue_s(chip, cfg, 128, 8, p.terms["ctas_per_sm"])
+    assert got == pytest.approx(ragged)
+    # the same tile stored whole and gathered: the tile outputs' and the gather's bytes more
+    old = gpu_grouped.predict_grouped_fp8(chip, rows, e, k, (n,), ragged=False)
+    assert old.bytes - p.bytes == (639 * 128 - rows) * n * 2
+    gather = 2 * rows * n * 2 / bw + gpu.LAUNCH_S
+    assert old.terms["extra_s"] - p.terms["extra_s"] == pytest.approx(gather, rel=1e-9)
+
+
+def test_prefill_change_is_predicted_faster_and_beats_bf16():
+    """Ragged stores and wide tiles at 65,536 rows: faster than the 128x128 tiles written whole
+    and gathered, on both chips and both layers, and past the BF16 grouped GEMM."""
+    rows = [r for r in gpu_grouped.design_changes() if r[0] == gpu_grouped.GROUPED_PREFILL_CHANGE]
+    assert len(rows) == 2 * 2  # 65,536 rows (2 layers) x 2 chips
+    for _, before, after in rows:
+        assert before.impl.startswith("gfp8_128x128") and after.impl.startswith("gfp8_128x256")
+        assert after.time_s < 0.85 * before.time_s and after.ratio > 1.0, (after.label, after.chip)
 
 
 def test_compare_puts_bench_moe_grouped_rows_beside_the_model(tmp_path):
