@@ -9,14 +9,11 @@ CTA reads its tile's expert and row block from GMEM and multiplies the row block
 ``w[expert]`` (``[E, N, K]`` K-major: the wgmma B operand is ``w_smem.T``); dead tiles return
 at once. Prefill tiles (128x128, or the dense kernel's wide 128x256 / 256x128 with two 64x128
 sub-tiles per warpgroup, ``k_step_wide``) store only their group's rows, straight into ``y``
-(``tiles.ragged_meta``): a 64-row sub-tile wholly in its group as one TMA box from a swizzled
-SMEM tile, one that a group boundary cuts from the same bytes unswizzled (``plgpu.RefUnion``:
-a ragged box may start at any row) as its row count's binary digits, one TMA box of 32, 16,
-..., 1 rows per set bit (jax ``ragged_dot_mgpu``'s ladder; its unswizzled stores of the
-WGMMA fragments conflict 8 ways in the SMEM banks, so only boundary sub-tiles take it); the
-tiles of the rows past Σ sizes store zeros; ``y`` is written once and never gathered (before:
-every tile's rows into a tile buffer of ``T·tm`` rows and an XLA gather: 20-35% of the
-predicted call at 65,536 rows).
+(``tiles.ragged_meta``, ``mgpu_rows``: a 64-row sub-tile wholly in its group as one TMA box
+from a swizzled SMEM tile, one a group boundary cuts as its row count's binary digits from the
+same bytes unswizzled); the tiles of the rows past Σ sizes store zeros; ``y`` is written once
+and never gathered (before: every tile's rows into a tile buffer of ``T·tm`` rows and an XLA
+gather: 20-35% of the predicted call at 65,536 rows).
 
 Decode-sized groups (a few rows per expert) use swap-AB as the dense kernel does:
 ``yᵀ = w[e] · xᵀ`` with 64 weight rows per compute warpgroup and the tile's rows as the wgmma N
@@ -59,6 +56,7 @@ from kernels_pallas.fp8_matmul.mgpu_k_step import (
     pipeline_operands,
     smem_transforms,
 )
+from kernels_pallas.grouped_fp8_matmul import mgpu_rows
 from kernels_pallas.grouped_fp8_matmul.reference import stacks
 from kernels_pallas.grouped_fp8_matmul.tiles import (
     gather_cols,
@@ -178,7 +176,7 @@ def _kernel(meta_gmem, x_gmem, sx_gmem, *refs, cfg: MgpuConfig, wdt, stack_tiles
     """One CTA: tile t of the tile map times one N tile of its expert, over all K steps. The N
     tiles run over the weight stacks in order (``stack_tiles`` N tiles each); a CTA runs the
     pipeline of the one stack its N tile is in. Swap-AB tiles write their whole tile into their
-    slot of the tile outputs; the others store their group's rows into ``y`` (``_ragged_store``)."""
+    slot of the tile outputs; the others store their group's rows into ``y`` (``mgpu_rows``)."""
     *w_refs, out_gmem = refs
     out_dtype = out_gmem.dtype
     bm, bn, swap, tm = cfg.block_m, cfg.block_n, cfg.swap_ab, _WGMMA_M
@@ -197,12 +195,8 @@ def _kernel(meta_gmem, x_gmem, sx_gmem, *refs, cfg: MgpuConfig, wdt, stack_tiles
     if swap:
         out_smem = plgpu.SMEM((cfg.num_compute_wgs, tm, b_blk), out_dtype,
                               transforms=smem_transforms(out_dtype, b_blk))  # fmt: skip
-    else:  # the same bytes swizzled (whole sub-tiles) and plain (ragged stores at any row)
-        shape = (cfg.num_compute_wgs, len(subs), tm, sub_n)
-        out_smem = plgpu.RefUnion(
-            plgpu.SMEM(shape, out_dtype, transforms=smem_transforms(out_dtype, sub_n)),
-            plgpu.SMEM(shape, out_dtype),
-        )
+    else:  # swizzled and plain views of the same bytes: the ragged stores (mgpu_rows)
+        out_smem = mgpu_rows.scratch((cfg.num_compute_wgs, len(subs)), sub_n, out_dtype)
     scratch = dict(
         pipeline_allocs=pipeline(ignore, compute_context=ignore).get_allocations(*gmem0),
         out_smem=out_smem,
@@ -221,28 +215,12 @@ def _kernel(meta_gmem, x_gmem, sx_gmem, *refs, cfg: MgpuConfig, wdt, stack_tiles
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
         def store_rows(accs):  # the group's rows of each sub-tile, into y
-            swizzled, plain = out_smem
             first, count = meta_gmem[3, t_idx], meta_gmem[4, t_idx]
             for s, (acc, (r, c)) in enumerate(zip(accs, subs, strict=True)):
                 row0 = wg * (bm // cfg.num_compute_wgs) + r  # the sub-tile's first row in the block
-                lo, hi = (jnp.clip(b - row0, 0, tm) for b in (first, first + count))
-                whole = (lo == 0) & (hi == tm)
+                views = tuple(v.at[wg, s] for v in out_smem)
                 dst = out_gmem.at[:, pl.ds(n_idx * bn + c, sub_n)]
-
-                @pl.when(whole)  # most tiles: one TMA box from the swizzled tile
-                def _(s=s, acc=acc, row0=row0, dst=dst):
-                    swizzled[wg, s] = acc.astype(out_dtype)
-                    plgpu.commit_smem()
-                    plgpu.copy_smem_to_gmem(
-                        swizzled.at[wg, s], dst.at[pl.ds(block * bm + row0, tm)]
-                    )
-
-                @pl.when(~whole & (hi > lo))  # a group boundary: the rows' binary digits
-                def _(s=s, acc=acc, row0=row0, dst=dst, lo=lo, hi=hi):
-                    plain[wg, s] = acc.astype(out_dtype)  # unswizzled: bank conflicts, rare
-                    plgpu.commit_smem()
-                    _ragged_store(plain.at[wg, s], dst, block * bm + row0, lo, hi - lo)
-
+                mgpu_rows.store(views, acc, dst, block * bm + row0, first - row0, count)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
         def compute_context(eval_pipeline):
@@ -267,22 +245,6 @@ def _kernel(meta_gmem, x_gmem, sx_gmem, *refs, cfg: MgpuConfig, wdt, stack_tiles
             pl.when((mode == 2) & (wg < cfg.num_compute_wgs))(zeros)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-
-def _ragged_store(tile_smem, dst_gmem, row, lo, count):
-    """Stores rows ``[lo, lo + count)`` of a [64, n] SMEM tile into ``dst_gmem[row + lo :
-    row + lo + count]``: TMA boxes have static shapes, so the count is stored as its binary
-    digits, one box of 32, 16, ..., 1 rows per set bit (jax ``ragged_dot_mgpu``'s ladder)."""
-    rows = tile_smem.shape[0] // 2  # a whole sub-tile takes the swizzled path
-    while rows:
-
-        @pl.when(count & rows != 0)
-        def _(start=lo, rows=rows):
-            plgpu.copy_smem_to_gmem(tile_smem.at[pl.ds(start, rows)],
-                                    dst_gmem.at[pl.ds(row + start, rows)])  # fmt: skip
-
-        lo = lo + (count & rows)
-        rows //= 2
 
 
 def _call(meta, x, sx_t, ws: tuple[QArray, ...], t: int, m: int, *, out_dtype, cfg: MgpuConfig,

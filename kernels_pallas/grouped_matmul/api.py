@@ -43,7 +43,7 @@ def _mgpu_supports(x, w, gs, *, config, interpret) -> str | None:
     if x.dtype != w.dtype:
         return f"x ({x.dtype}) and w ({w.dtype}) must share a dtype"
     (m, k), n = x.shape, w.shape[2]
-    return mgpu.supports(m, k, n, w.dtype, config or mgpu.default_config(k, n))
+    return mgpu.supports(m, k, n, w.dtype, config)
 
 
 def _run_xla(x, w, gs, *, config, interpret):

@@ -8,10 +8,14 @@ rows only:
 
   * ``gmm``: ``y = x · w[e]`` (or ``x · w[e]ᵀ``, the input gradient) over the row tiles of
     ``grouped_fp8_matmul``'s tile map (``tiles.py``: one CTA per (tile, N tile), a tile = one
-    aligned row block times one group's weight; dead tiles past ``Σ sizes`` return at once), a
-    single warpgroup running a ``plgpu.emit_pipeline`` ring of (bm, bk) x (bk, bn) BF16 slices
-    into one wgmma accumulator (jax ``ragged_dot_mgpu``'s structure, without its persistent loop
-    and with the dead tiles skipped);
+    aligned row block times one group's weight; dead tiles return at once). A TMA warpgroup
+    streams (bm, bk) x (bk, bn) BF16 slices into an SMEM ring; one or two compute warpgroups
+    (64 rows x <= 256 columns each: 128x256 tiles by default, ``gmm_default``) run one wgmma per
+    slice into their accumulators, one in flight, and store their group's rows straight into y
+    (``grouped_fp8_matmul/mgpu_rows.py``: no tile outputs, no gather; the rows past ``Σ sizes``
+    are one more group whose tiles store zeros). Before: one warpgroup on 128x128 tiles
+    (``plgpu.emit_pipeline``, jax ``ragged_dot_mgpu``'s structure) writing whole tiles that XLA
+    gathered;
   * ``tgmm``: ``dw_e = Σ_{m ∈ e} x_mᵀ dy_m``: one CTA per (group, K tile, N tile) runs a
     pipeline over the row blocks the group's rows touch, its length read from GMEM at run time
     (as jax ``transposed_ragged_dot_mgpu`` does), the x slice transposed in SMEM as the wgmma A
@@ -30,12 +34,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kernels_pallas.grouped_fp8_matmul.tiles import (
-    gather_rows,
-    group_bounds,
-    make_tile_map,
-    num_tiles,
-)
+from kernels_pallas.fp8_matmul.mgpu_k_step import smem_transforms
+from kernels_pallas.grouped_fp8_matmul import mgpu_rows
+from kernels_pallas.grouped_fp8_matmul.tiles import group_bounds, num_tiles, ragged_meta
 
 SMEM_BYTES = 227 * 1024  # H100 dynamic shared memory per CTA
 _MAX_GRID = 2**31 - 1
@@ -46,47 +47,176 @@ DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 class GmmConfig:
     """Tiles of both kernels: output ``block_m x block_n`` per CTA, ``block_k`` per pipeline step.
 
-    For ``tgmm`` the output tile is (K tile ``block_m``, N tile ``block_n``) and ``block_k`` is the
-    row block of the contraction over a group's rows."""
+    ``gmm``: ``block_m / 64`` compute warpgroups (1 or 2), each owning 64 rows x ``block_n``
+    (<= 256: 128 accumulator registers). ``tgmm``: one warpgroup owns the output tile (K tile
+    ``block_m``, N tile ``block_n``; at most 128 x 128) and ``block_k`` is the row block of the
+    contraction over a group's rows."""
 
     block_m: int = 128
     block_n: int = 128
     block_k: int = 64
     max_concurrent_steps: int = 4
 
+    @property
+    def num_compute_wgs(self) -> int:
+        """``gmm``'s compute warpgroups: one per 64 rows of the tile."""
+        return self.block_m // _WG_ROWS
+
     def smem_bytes(self, itemsize: int, out_itemsize: int) -> int:
         ring = self.max_concurrent_steps * (self.block_m + self.block_n) * self.block_k * itemsize
         return ring + self.block_m * self.block_n * out_itemsize
 
 
+_WG_ROWS = 64  # a compute warpgroup's wgmma rows
+_MAX_WG_COLS = 256  # 64 x 256 f32: 128 accumulator registers per thread
+_SUB_N = 128  # columns per accumulator (a wider wgmma/store of BF16 fails layout inference)
+_MAX_TGMM_TILE = 128 * 128  # tgmm's one warpgroup: 128 accumulator registers per thread
+
+
 def default_config(k: int, n: int) -> GmmConfig:
-    """128-wide tiles where K and N allow, else 64 (e.g. a 64-wide expert in tests)."""
+    """``tgmm``'s tiles (and any pass's where K or N rule out ``gmm_default``'s): 128-wide
+    where K and N allow, else 64 (e.g. a 64-wide expert in tests)."""
     b = 128 if k % 128 == 0 and n % 128 == 0 else 64
     return GmmConfig(block_m=b, block_n=b)
 
 
-def supports(m: int, k: int, n: int, dtype, cfg: GmmConfig, *, out_itemsize: int = 4) -> str | None:
-    """None if the forward, the input gradient and the weight gradient all compile for rows
-    [M, K] x [E, K, N] with this config, else why not (the output tile in SMEM is sized for
-    ``out_itemsize``: f32 for ``tgmm``). The forward tiles N by ``block_n`` and contracts K by
-    ``block_k``; the input gradient tiles K by ``block_n`` and contracts N by ``block_k``; the
-    weight gradient tiles K by ``block_m`` and N by ``block_n``."""
-    if jnp.dtype(dtype) not in DTYPES:
-        return f"operands must be bfloat16 or float16, got {jnp.dtype(dtype)}"
-    if cfg.block_m % 64 or cfg.block_n % 64 or cfg.block_k % 64:
-        return f"tiles {cfg.block_m}x{cfg.block_n}x{cfg.block_k} must be multiples of 64"
-    if cfg.max_concurrent_steps < 2:
+def gmm_default(k: int, n_out: int) -> GmmConfig:
+    """``gmm``'s tiles for an ``n_out``-wide output contracting ``k``: 128 x 256 (two compute
+    warpgroups of 64 x 256, three 48 KiB stages beside the 64 KiB output tile) where
+    ``n_out % 256 == 0``, as the FP8 kernels' wide tiles: 3/4 of a 128x128 tile's L2 -> SMEM
+    bytes per FLOP, and two warpgroups' wgmmas interleave (predicted 1.5-2.3x faster than the
+    one-warpgroup 128x128 tile at Qwen3-30B-A3B's experts: ``perf_model.gpu_grouped``); else
+    ``default_config``'s."""
+    if k % 64 == 0 and n_out % _MAX_WG_COLS == 0:
+        return GmmConfig(block_m=128, block_n=256, block_k=64, max_concurrent_steps=3)
+    return default_config(k, n_out)
+
+
+def _pass_reason(c: GmmConfig, tiled: dict, itemsize: int, out_itemsize: int) -> str | None:
+    """Why one pass cannot run on ``c``: ``tiled`` maps each dimension's name to (its size, the
+    tiles along it)."""
+    if c.block_m % 64 or c.block_n % 64 or c.block_k % 64:
+        return f"tiles {c.block_m}x{c.block_n}x{c.block_k} must be multiples of 64"
+    if c.max_concurrent_steps < 2:
         return "max_concurrent_steps must be >= 2 (the ring releases a slot one step late)"
-    tiles = (cfg.block_k, cfg.block_n, cfg.block_m)
-    for name, dim, blocks in (("K", k, tiles), ("N", n, tiles[:2])):
+    for name, (dim, blocks) in tiled.items():
         if any(dim % b for b in blocks):
             return f"{name}={dim} must be a multiple of the tiles {blocks} along it"
-    if m < 1:
-        return "M must be >= 1"
-    used = cfg.smem_bytes(jnp.dtype(dtype).itemsize, out_itemsize)
+    used = c.smem_bytes(itemsize, out_itemsize)
     if used > SMEM_BYTES:
         return f"tiles need {used} B of SMEM > {SMEM_BYTES} B (fewer stages or smaller tiles)"
     return None
+
+
+def supports(m: int, k: int, n: int, dtype, cfg: GmmConfig | None = None) -> str | None:
+    """None if the forward, the input gradient and the weight gradient all compile for rows
+    [M, K] x [E, K, N] with this config (None: each pass its default, ``gmm_default`` /
+    ``default_config``), else why not. The forward tiles N by ``block_n`` and contracts K by
+    ``block_k``; the input gradient tiles K by ``block_n`` and contracts N by ``block_k``; the
+    weight gradient tiles K by ``block_m`` and N by ``block_n`` (f32 output tile in SMEM)."""
+    if jnp.dtype(dtype) not in DTYPES:
+        return f"operands must be bfloat16 or float16, got {jnp.dtype(dtype)}"
+    if m < 1:
+        return "M must be >= 1"
+    size = jnp.dtype(dtype).itemsize
+    for name, out, contract in (("forward", ("N", n), ("K", k)),
+                                ("input gradient", ("K", k), ("N", n))):  # fmt: skip
+        c = cfg or gmm_default(contract[1], out[1])
+        if c.block_m not in (64, 128) or c.block_n > _MAX_WG_COLS:
+            return f"{name}: gmm tiles are 64 or 128 rows x <= {_MAX_WG_COLS} columns (one or " \
+                   f"two warpgroups of 64 rows), got {c.block_m}x{c.block_n}"  # fmt: skip
+        tiled = {out[0]: (out[1], (c.block_n,)), contract[0]: (contract[1], (c.block_k,))}
+        if (bad := _pass_reason(c, tiled, size, size)) is not None:
+            return f"{name}: {bad}"
+    c = cfg or default_config(k, n)
+    if c.block_m * c.block_n > _MAX_TGMM_TILE:
+        return f"weight gradient: tgmm's output tile (one warpgroup) is at most 128x128 " \
+               f"elements, got {c.block_m}x{c.block_n}"  # fmt: skip
+    tiled = {"K": (k, (c.block_m,)), "N": (n, (c.block_n,))}
+    if (bad := _pass_reason(c, tiled, size, 4)) is not None:
+        return f"weight gradient: {bad}"
+    return None
+
+
+def _gmm_kernel(meta_gmem, x_gmem, w_gmem, out_gmem, *, cfg: GmmConfig, transpose_w: bool):
+    """One CTA: row tile t of its group times one N tile of its weight. A TMA warpgroup streams
+    [bm, bk] x slices and [bk, bn] (or [bn, bk]) weight slices; each compute warpgroup runs one
+    wgmma per slice into its 64 rows' accumulator, one in flight (``delay_release=1``), and
+    stores its group's rows straight into y (``mgpu_rows``)."""
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    nwg, out_dtype = cfg.num_compute_wgs, out_gmem.dtype
+    t_idx, n_idx = lax.axis_index("t"), lax.axis_index("n")
+    group, block, mode = meta_gmem[0, t_idx], meta_gmem[1, t_idx], meta_gmem[2, t_idx]
+    first, count = meta_gmem[3, t_idx], meta_gmem[4, t_idx]
+    transforms = smem_transforms(x_gmem.dtype, bk)
+    w_block = (bn, bk) if transpose_w else (bk, bn)
+    in_specs = [
+        plgpu.BlockSpec((bm, bk), lambda s: (0, s), transforms=transforms, delay_release=1),
+        plgpu.BlockSpec(
+            w_block,
+            (lambda s: (0, s)) if transpose_w else (lambda s: (s, 0)),
+            transforms=smem_transforms(w_gmem.dtype, w_block[1]),
+            delay_release=1,
+        ),  # fmt: skip
+    ]
+    w_e = w_gmem.at[group]
+    w_view = w_e.at[pl.ds(n_idx * bn, bn)] if transpose_w else w_e.at[:, pl.ds(n_idx * bn, bn)]
+    gmem_in = (x_gmem.at[pl.ds(block * bm, bm)], w_view)
+
+    def pipeline(body, compute_context):
+        return plgpu.emit_pipeline_warp_specialized(
+            body, grid=(x_gmem.shape[1] // bk,), memory_registers=40, in_specs=in_specs,
+            wg_axis="wg", num_compute_wgs=nwg, max_concurrent_steps=cfg.max_concurrent_steps,
+            compute_context=compute_context,
+        )  # fmt: skip
+
+    ignore = lambda *_, **__: None
+    sub_n = min(bn, _SUB_N)  # a warpgroup's columns in sub-tiles of <= 128 (an accumulator each)
+    subs = range(0, bn, sub_n)
+    scratch = dict(
+        pipeline_allocs=pipeline(ignore, ignore).get_allocations(*gmem_in),
+        out_smem=mgpu_rows.scratch((nwg, len(subs)), sub_n, out_dtype),
+    )
+
+    @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
+    def _scope(pipeline_allocs, out_smem):
+        wg = lax.axis_index("wg")
+        rows = pl.ds(wg * _WG_ROWS, _WG_ROWS)
+
+        def store(accs):  # this warpgroup's rows of the group, into y
+            row0 = wg * _WG_ROWS
+            for s, (acc, c) in enumerate(zip(accs, subs, strict=True)):
+                views = tuple(v.at[wg, s] for v in out_smem)
+                dst = out_gmem.at[:, pl.ds(n_idx * bn + c, sub_n)]
+                mgpu_rows.store(views, acc, dst, block * bm + row0, first - row0, count)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+        def compute_context(eval_pipeline):
+            acc = plgpu.ACC((_WG_ROWS, sub_n), jnp.float32)
+
+            @functools.partial(pl.run_scoped, acc_refs=tuple(acc for _ in subs))
+            def _(acc_refs):
+                eval_pipeline(acc_refs)
+                plgpu.wgmma_wait(0)  # the last step's wgmmas
+                store(tuple(a[...] for a in acc_refs))
+
+        def body(_, x_smem, w_smem, acc_refs):
+            for acc_ref, c in zip(acc_refs, subs, strict=True):
+                cols = pl.ds(c, sub_n)
+                w_op = w_smem.at[cols].T if transpose_w else w_smem.at[:, cols]
+                plgpu.wgmma(acc_ref, x_smem.at[rows], w_op)
+            plgpu.wgmma_wait(len(subs))  # the previous step's: its slots go one step late
+            return acc_refs
+
+        run = pipeline(body, compute_context)
+        pl.when(mode == 1)(functools.partial(run, *gmem_in, allocations=pipeline_allocs))
+
+        @pl.when((mode == 2) & (wg < nwg))  # the rows past Σ sizes
+        def _():
+            zero = plgpu.layout_cast(jnp.zeros((_WG_ROWS, sub_n), jnp.float32), plgpu.Layout.WGMMA)
+            store(tuple(zero for _ in subs))
+
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
 def _store(acc, out_gmem_tile):
@@ -98,35 +228,6 @@ def _store(acc, out_gmem_tile):
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(o_smem, out_gmem_tile)
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-
-def _gmm_kernel(meta_gmem, x_gmem, w_gmem, out_gmem, *, cfg: GmmConfig, transpose_w: bool):
-    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    t_idx, n_idx = lax.axis_index("t"), lax.axis_index("n")
-    group, block, live = meta_gmem[0, t_idx], meta_gmem[1, t_idx], meta_gmem[2, t_idx]
-    k_steps = x_gmem.shape[1] // bk
-
-    @pl.when(live != 0)
-    def _():
-        def acc_scope(acc_ref):
-            def step(_, x_smem, w_smem):
-                plgpu.wgmma(acc_ref, x_smem, w_smem.T if transpose_w else w_smem)
-
-            w_spec = (
-                plgpu.BlockSpec((bn, bk), lambda s: (n_idx, s), delay_release=1)
-                if transpose_w
-                else plgpu.BlockSpec((bk, bn), lambda s: (s, n_idx), delay_release=1)
-            )
-            plgpu.emit_pipeline(
-                step,
-                grid=(k_steps,),
-                in_specs=[plgpu.BlockSpec((bm, bk), lambda s: (block, s), delay_release=1), w_spec],
-                max_concurrent_steps=cfg.max_concurrent_steps,
-            )(x_gmem, w_gmem.at[group])
-            return acc_ref[...]
-
-        acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn)))
-        _store(acc, out_gmem.at[pl.ds(t_idx * bm, bm), pl.ds(n_idx * bn, bn)])
 
 
 def _tgmm_kernel(meta_gmem, x_gmem, dy_gmem, out_gmem, *, cfg: GmmConfig):
@@ -193,21 +294,21 @@ def gmm_mgpu(x_MK, w, group_sizes_E, *, transpose_w: bool = False, out_dtype=Non
     m, k = x_MK.shape
     e = w.shape[0]
     n = w.shape[1] if transpose_w else w.shape[2]
-    cfg = config or default_config(k, n)
+    cfg = config or gmm_default(k, n)
     out_dtype = jnp.dtype(out_dtype or x_MK.dtype)
-    tiles = make_tile_map(group_sizes_E, m, cfg.block_m)
-    t = num_tiles(m, e, cfg.block_m)
     m_pad = pl.cdiv(m, cfg.block_m) * cfg.block_m
     x = jnp.pad(x_MK.astype(w.dtype), ((0, m_pad - m), (0, 0)))
     kern = plgpu.kernel(
         functools.partial(_gmm_kernel, cfg=cfg, transpose_w=transpose_w),
-        out_type=jax.ShapeDtypeStruct((t * cfg.block_m, n), out_dtype),
-        grid=(t, n // cfg.block_n),
+        out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
+        grid=(num_tiles(m, e + 1, cfg.block_m), n // cfg.block_n),
         grid_names=("t", "n"),
+        num_threads=cfg.num_compute_wgs + 1,
+        thread_name="wg",
         **_PARAMS,
         **_interpret(interpret),
     )
-    return gather_rows(kern(tiles.meta_3T, x, w), tiles, out_dtype)
+    return kern(ragged_meta(group_sizes_E, m, cfg.block_m), x, w)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "interpret"))

@@ -99,6 +99,25 @@ def test_default_tiles_two_k_steps_and_a_deep_ring():
     np.testing.assert_allclose(dw, grouped_wgrad_reference(x, dy, gs), rtol=1e-5, atol=1e-4)
 
 
+def test_wide_default_tiles_store_rows_into_y():
+    """gmm's default 128x256 tiles (two compute warpgroups) over groups cutting row tiles at
+    odd rows, one-row groups and rows past Σ sizes (their zero tiles), forward and the
+    transposed read; tgmm keeps its 128x128 default."""
+    sizes = (0, 129, 0, 3, 150)
+    x, w, gs = _operands(330, 256, 256, sizes)
+    assert mgpu.gmm_default(256, 256) == GmmConfig(128, 256, 64, 3)
+    y = mgpu.gmm_mgpu(x, w, gs, out_dtype=jnp.float32, interpret=True)
+    np.testing.assert_allclose(y, grouped_matmul_reference(x, w, gs, jnp.float32),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert not np.any(np.asarray(y)[sum(sizes) :])
+    yt = mgpu.gmm_mgpu(x, jnp.swapaxes(w, 1, 2), gs, transpose_w=True, out_dtype=jnp.float32,
+                       interpret=True)  # fmt: skip
+    np.testing.assert_allclose(yt, y, rtol=1e-6, atol=1e-6)
+    dy = jax.random.normal(jax.random.key(4), (330, 256), jnp.bfloat16)
+    dw = mgpu.tgmm_mgpu(x, dy, gs, interpret=True)
+    np.testing.assert_allclose(dw, grouped_wgrad_reference(x, dy, gs), rtol=1e-5, atol=1e-4)
+
+
 def test_custom_vjp_equals_ragged_dot_autodiff():
     """Values and both gradients of the kernel op equal ``jax.lax.ragged_dot``'s (bf16 operands,
     f32 accumulation: the kernels round once per output, as XLA does)."""
@@ -149,8 +168,18 @@ def test_support_check_and_auto():
     assert "K=64" in mgpu.supports(64, 64, 128, jnp.bfloat16, GmmConfig(128, 128, 64))
     assert mgpu.default_config(64, 128) == GmmConfig(64, 64)
     assert mgpu.default_config(2048, 768) == GmmConfig(128, 128)
+    # gmm's own default: 128x256 (two warpgroups of 64x256) where the output width allows
+    assert mgpu.gmm_default(2048, 768) == GmmConfig(128, 256, 64, 3)
+    assert mgpu.gmm_default(768, 2048) == GmmConfig(128, 256, 64, 3)  # the input gradient
+    assert mgpu.gmm_default(128, 384) == GmmConfig(128, 128)
+    deep = GmmConfig(128, 256, 64, 4)  # 4 x 48 KiB + the 64 KiB output tile
+    assert "forward: tiles need" in mgpu.supports(4096, 2048, 768, jnp.bfloat16, deep)
     big = GmmConfig(256, 256, 128, 4)
-    assert "SMEM" in mgpu.supports(4096, 2048, 768, jnp.bfloat16, big)
+    assert "64 or 128 rows" in mgpu.supports(4096, 2048, 768, jnp.bfloat16, big)
+    # an explicit config runs every pass: tgmm's one warpgroup takes at most 128x128
+    wide = GmmConfig(128, 256, 64, 3)
+    assert "weight gradient: tgmm" in mgpu.supports(4096, 2048, 768, jnp.bfloat16, wide)
+    assert mgpu.supports(4096, 2048, 768, jnp.bfloat16, None) is None  # each pass its default
 
 
 def test_operand_errors_name_the_operand():

@@ -37,45 +37,65 @@ def dense_ragged_dot_s(chip: str, m: int, k: int, n: int, e: int, pass_: str) ->
 
 
 def predict_grouped_bf16(chip: str, m: int, live: int, e: int, k: int, n: int, pass_: str,
-                         label: str = "", in_program: bool = False) -> Prediction:  # fmt: skip
-    """``grouped_matmul``'s Hopper kernels (128x128 output tiles, 64-deep steps, 4 stages) for
-    one pass over a dispatch buffer of ``m`` rows of which ``live`` belong to the ``e`` groups
-    (``fwd``: ``[m, k] x [e, k, n]``; ``dgrad``: ``[m, n] x [e, k, n]ᵀ``; ``wgrad``:
-    ``[e, k, n]``). Live tiles are the bound ``cdiv(live, 128) + e - 1`` (each group boundary
-    splits a row block); dead tiles exit at once (not modelled). The XLA around the kernels:
-    padding x to whole row blocks (fwd/dgrad, when M is not a multiple of 128), the output row
-    gather, and the f32 -> BF16 cast of dw (``in_program``: their bytes, not their launches,
-    which a program's count has)."""
-    bm = bn = 128
+                         label: str = "", in_program: bool = False,
+                         one_wg: bool = False) -> Prediction:  # fmt: skip
+    """``grouped_matmul``'s Hopper kernels for one pass over a dispatch buffer of ``m`` rows of
+    which ``live`` belong to the ``e`` groups (``fwd``: ``[m, k] x [e, k, n]``; ``dgrad``:
+    ``[m, n] x [e, k, n]ᵀ``; ``wgrad``: ``[e, k, n]``). ``gmm`` (fwd, dgrad) on its default
+    tiles (``gmm_default``: 128x256, two compute warpgroups, 64-deep steps, 3 stages), storing
+    its rows into y (the rows past ``live`` as zeros: all ``m`` rows written once; the tiles a
+    group boundary cuts pay ``ragged_epilogue_s``); ``tgmm`` (wgrad) on 128x128 tiles of one
+    warpgroup, 4 stages. Live tiles are the bound ``cdiv(live, 128) + e - 1``; dead tiles exit
+    at once (not modelled). The XLA around the kernels: x padded to whole row blocks (fwd/dgrad,
+    when M is not a multiple of 128), the tile map, and the f32 -> BF16 cast of dw
+    (``in_program``: their bytes, not their launches, which a program's count has).
+    ``one_wg``: ``gmm`` as it was before (one warpgroup on 128x128 tiles, whole tiles written
+    into tile outputs that XLA gathered: ``design_changes``)."""
+    from kernels_pallas.grouped_matmul import pallas_mosaic_gpu as kernel
+
     launch = 0.0 if in_program else LAUNCH_S
-    bk, stages = 64, 4
     c = CHIPS[chip]
     bw = c.hbm_bytes_per_s
-    name = "tgmm_bf16_128x128" if pass_ == "wgrad" else (
-        "gmm_bf16_128x128_t" if pass_ == "dgrad" else "gmm_bf16_128x128")  # fmt: skip
+    kk, nn = (k, n) if pass_ != "dgrad" else (n, k)  # contraction, output width
+    if pass_ == "wgrad":
+        cfg, nwg, name = kernel.default_config(k, n), 1, "tgmm_bf16_128x128"
+    elif one_wg:
+        cfg, nwg = kernel.GmmConfig(128, 128, 64, 4), 1
+        name = f"gmm_bf16_128x128{'_t' if pass_ == 'dgrad' else ''}_1wg"
+    else:
+        cfg = kernel.gmm_default(kk, nn)
+        nwg = cfg.num_compute_wgs
+        name = f"gmm_bf16_{cfg.block_m}x{cfg.block_n}{'_t' if pass_ == 'dgrad' else ''}"
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     prof = load_profiles()[name]
-    loop = Loop(nwg=1, threads=128, wg_flops=2 * bm * bn * bk, fp8=False, waits=0,
-                step_bytes=(bm + bn) * bk * 2, stages=stages)  # fmt: skip
+    loop = Loop(nwg=nwg, threads=128 * (nwg + (nwg > 1)), wg_flops=2 * bm // nwg * bn * bk,
+                fp8=False, waits=0, step_bytes=(bm + bn) * bk * 2,
+                stages=cfg.max_concurrent_steps)  # fmt: skip
+    ragged = 0.0
     if pass_ == "wgrad":
         ctas = e * (k // bm) * (n // bn)
         steps = math.ceil((live + e * (bk - 1)) / bk / e)  # a group's row blocks, on average
         extra = e * k * n * (4 + 2) / bw + launch  # the f32 dw read and cast to BF16
         hbm = (live + e * bk) * (k + n) * 2 + e * k * n * 4
-        flops = 2 * live * k * n
     else:
-        kk, nn = (k, n) if pass_ == "fwd" else (n, k)
         tiles = math.ceil(live / bm) + e - 1
         ctas, steps = tiles * (nn // bn), kk // bk
         pad = m * kk * 2 * 2 if m % bm else 0  # jnp.pad of x to whole row blocks
-        extra = (pad + (tiles * bm + m) * nn * 2 * 2) / bw + 2 * launch
-        hbm = tiles * bm * kk * 2 + e * k * n * 2 + tiles * bm * nn * 2
-        flops = 2 * live * k * n
+        if one_wg:  # whole tiles out, then XLA's gather of the M rows from them
+            extra = (pad + (tiles * bm + m) * nn * 2 * 2) / bw + 2 * launch
+            hbm = tiles * bm * kk * 2 + e * k * n * 2 + tiles * bm * nn * 2
+        else:  # y written once, its rows past ``live`` as zeros; the tile map's launch
+            extra = pad / bw + (1 + bool(pad)) * launch
+            hbm = tiles * bm * kk * 2 + e * k * n * 2 + m * nn * 2
     t, terms = grid_time(chip, loop, prof, ctas, steps)
+    if pass_ != "wgrad" and not one_wg:
+        ragged = ragged_epilogue_s(chip, cfg, e, nn // bn, terms["ctas_per_sm"])
     terms = dict(terms, registers=prof["registers"], smem_alloc=prof["smem_bytes"])
     base = f"XLA:GPU dense ragged_dot (all {m} rows x {e} groups; {BF16_GEMM_EFF:.0%} of peak)"
     label = label or f"{pass_} M={m} live={live} E={e} K={k} N={n}"
-    return finish("grouped_matmul", label, chip, f"{name} ({pass_})", t, terms, hbm, flops,
-                   base, dense_ragged_dot_s(chip, m, k, n, e, pass_), extra)  # fmt: skip
+    return finish("grouped_matmul", label, chip, f"{name} ({pass_})", t + ragged, terms, hbm,
+                  2 * live * k * n, base, dense_ragged_dot_s(chip, m, k, n, e, pass_),
+                  extra)  # fmt: skip
 
 
 # XLA fusions around the grouped FP8 kernel (``grouped_fp8_matmul_mgpu``): the tile map from the
@@ -214,13 +234,16 @@ def predict(op: str, shape: dict, chip: str, label: str = "") -> Prediction:
 
 GROUPED_TILE_CHANGE = "grouped FP8 experts: 128 weight rows per CTA (two compute warpgroups)"
 GROUPED_PREFILL_CHANGE = "grouped FP8 prefill: rows stored into y (no gather), wide 128x256 tiles"
+GMM_CHANGE = "BF16 grouped gmm: two warpgroups on 128x256 tiles, rows stored into y (no gather)"
 
 
 def design_changes() -> list[tuple[str, Prediction, Prediction]]:
     """(change, before, after) on H100 and H200 where ``default_config``'s decode tiles took 128
-    weight rows per CTA instead of 64 (every Qwen3-30B-A3B stack's N % 128 == 0), and where its
+    weight rows per CTA instead of 64 (every Qwen3-30B-A3B stack's N % 128 == 0), where its
     prefill tiles became the wide 128x256 ones storing their group's rows into y (before:
-    128x128 tiles written whole into the tile outputs, then gathered)."""
+    128x128 tiles written whole into the tile outputs, then gathered), and where the BF16
+    ``gmm`` (the experts' forward and input gradient) went from one warpgroup on 128x128 tiles
+    with a gather to two on 128x256 storing rows (``predict_grouped_bf16``'s ``one_wg``)."""
     import dataclasses
 
     from kernels_pallas.fp8_matmul.mgpu_config import MgpuConfig
@@ -244,4 +267,10 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                                              ragged=old_ragged)  # fmt: skip
                 after = predict_grouped_fp8(chip, rows, GROUPED_FP8_E, k, ns, label, cfg)
                 out.append((change, before, after))
+    for label, m, live, e, k, n in GROUPED_SHAPES:
+        for pass_ in ("fwd", "dgrad"):
+            for chip in GPU_CHIPS:
+                args = (chip, m, live, e, k, n, pass_, f"{label} {pass_}")
+                before = predict_grouped_bf16(*args, one_wg=True)
+                out.append((GMM_CHANGE, before, predict_grouped_bf16(*args)))
     return out

@@ -182,8 +182,11 @@ def variants() -> dict:
         "gfp8_128x128": (*gfp8(65536, G(128, 128, 4)), mm_loads),
         "gfp8_128x256": (*gfp8(65536, G(128, 256, 3)), mm_loads),
         "gfp8_256x128": (*gfp8(65536, G(256, 128, 3)), mm_loads),
-        "gmm_bf16_128x128": (*gmm("fwd"), two),
-        "gmm_bf16_128x128_t": (*gmm("dgrad"), two),
+        # the BF16 grouped kernels' defaults (forward and input gradient: 128x256, two compute
+        # warpgroups; weight gradient: 128x128, one); ``gmm_bf16_128x128[_t]_1wg``, kept in the
+        # JSON, are the one-warpgroup gmm of before (``gpu_grouped.design_changes``)
+        "gmm_bf16_128x256": (*gmm("fwd"), two),
+        "gmm_bf16_128x256_t": (*gmm("dgrad"), two),
         "tgmm_bf16_128x128": (*gmm("tgmm"), two),
     }
     return out

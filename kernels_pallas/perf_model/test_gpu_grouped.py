@@ -120,6 +120,37 @@ def test_prefill_change_is_predicted_faster_and_beats_bf16():
         assert after.time_s < 0.85 * before.time_s and after.ratio > 1.0, (after.label, after.chip)
 
 
+def test_bf16_gmm_by_hand_and_against_its_one_warpgroup_past():
+    """``grouped_matmul``'s forward, Qwen3-30B-A3B gate|up on one device (32,768 rows, all live,
+    128 experts): 128x256 tiles of two warpgroups, ``cdiv(32768, 128) + 127`` = 383 row tiles x
+    3 N tiles of 32 steps of 64; all rows written once into y (no gather), the tile map's one
+    launch around it; faster than the one-warpgroup 128x128 kernel with its gather."""
+    m, e, k, n, chip = 32768, 128, 2048, 768, "h100"
+    p = gpu_grouped.predict_grouped_bf16(chip, m, m, e, k, n, "fwd")
+    assert p.impl == "gmm_bf16_128x256 (fwd)" and p.terms["tiles"] == 383 * 3
+    assert p.bytes == 383 * 128 * k * 2 + e * k * n * 2 + m * n * 2
+    assert p.terms["extra_s"] == pytest.approx(gpu.LAUNCH_S)
+    prof = gpu.load_profiles()["gmm_bf16_128x256"]
+    loop = gpu.Loop(nwg=2, threads=384, wg_flops=2 * 64 * 256 * 64, fp8=False, waits=0,
+                    step_bytes=(128 + 256) * 64 * 2, stages=3)  # fmt: skip
+    t, terms = gpu.grid_time(chip, loop, prof, 383 * 3, k // 64)
+    t += gpu_grouped.ragged_epilogue_s(chip, kernel_bf16().gmm_default(k, n), e, 3,
+                                       terms["ctas_per_sm"])  # fmt: skip
+    assert p.terms["compute_s"] == pytest.approx(t, rel=1e-12)
+    old = gpu_grouped.predict_grouped_bf16(chip, m, m, e, k, n, "fwd", one_wg=True)
+    assert old.impl == "gmm_bf16_128x128_1wg (fwd)" and old.time_s > 1.4 * p.time_s
+    # every BF16 design-change row: faster on both chips, forward and input gradient
+    rows = [r for r in gpu_grouped.design_changes() if r[0] == gpu_grouped.GMM_CHANGE]
+    assert len(rows) == len(gpu_grouped.GROUPED_SHAPES) * 2 * 2
+    assert all(after.time_s < before.time_s for _, before, after in rows)
+
+
+def kernel_bf16():
+    from kernels_pallas.grouped_matmul import pallas_mosaic_gpu
+
+    return pallas_mosaic_gpu
+
+
 def test_compare_puts_bench_moe_grouped_rows_beside_the_model(tmp_path):
     """A GPU run's bench_moe file: its Hopper grouped FP8 rows (gate+up as two equal stacks)
     beside the model's time; its other arms (BF16, XLA, quantizing) have no row."""

@@ -14,7 +14,8 @@ def test_in_a_program_the_grouped_kernels_leave_out_only_their_fusions_launches(
         assert alone.time_s - inside.time_s == pytest.approx(3 * gpu.LAUNCH_S, rel=1e-9)
         bargs = ("h100", rows, rows, 128, 2048, 768, "fwd")
         alone, inside = (gpu_grouped.predict_grouped_bf16(*bargs, in_program=p) for p in (0, 1))
-        assert alone.time_s - inside.time_s == pytest.approx(2 * gpu.LAUNCH_S, rel=1e-9)
+        # the tile map's (rows are whole row tiles: no pad; rows stored into y: no gather)
+        assert alone.time_s - inside.time_s == pytest.approx(gpu.LAUNCH_S, rel=1e-9)
 
 
 def test_moe_step_is_its_kernels_and_its_programs_counts():
