@@ -81,8 +81,8 @@ def _gmm_bwd(config, interpret, res, dy):
     # dx = dy · w[e]ᵀ: w [E, K, N] is read in place as the transposed kernel's [E, N_out, K_c].
     dx = mgpu.gmm_mgpu(dy, w, gs, transpose_w=True, out_dtype=x.dtype, config=config,
                        interpret=interpret)  # fmt: skip
-    dw = mgpu.tgmm_mgpu(x, dy, gs, config=config, interpret=interpret)
-    return _like(dx, x), _like(dw.astype(w.dtype), w), None
+    dw = mgpu.tgmm_mgpu(x, dy, gs, out_dtype=w.dtype, config=config, interpret=interpret)
+    return _like(dx, x), _like(dw, w), None
 
 
 _gmm.defvjp(_gmm_fwd, _gmm_bwd)

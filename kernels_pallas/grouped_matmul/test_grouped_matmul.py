@@ -97,6 +97,10 @@ def test_default_tiles_two_k_steps_and_a_deep_ring():
     dy = jax.random.normal(jax.random.key(1), (300, 128), jnp.bfloat16)
     dw = mgpu.tgmm_mgpu(x, dy, gs, config=cfg, interpret=True)
     np.testing.assert_allclose(dw, grouped_wgrad_reference(x, dy, gs), rtol=1e-5, atol=1e-4)
+    # BF16 written by the kernel: the f32 accumulator rounded once, as a cast of the f32 result
+    dw16 = mgpu.tgmm_mgpu(x, dy, gs, out_dtype=jnp.bfloat16, config=cfg, interpret=True)
+    assert dw16.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.float32(dw16), np.float32(dw.astype(jnp.bfloat16)))
 
 
 def test_wide_default_tiles_store_rows_into_y():

@@ -38,17 +38,19 @@ def dense_ragged_dot_s(chip: str, m: int, k: int, n: int, e: int, pass_: str) ->
 
 def predict_grouped_bf16(chip: str, m: int, live: int, e: int, k: int, n: int, pass_: str,
                          label: str = "", in_program: bool = False,
-                         one_wg: bool = False) -> Prediction:  # fmt: skip
+                         one_wg: bool = False, f32_dw: bool = False) -> Prediction:  # fmt: skip
     """``grouped_matmul``'s Hopper kernels for one pass over a dispatch buffer of ``m`` rows of
     which ``live`` belong to the ``e`` groups (``fwd``: ``[m, k] x [e, k, n]``; ``dgrad``:
     ``[m, n] x [e, k, n]ᵀ``; ``wgrad``: ``[e, k, n]``). ``gmm`` (fwd, dgrad) on its default
     tiles (``gmm_default``: 128x256, two compute warpgroups, 64-deep steps, 3 stages), storing
     its rows into y (the rows past ``live`` as zeros: all ``m`` rows written once; the tiles a
     group boundary cuts pay ``ragged_epilogue_s``); ``tgmm`` (wgrad) on 128x128 tiles of one
-    warpgroup, 4 stages. Live tiles are the bound ``cdiv(live, 128) + e - 1``; dead tiles exit
+    warpgroup, 4 stages, writing dw in BF16 (``f32_dw``: in f32, then cast by XLA, as
+    before). Live tiles are the bound ``cdiv(live, 128) + e - 1``; dead tiles exit
     at once (not modelled). The XLA around the kernels: x padded to whole row blocks (fwd/dgrad,
-    when M is not a multiple of 128), the tile map, and the f32 -> BF16 cast of dw
-    (``in_program``: their bytes, not their launches, which a program's count has).
+    when M is not a multiple of 128), the tile map, the group bounds of tgmm, and with
+    ``f32_dw`` the f32 -> BF16 cast of dw (``in_program``: their bytes, not their launches,
+    which a program's count has).
     ``one_wg``: ``gmm`` as it was before (one warpgroup on 128x128 tiles, whole tiles written
     into tile outputs that XLA gathered: ``design_changes``)."""
     from kernels_pallas.grouped_matmul import pallas_mosaic_gpu as kernel
@@ -75,8 +77,9 @@ def predict_grouped_bf16(chip: str, m: int, live: int, e: int, k: int, n: int, p
     if pass_ == "wgrad":
         ctas = e * (k // bm) * (n // bn)
         steps = math.ceil((live + e * (bk - 1)) / bk / e)  # a group's row blocks, on average
-        extra = e * k * n * (4 + 2) / bw + launch  # the f32 dw read and cast to BF16
-        hbm = (live + e * bk) * (k + n) * 2 + e * k * n * 4
+        dw = 4 if f32_dw else 2
+        extra = (e * k * n * (4 + 2) / bw if f32_dw else 0.0) + launch  # f32 dw: read, cast
+        hbm = (live + e * bk) * (k + n) * 2 + e * k * n * dw
     else:
         tiles = math.ceil(live / bm) + e - 1
         ctas, steps = tiles * (nn // bn), kk // bk
@@ -235,6 +238,7 @@ def predict(op: str, shape: dict, chip: str, label: str = "") -> Prediction:
 GROUPED_TILE_CHANGE = "grouped FP8 experts: 128 weight rows per CTA (two compute warpgroups)"
 GROUPED_PREFILL_CHANGE = "grouped FP8 prefill: rows stored into y (no gather), wide 128x256 tiles"
 GMM_CHANGE = "BF16 grouped gmm: two warpgroups on 128x256 tiles, rows stored into y (no gather)"
+TGMM_CHANGE = "BF16 grouped tgmm: dw written in BF16 (no f32 dw in HBM, no XLA cast)"
 
 
 def design_changes() -> list[tuple[str, Prediction, Prediction]]:
@@ -243,7 +247,8 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
     prefill tiles became the wide 128x256 ones storing their group's rows into y (before:
     128x128 tiles written whole into the tile outputs, then gathered), and where the BF16
     ``gmm`` (the experts' forward and input gradient) went from one warpgroup on 128x128 tiles
-    with a gather to two on 128x256 storing rows (``predict_grouped_bf16``'s ``one_wg``)."""
+    with a gather to two on 128x256 storing rows (``predict_grouped_bf16``'s ``one_wg``), and
+    ``tgmm`` from an f32 dw cast by XLA to BF16 written by the kernel (``f32_dw``)."""
     import dataclasses
 
     from kernels_pallas.fp8_matmul.mgpu_config import MgpuConfig
@@ -273,4 +278,8 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                 args = (chip, m, live, e, k, n, pass_, f"{label} {pass_}")
                 before = predict_grouped_bf16(*args, one_wg=True)
                 out.append((GMM_CHANGE, before, predict_grouped_bf16(*args)))
+        for chip in GPU_CHIPS:
+            args = (chip, m, live, e, k, n, "wgrad", f"{label} wgrad")
+            before = predict_grouped_bf16(*args, f32_dw=True)
+            out.append((TGMM_CHANGE, before, predict_grouped_bf16(*args)))
     return out

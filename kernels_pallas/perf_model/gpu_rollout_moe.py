@@ -14,10 +14,11 @@ as XLA GEMMs, attention on the BF16 cache, and gate, up and down each through
 ``grouped_matmul``'s BF16 kernel (``predict_grouped_bf16``: 128x256 tiles of two warpgroups
 storing rows into y). Both: every other fusion at ``gpu.LAUNCH_S`` (routing: top-k and its
 softmax, the sort by expert, the tile maps, the weighted combine; in the FP8 program also the
-experts' row gathers from their swap-AB tiles, input quantization and SiLU product), then the LM head, the step's fusions and its host syncs
-(``gpu_rollout.step``). Predicted, never measured; ``gpu.py``'s assumptions carry over. The
-routing's sort is counted as XLA compiles it without a device (its fallback sort; with a GPU
-present XLA takes CUB's, whose launches may differ).
+experts' row gathers from their swap-AB tiles, input quantization and SiLU product), then the
+LM head, the step's fusions and its host syncs (``gpu_rollout.step``). Predicted, never
+measured; ``gpu.py``'s assumptions carry over. The routing's sort is counted as XLA compiles it
+without a device (its fallback sort; with a GPU present XLA takes CUB's, whose launches may
+differ).
 """
 
 from __future__ import annotations

@@ -145,6 +145,22 @@ def test_bf16_gmm_by_hand_and_against_its_one_warpgroup_past():
     assert all(after.time_s < before.time_s for _, before, after in rows)
 
 
+def test_tgmm_writes_bf16_dw_by_hand():
+    """tgmm's weight gradient written in BF16 by the kernel: E x K x N x 2 bytes out instead of
+    f32 (x 4), and no XLA cast reading that f32 and writing BF16 (6 bytes an element)."""
+    args = ("h100", 32768, 32768, 128, 2048, 768, "wgrad")
+    now = gpu_grouped.predict_grouped_bf16(*args)
+    old = gpu_grouped.predict_grouped_bf16(*args, f32_dw=True)
+    dw = 128 * 2048 * 768
+    assert old.bytes - now.bytes == dw * 2
+    bw = common.CHIPS["h100"].hbm_bytes_per_s
+    assert old.terms["extra_s"] - now.terms["extra_s"] == pytest.approx(dw * 6 / bw, rel=1e-9)
+    assert now.terms["extra_s"] == pytest.approx(gpu.LAUNCH_S)  # the group bounds
+    rows = [r for r in gpu_grouped.design_changes() if r[0] == gpu_grouped.TGMM_CHANGE]
+    assert len(rows) == len(gpu_grouped.GROUPED_SHAPES) * 2
+    assert all(after.time_s < 0.7 * before.time_s for _, before, after in rows)
+
+
 def kernel_bf16():
     from kernels_pallas.grouped_matmul import pallas_mosaic_gpu
 
