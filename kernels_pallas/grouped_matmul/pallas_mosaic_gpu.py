@@ -45,12 +45,11 @@ DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 @dataclasses.dataclass(frozen=True)
 class GmmConfig:
-    """Tiles of both kernels: output ``block_m x block_n`` per CTA, ``block_k`` per pipeline step.
-
-    ``gmm``: ``block_m / 64`` compute warpgroups (1 or 2), each owning 64 rows x ``block_n``
-    (<= 256: 128 accumulator registers). ``tgmm``: one warpgroup owns the output tile (K tile
-    ``block_m``, N tile ``block_n``; at most 128 x 128) and ``block_k`` is the row block of the
-    contraction over a group's rows."""
+    """Tiles of both kernels: output ``block_m x block_n`` per CTA, ``block_k`` per pipeline step,
+    ``block_m / 64`` compute warpgroups (1 or 2), each owning 64 rows x ``block_n`` (<= 256:
+    128 accumulator registers) beside a TMA warpgroup. For ``tgmm`` the output tile is (K tile
+    ``block_m``, N tile ``block_n``) and ``block_k`` the row block of the contraction over a
+    group's rows."""
 
     block_m: int = 128
     block_n: int = 128
@@ -59,7 +58,7 @@ class GmmConfig:
 
     @property
     def num_compute_wgs(self) -> int:
-        """``gmm``'s compute warpgroups: one per 64 rows of the tile."""
+        """Compute warpgroups: one per 64 rows of the tile."""
         return self.block_m // _WG_ROWS
 
     def smem_bytes(self, itemsize: int, out_itemsize: int) -> int:
@@ -70,11 +69,11 @@ class GmmConfig:
 _WG_ROWS = 64  # a compute warpgroup's wgmma rows
 _MAX_WG_COLS = 256  # 64 x 256 f32: 128 accumulator registers per thread
 _SUB_N = 128  # columns per accumulator (a wider wgmma/store of BF16 fails layout inference)
-_MAX_TGMM_TILE = 128 * 128  # tgmm's one warpgroup: 128 accumulator registers per thread
+_WIDE = GmmConfig(block_m=128, block_n=256, block_k=64, max_concurrent_steps=3)
 
 
 def default_config(k: int, n: int) -> GmmConfig:
-    """``tgmm``'s tiles (and any pass's where K or N rule out ``gmm_default``'s): 128-wide
+    """Square tiles where ``gmm_default`` / ``tgmm_default`` cannot take the wide ones: 128-wide
     where K and N allow, else 64 (e.g. a 64-wide expert in tests)."""
     b = 128 if k % 128 == 0 and n % 128 == 0 else 64
     return GmmConfig(block_m=b, block_n=b)
@@ -84,12 +83,21 @@ def gmm_default(k: int, n_out: int) -> GmmConfig:
     """``gmm``'s tiles for an ``n_out``-wide output contracting ``k``: 128 x 256 (two compute
     warpgroups of 64 x 256, three 48 KiB stages beside the 64 KiB output tile) where
     ``n_out % 256 == 0``, as the FP8 kernels' wide tiles: 3/4 of a 128x128 tile's L2 -> SMEM
-    bytes per FLOP, and two warpgroups' wgmmas interleave (predicted 1.5-2.3x faster than the
+    bytes per FLOP, and two warpgroups' wgmmas interleave (predicted 1.5-2.2x faster than the
     one-warpgroup 128x128 tile at Qwen3-30B-A3B's experts: ``perf_model.gpu_grouped``); else
     ``default_config``'s."""
     if k % 64 == 0 and n_out % _MAX_WG_COLS == 0:
-        return GmmConfig(block_m=128, block_n=256, block_k=64, max_concurrent_steps=3)
+        return _WIDE
     return default_config(k, n_out)
+
+
+def tgmm_default(k: int, n: int, out_itemsize: int = 2) -> GmmConfig:
+    """``tgmm``'s tiles for ``dw [E, k, n]``: ``gmm_default``'s 128 x 256 where ``k % 128 == 0``
+    and ``n % 256 == 0`` and the output is 16-bit (an f32 output tile of 128 KiB leaves the
+    ring two stages), else ``default_config``'s."""
+    if k % 128 == 0 and n % _MAX_WG_COLS == 0 and out_itemsize <= 2:
+        return _WIDE
+    return default_config(k, n)
 
 
 def _pass_reason(c: GmmConfig, tiled: dict, itemsize: int, out_itemsize: int) -> str | None:
@@ -109,32 +117,31 @@ def _pass_reason(c: GmmConfig, tiled: dict, itemsize: int, out_itemsize: int) ->
 
 
 def supports(m: int, k: int, n: int, dtype, cfg: GmmConfig | None = None) -> str | None:
-    """None if the forward, the input gradient and the weight gradient all compile for rows
-    [M, K] x [E, K, N] with this config (None: each pass its default, ``gmm_default`` /
-    ``default_config``), else why not. The forward tiles N by ``block_n`` and contracts K by
-    ``block_k``; the input gradient tiles K by ``block_n`` and contracts N by ``block_k``; the
-    weight gradient tiles K by ``block_m`` and N by ``block_n`` (f32 output tile in SMEM)."""
+    """None if the forward, the input gradient and the weight gradient (written in the
+    operands' dtype, as ``grouped_matmul`` asks) all compile for rows [M, K] x [E, K, N] with
+    this config (None: each pass its default, ``gmm_default`` / ``tgmm_default``), else why not.
+    The forward tiles N by ``block_n`` and contracts K by ``block_k``; the input gradient tiles
+    K by ``block_n`` and contracts N by ``block_k``; the weight gradient tiles K by ``block_m``
+    and N by ``block_n``."""
     if jnp.dtype(dtype) not in DTYPES:
         return f"operands must be bfloat16 or float16, got {jnp.dtype(dtype)}"
     if m < 1:
         return "M must be >= 1"
     size = jnp.dtype(dtype).itemsize
-    for name, out, contract in (("forward", ("N", n), ("K", k)),
-                                ("input gradient", ("K", k), ("N", n))):  # fmt: skip
-        c = cfg or gmm_default(contract[1], out[1])
+    passes = (  # (name, its tiles, {dim: (size, tiles along it)})
+        ("forward", cfg or gmm_default(k, n), lambda c: {"N": (n, (c.block_n,)),
+                                                         "K": (k, (c.block_k,))}),
+        ("input gradient", cfg or gmm_default(n, k), lambda c: {"K": (k, (c.block_n,)),
+                                                               "N": (n, (c.block_k,))}),
+        ("weight gradient", cfg or tgmm_default(k, n, size),
+         lambda c: {"K": (k, (c.block_m,)), "N": (n, (c.block_n,))}),
+    )  # fmt: skip
+    for name, c, tiled in passes:
         if c.block_m not in (64, 128) or c.block_n > _MAX_WG_COLS:
-            return f"{name}: gmm tiles are 64 or 128 rows x <= {_MAX_WG_COLS} columns (one or " \
-                   f"two warpgroups of 64 rows), got {c.block_m}x{c.block_n}"  # fmt: skip
-        tiled = {out[0]: (out[1], (c.block_n,)), contract[0]: (contract[1], (c.block_k,))}
-        if (bad := _pass_reason(c, tiled, size, size)) is not None:
+            return f"{name}: tiles are 64 or 128 rows x <= {_MAX_WG_COLS} columns (one or two " \
+                   f"warpgroups of 64 rows), got {c.block_m}x{c.block_n}"  # fmt: skip
+        if (bad := _pass_reason(c, tiled(c), size, size)) is not None:
             return f"{name}: {bad}"
-    c = cfg or default_config(k, n)
-    if c.block_m * c.block_n > _MAX_TGMM_TILE:
-        return f"weight gradient: tgmm's output tile (one warpgroup) is at most 128x128 " \
-               f"elements, got {c.block_m}x{c.block_n}"  # fmt: skip
-    tiled = {"K": (k, (c.block_m,)), "N": (n, (c.block_n,))}
-    if (bad := _pass_reason(c, tiled, size, 4)) is not None:
-        return f"weight gradient: {bad}"
     return None
 
 
@@ -219,65 +226,96 @@ def _gmm_kernel(meta_gmem, x_gmem, w_gmem, out_gmem, *, cfg: GmmConfig, transpos
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
-def _store(acc, out_gmem_tile):
-    """The f32 accumulator through a swizzled SMEM tile (``stmatrix``-class stores; an
-    unswizzled one puts a warp's 8 rows in the same banks: 8 wavefronts per store) to its GMEM
-    tile (one TMA store), in the tile's dtype."""
-    dtype = out_gmem_tile.dtype
-    smem = plgpu.SMEM(acc.shape, dtype, transforms=smem_transforms(dtype, acc.shape[1]))
-
-    @functools.partial(pl.run_scoped, o_smem=smem)
-    def _(o_smem):
-        o_smem[...] = acc.astype(o_smem.dtype)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_smem, out_gmem_tile)
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-
 def _tgmm_kernel(meta_gmem, x_gmem, dy_gmem, out_gmem, *, cfg: GmmConfig):
+    """One CTA: group e's ``dw_e`` tile (K tile ``block_m`` x N tile ``block_n``), contracting
+    over the row blocks the group's rows touch (a pipeline whose length is read at run time).
+    A TMA warpgroup streams [bk, bm] x and [bk, bn] dy slices; each compute warpgroup owns 64
+    K rows (its x columns, ``x_smem.T`` as the wgmma A operand) x ``block_n`` in accumulators
+    of <= 128 columns and stores them through swizzled SMEM. In the group's first and last
+    blocks each warpgroup zeroes the other groups' rows in its x columns first. Empty groups
+    write zeros."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    nwg, out_dtype = cfg.num_compute_wgs, out_gmem.dtype
     e_idx, m_idx, n_idx = lax.axis_index("e"), lax.axis_index("m"), lax.axis_index("n")
     start, end = meta_gmem[0, e_idx], meta_gmem[1, e_idx]  # the group's rows [start, end)
     first = start // bk
     count = jnp.where(end > start, (end + bk - 1) // bk - first, 0)
-    itemsize = jnp.dtype(x_gmem.dtype).itemsize
-    swizzle = plgpu.find_swizzle(bm * itemsize * 8)
-    transforms = (plgpu.TilingTransform((8, swizzle // itemsize)), plgpu.SwizzleTransform(swizzle))
+    in_specs = [
+        plgpu.BlockSpec((bk, width), lambda r: (first + r, 0), delay_release=1,
+                        transforms=smem_transforms(x_gmem.dtype, width))
+        for width in (bm, bn)
+    ]  # fmt: skip
+    gmem_in = (x_gmem.at[:, pl.ds(m_idx * bm, bm)], dy_gmem.at[:, pl.ds(n_idx * bn, bn)])
 
-    def row_blocks(width: int, col_idx):  # the group's row blocks [bk, width] of x or dy
-        return plgpu.BlockSpec((bk, width), lambda r: (first + r, col_idx), delay_release=1,
-                               transforms=transforms)  # fmt: skip
+    def pipeline(body, compute_context):
+        return plgpu.emit_pipeline_warp_specialized(
+            body, grid=(count,), memory_registers=40, in_specs=in_specs, wg_axis="wg",
+            num_compute_wgs=nwg, max_concurrent_steps=cfg.max_concurrent_steps,
+            compute_context=compute_context,
+        )  # fmt: skip
 
-    def acc_scope(acc_ref):
-        def step(idx, x_smem, dy_smem):
+    ignore = lambda *_, **__: None
+    sub_n = min(bn, _SUB_N)
+    subs = range(0, bn, sub_n)
+    out_shape = (nwg, len(subs), _WG_ROWS, sub_n)
+    scratch = dict(
+        pipeline_allocs=pipeline(ignore, ignore).get_allocations(*gmem_in),
+        out_smem=plgpu.SMEM(out_shape, out_dtype, transforms=smem_transforms(out_dtype, sub_n)),
+    )
+
+    @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
+    def _scope(pipeline_allocs, out_smem):
+        wg = lax.axis_index("wg")
+        cols = pl.ds(wg * _WG_ROWS, _WG_ROWS)  # this warpgroup's x columns: its K rows of dw
+
+        def store(accs):
+            for s, acc in enumerate(accs):
+                out_smem[wg, s] = acc.astype(out_dtype)
+            plgpu.commit_smem()
+            for s, c in enumerate(subs):
+                dst = out_gmem.at[e_idx, pl.ds(m_idx * bm + wg * _WG_ROWS, _WG_ROWS),
+                                  pl.ds(n_idx * bn + c, sub_n)]  # fmt: skip
+                plgpu.copy_smem_to_gmem(out_smem.at[wg, s], dst)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+        def compute_context(eval_pipeline):
+            acc = plgpu.ACC((_WG_ROWS, sub_n), jnp.float32)
+
+            @functools.partial(pl.run_scoped, acc_refs=tuple(acc for _ in subs))
+            def _(acc_refs):
+                eval_pipeline(acc_refs)
+                plgpu.wgmma_wait(0)  # the last step's wgmmas
+                store(tuple(a[...] for a in acc_refs))
+
+        def body(idx, x_smem, dy_smem, acc_refs):
             r = idx[0]
+            x_wg = x_smem.at[:, cols]
 
             # The group's first and last row blocks hold other groups' rows: zero them in x
             # (dw = xᵀ dy, so that drops their dy rows too). Rows past M arrive as TMA's zeros.
             @pl.when((r == 0) | (r == count - 1))
             def _():
                 rows = (first + r) * bk + plgpu.layout_cast(
-                    lax.broadcasted_iota(jnp.int32, (bk, bm), 0), plgpu.Layout.WGMMA
+                    lax.broadcasted_iota(jnp.int32, (bk, _WG_ROWS), 0), plgpu.Layout.WGMMA
                 )
                 keep = ((rows >= start) & (rows < end)).astype(x_smem.dtype)
-                x_smem[...] = x_smem[...] * keep
+                x_wg[...] = x_wg[...] * keep
                 plgpu.commit_smem()
 
-            plgpu.wgmma(acc_ref, x_smem.T, dy_smem)  # [bk rows, bm]ᵀ · [bk rows, bn]
+            for acc_ref, c in zip(acc_refs, subs, strict=True):  # [bk, 64]ᵀ · [bk, sub_n]
+                plgpu.wgmma(acc_ref, x_wg.T, dy_smem.at[:, pl.ds(c, sub_n)])
+            plgpu.wgmma_wait(len(subs))  # the previous step's: its slots go one step late
+            return acc_refs
 
-        @pl.when(count > 0)
+        run = pipeline(body, compute_context)
+        pl.when(count > 0)(functools.partial(run, *gmem_in, allocations=pipeline_allocs))
+
+        @pl.when((count == 0) & (wg < nwg))  # an empty group: dw_e = 0
         def _():
-            plgpu.emit_pipeline(
-                step,
-                grid=(count,),
-                in_specs=[row_blocks(bm, m_idx), row_blocks(bn, n_idx)],  # x, dy
-                max_concurrent_steps=cfg.max_concurrent_steps,
-            )(x_gmem, dy_gmem)
+            zero = plgpu.layout_cast(jnp.zeros((_WG_ROWS, sub_n), jnp.float32), plgpu.Layout.WGMMA)
+            store(tuple(zero for _ in subs))
 
-        return acc_ref[...]
-
-    acc = pl.run_scoped(acc_scope, plgpu.ACC((bm, bn)))
-    _store(acc, out_gmem.at[e_idx, pl.ds(m_idx * bm, bm), pl.ds(n_idx * bn, bn)])
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
 def _interpret(interpret: bool) -> dict:
@@ -324,7 +362,7 @@ def tgmm_mgpu(x_MK, dy_MN, group_sizes_E, *, out_dtype=jnp.float32,
     and casting ``E x K x N`` f32 in HBM (``perf_model.gpu_grouped``: 2.1-2.2x faster at
     Qwen3-30B-A3B's experts)."""
     (m, k), n = x_MK.shape, dy_MN.shape[1]
-    cfg = config or default_config(k, n)
+    cfg = config or tgmm_default(k, n, jnp.dtype(out_dtype).itemsize)
     e = group_sizes_E.shape[0]
     starts, ends = group_bounds(group_sizes_E, m)
     kern = plgpu.kernel(
@@ -332,6 +370,8 @@ def tgmm_mgpu(x_MK, dy_MN, group_sizes_E, *, out_dtype=jnp.float32,
         out_type=jax.ShapeDtypeStruct((e, k, n), jnp.dtype(out_dtype)),
         grid=(e, k // cfg.block_m, n // cfg.block_n),
         grid_names=("e", "m", "n"),
+        num_threads=cfg.num_compute_wgs + 1,
+        thread_name="wg",
         **_PARAMS,
         **_interpret(interpret),
     )

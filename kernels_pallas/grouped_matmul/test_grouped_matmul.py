@@ -104,9 +104,9 @@ def test_default_tiles_two_k_steps_and_a_deep_ring():
 
 
 def test_wide_default_tiles_store_rows_into_y():
-    """gmm's default 128x256 tiles (two compute warpgroups) over groups cutting row tiles at
-    odd rows, one-row groups and rows past Σ sizes (their zero tiles), forward and the
-    transposed read; tgmm keeps its 128x128 default."""
+    """The default 128x256 tiles (two compute warpgroups) over groups cutting row tiles at odd
+    rows, one-row groups, empty groups and rows past Σ sizes (their zero tiles): gmm forward
+    and the transposed read, and tgmm."""
     sizes = (0, 129, 0, 3, 150)
     x, w, gs = _operands(330, 256, 256, sizes)
     assert mgpu.gmm_default(256, 256) == GmmConfig(128, 256, 64, 3)
@@ -118,8 +118,11 @@ def test_wide_default_tiles_store_rows_into_y():
                        interpret=True)  # fmt: skip
     np.testing.assert_allclose(yt, y, rtol=1e-6, atol=1e-6)
     dy = jax.random.normal(jax.random.key(4), (330, 256), jnp.bfloat16)
-    dw = mgpu.tgmm_mgpu(x, dy, gs, interpret=True)
+    dw = mgpu.tgmm_mgpu(x, dy, gs, interpret=True)  # f32 out: the square default
     np.testing.assert_allclose(dw, grouped_wgrad_reference(x, dy, gs), rtol=1e-5, atol=1e-4)
+    # BF16 out: the wide default (two warpgroups of 64 K rows x 256, masked x columns each)
+    dw16 = mgpu.tgmm_mgpu(x, dy, gs, out_dtype=jnp.bfloat16, interpret=True)
+    np.testing.assert_array_equal(np.float32(dw16), np.float32(dw.astype(jnp.bfloat16)))
 
 
 def test_custom_vjp_equals_ragged_dot_autodiff():
@@ -180,10 +183,15 @@ def test_support_check_and_auto():
     assert "forward: tiles need" in mgpu.supports(4096, 2048, 768, jnp.bfloat16, deep)
     big = GmmConfig(256, 256, 128, 4)
     assert "64 or 128 rows" in mgpu.supports(4096, 2048, 768, jnp.bfloat16, big)
-    # an explicit config runs every pass: tgmm's one warpgroup takes at most 128x128
+    # an explicit config runs every pass: the weight gradient tiles K by block_m
     wide = GmmConfig(128, 256, 64, 3)
-    assert "weight gradient: tgmm" in mgpu.supports(4096, 2048, 768, jnp.bfloat16, wide)
+    assert mgpu.supports(4096, 2048, 768, jnp.bfloat16, wide) is None
+    narrow = GmmConfig(128, 64, 64, 3)  # N tiles of 64 take K = 192; K tiles of 128 do not
+    assert "weight gradient: K=192" in mgpu.supports(64, 192, 768, jnp.bfloat16, narrow)
     assert mgpu.supports(4096, 2048, 768, jnp.bfloat16, None) is None  # each pass its default
+    # tgmm's own default: wide for a 16-bit dw; an f32 one (128 KiB) takes the square tiles
+    assert mgpu.tgmm_default(2048, 768) == wide and mgpu.tgmm_default(768, 2048) == wide
+    assert mgpu.tgmm_default(2048, 768, 4) == GmmConfig(128, 128)
 
 
 def test_operand_errors_name_the_operand():

@@ -44,30 +44,30 @@ def predict_grouped_bf16(chip: str, m: int, live: int, e: int, k: int, n: int, p
     ``[m, n] x [e, k, n]ᵀ``; ``wgrad``: ``[e, k, n]``). ``gmm`` (fwd, dgrad) on its default
     tiles (``gmm_default``: 128x256, two compute warpgroups, 64-deep steps, 3 stages), storing
     its rows into y (the rows past ``live`` as zeros: all ``m`` rows written once; the tiles a
-    group boundary cuts pay ``ragged_epilogue_s``); ``tgmm`` (wgrad) on 128x128 tiles of one
-    warpgroup, 4 stages, writing dw in BF16 (``f32_dw``: in f32, then cast by XLA, as
-    before). Live tiles are the bound ``cdiv(live, 128) + e - 1``; dead tiles exit
-    at once (not modelled). The XLA around the kernels: x padded to whole row blocks (fwd/dgrad,
-    when M is not a multiple of 128), the tile map, the group bounds of tgmm, and with
-    ``f32_dw`` the f32 -> BF16 cast of dw (``in_program``: their bytes, not their launches,
-    which a program's count has).
-    ``one_wg``: ``gmm`` as it was before (one warpgroup on 128x128 tiles, whole tiles written
-    into tile outputs that XLA gathered: ``design_changes``)."""
+    group boundary cuts pay ``ragged_epilogue_s``); ``tgmm`` (wgrad) on the same tiles
+    (``tgmm_default``), writing dw in BF16 (``f32_dw``: in f32, then cast by XLA). Live tiles
+    are the bound ``cdiv(live, 128) + e - 1``; dead tiles exit at once (not modelled). The XLA
+    around the kernels: x padded to whole row blocks (fwd/dgrad, when M is not a multiple of
+    128), the tile map, the group bounds of tgmm, and with ``f32_dw`` the f32 -> BF16 cast of
+    dw (``in_program``: their bytes, not their launches, which a program's count has).
+    ``one_wg``: the kernels as they were before (one warpgroup on 128x128 tiles, 4 stages;
+    ``gmm`` writing whole tiles into tile outputs that XLA gathered: ``design_changes``)."""
     from kernels_pallas.grouped_matmul import pallas_mosaic_gpu as kernel
 
     launch = 0.0 if in_program else LAUNCH_S
     c = CHIPS[chip]
     bw = c.hbm_bytes_per_s
     kk, nn = (k, n) if pass_ != "dgrad" else (n, k)  # contraction, output width
-    if pass_ == "wgrad":
-        cfg, nwg, name = kernel.default_config(k, n), 1, "tgmm_bf16_128x128"
-    elif one_wg:
+    kind = {"fwd": "gmm", "dgrad": "gmm", "wgrad": "tgmm"}[pass_]
+    suffix = "_t" if pass_ == "dgrad" else ""
+    if one_wg:
         cfg, nwg = kernel.GmmConfig(128, 128, 64, 4), 1
-        name = f"gmm_bf16_128x128{'_t' if pass_ == 'dgrad' else ''}_1wg"
+        name = f"{kind}_bf16_128x128{suffix}_1wg"
     else:
-        cfg = kernel.gmm_default(kk, nn)
+        cfg = kernel.tgmm_default(k, n, 4 if f32_dw else 2) if pass_ == "wgrad" else \
+            kernel.gmm_default(kk, nn)  # fmt: skip
         nwg = cfg.num_compute_wgs
-        name = f"gmm_bf16_{cfg.block_m}x{cfg.block_n}{'_t' if pass_ == 'dgrad' else ''}"
+        name = f"{kind}_bf16_{cfg.block_m}x{cfg.block_n}{suffix}"
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     prof = load_profiles()[name]
     loop = Loop(nwg=nwg, threads=128 * (nwg + (nwg > 1)), wg_flops=2 * bm // nwg * bn * bk,
@@ -238,7 +238,7 @@ def predict(op: str, shape: dict, chip: str, label: str = "") -> Prediction:
 GROUPED_TILE_CHANGE = "grouped FP8 experts: 128 weight rows per CTA (two compute warpgroups)"
 GROUPED_PREFILL_CHANGE = "grouped FP8 prefill: rows stored into y (no gather), wide 128x256 tiles"
 GMM_CHANGE = "BF16 grouped gmm: two warpgroups on 128x256 tiles, rows stored into y (no gather)"
-TGMM_CHANGE = "BF16 grouped tgmm: dw written in BF16 (no f32 dw in HBM, no XLA cast)"
+TGMM_CHANGE = "BF16 grouped tgmm: two warpgroups on 128x256 tiles, dw written in BF16 (no cast)"
 
 
 def design_changes() -> list[tuple[str, Prediction, Prediction]]:
@@ -248,7 +248,8 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
     128x128 tiles written whole into the tile outputs, then gathered), and where the BF16
     ``gmm`` (the experts' forward and input gradient) went from one warpgroup on 128x128 tiles
     with a gather to two on 128x256 storing rows (``predict_grouped_bf16``'s ``one_wg``), and
-    ``tgmm`` from an f32 dw cast by XLA to BF16 written by the kernel (``f32_dw``)."""
+    ``tgmm`` from one warpgroup writing an f32 dw that XLA cast to two on 128x256 tiles writing
+    BF16 (``one_wg``, ``f32_dw``)."""
     import dataclasses
 
     from kernels_pallas.fp8_matmul.mgpu_config import MgpuConfig
@@ -280,6 +281,6 @@ def design_changes() -> list[tuple[str, Prediction, Prediction]]:
                 out.append((GMM_CHANGE, before, predict_grouped_bf16(*args)))
         for chip in GPU_CHIPS:
             args = (chip, m, live, e, k, n, "wgrad", f"{label} wgrad")
-            before = predict_grouped_bf16(*args, f32_dw=True)
+            before = predict_grouped_bf16(*args, one_wg=True, f32_dw=True)
             out.append((TGMM_CHANGE, before, predict_grouped_bf16(*args)))
     return out

@@ -63,13 +63,13 @@ def variants() -> dict:
         fn = functools.partial(pac._call, impl="pallas_mosaic_gpu", config=cfg)
         return fn, pac._operands(32, 16384, 64, 320, 32, 8, cache)
 
-    def gmm(kind):  # the BF16 grouped kernels at Qwen3-30B-A3B gate/up, 16 local experts
+    def gmm(kind, out=jnp.bfloat16):  # the BF16 grouped kernels at Qwen3-30B-A3B gate/up, E 16
         from kernels_pallas.grouped_matmul import pallas_mosaic_gpu as bf16
 
         sds, bf = jax.ShapeDtypeStruct, jnp.bfloat16
         x, gs = sds((32768, 2048), bf), sds((16,), jnp.int32)
         if kind == "tgmm":
-            tgmm = functools.partial(bf16.tgmm_mgpu, out_dtype=bf)  # as the training pass asks
+            tgmm = functools.partial(bf16.tgmm_mgpu, out_dtype=out)  # BF16: the training pass
             return tgmm, (x, sds((32768, 768), bf), gs)
         w = sds((16, 768, 2048) if kind == "dgrad" else (16, 2048, 768), bf)
         return functools.partial(bf16.gmm_mgpu, transpose_w=kind == "dgrad"), (x, w, gs)
@@ -183,12 +183,14 @@ def variants() -> dict:
         "gfp8_128x128": (*gfp8(65536, G(128, 128, 4)), mm_loads),
         "gfp8_128x256": (*gfp8(65536, G(128, 256, 3)), mm_loads),
         "gfp8_256x128": (*gfp8(65536, G(256, 128, 3)), mm_loads),
-        # the BF16 grouped kernels' defaults (forward and input gradient: 128x256, two compute
-        # warpgroups; weight gradient: 128x128, one); ``gmm_bf16_128x128[_t]_1wg``, kept in the
-        # JSON, are the one-warpgroup gmm of before (``gpu_grouped.design_changes``)
+        # the BF16 grouped kernels' defaults (128x256 tiles of two compute warpgroups: forward,
+        # input gradient, weight gradient with a BF16 dw); ``gmm_bf16_128x128[_t]_1wg`` and
+        # ``tgmm_bf16_128x128_1wg``, kept in the JSON, are the one-warpgroup kernels of before
+        # (``gpu_grouped.design_changes``)
         "gmm_bf16_128x256": (*gmm("fwd"), two),
         "gmm_bf16_128x256_t": (*gmm("dgrad"), two),
-        "tgmm_bf16_128x128": (*gmm("tgmm"), two),
+        "tgmm_bf16_128x256": (*gmm("tgmm"), two),
+        "tgmm_bf16_128x128": (*gmm("tgmm", jnp.float32), two),  # an f32 dw: its default tile
     }
     return out
 

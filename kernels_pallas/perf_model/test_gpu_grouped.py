@@ -145,20 +145,33 @@ def test_bf16_gmm_by_hand_and_against_its_one_warpgroup_past():
     assert all(after.time_s < before.time_s for _, before, after in rows)
 
 
-def test_tgmm_writes_bf16_dw_by_hand():
-    """tgmm's weight gradient written in BF16 by the kernel: E x K x N x 2 bytes out instead of
-    f32 (x 4), and no XLA cast reading that f32 and writing BF16 (6 bytes an element)."""
+def test_tgmm_by_hand_and_against_its_one_warpgroup_f32_past():
+    """tgmm, Qwen3-30B-A3B gate|up on one device (all 32,768 rows live, 128 experts): 128x256
+    tiles of two warpgroups, 128 x 16 K tiles x 3 N tiles, each over a group's 256 rows in
+    ``ceil((32768 + 128 x 63) / 64 / 128)`` = 5 row blocks on average; dw written once in BF16,
+    no cast. Before: one warpgroup on 128x128 tiles writing f32 that XLA read and cast (6 bytes
+    an element more)."""
     args = ("h100", 32768, 32768, 128, 2048, 768, "wgrad")
     now = gpu_grouped.predict_grouped_bf16(*args)
-    old = gpu_grouped.predict_grouped_bf16(*args, f32_dw=True)
+    assert now.impl == "tgmm_bf16_128x256 (wgrad)" and now.terms["tiles"] == 128 * 16 * 3
     dw = 128 * 2048 * 768
-    assert old.bytes - now.bytes == dw * 2
+    assert now.bytes == (32768 + 128 * 64) * (2048 + 768) * 2 + dw * 2
+    assert now.terms["extra_s"] == pytest.approx(gpu.LAUNCH_S)  # the group bounds
+    prof = gpu.load_profiles()["tgmm_bf16_128x256"]
+    loop = gpu.Loop(nwg=2, threads=384, wg_flops=2 * 64 * 256 * 64, fp8=False, waits=0,
+                    step_bytes=(128 + 256) * 64 * 2, stages=3)  # fmt: skip
+    t, _ = gpu.grid_time("h100", loop, prof, 128 * 16 * 3, 5)
+    assert now.terms["compute_s"] == pytest.approx(t, rel=1e-12)
+    old = gpu_grouped.predict_grouped_bf16(*args, one_wg=True, f32_dw=True)
+    assert old.impl == "tgmm_bf16_128x128_1wg (wgrad)" and old.bytes - now.bytes == dw * 2
     bw = common.CHIPS["h100"].hbm_bytes_per_s
     assert old.terms["extra_s"] - now.terms["extra_s"] == pytest.approx(dw * 6 / bw, rel=1e-9)
-    assert now.terms["extra_s"] == pytest.approx(gpu.LAUNCH_S)  # the group bounds
     rows = [r for r in gpu_grouped.design_changes() if r[0] == gpu_grouped.TGMM_CHANGE]
     assert len(rows) == len(gpu_grouped.GROUPED_SHAPES) * 2
-    assert all(after.time_s < 0.7 * before.time_s for _, before, after in rows)
+    assert all(after.time_s < 0.5 * before.time_s for _, before, after in rows)
+    # an f32 dw keeps the square tiles (an f32 128x256 output tile leaves two stages)
+    f32 = gpu_grouped.predict_grouped_bf16(*args, f32_dw=True)
+    assert f32.impl == "tgmm_bf16_128x128 (wgrad)" and f32.time_s > now.time_s
 
 
 def kernel_bf16():
