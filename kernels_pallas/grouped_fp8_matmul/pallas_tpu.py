@@ -17,6 +17,9 @@ index changes between consecutive steps). Several weight stacks (gate and up) ru
 the N tiles run over their concatenation, each stack is its own operand, and outside its N
 tiles a stack's block index stays put (no DMA) while the kernel accumulates from the active one.
 
+By default (``plan``) each weight stack is one (N, K) block: consecutive tiles of an expert keep
+its block index, so its weights cross HBM once, not once per row tile (``weight_reuse``).
+
 Layouts as in the dense kernel: ``s_x`` as ``[K/block_k, M_pad, block_k/128]`` in VMEM, ``s_w``
 as ``[E, N/block_n, 1, (block_n/128)(K/128)]`` in SMEM (the N tile's block scales, read as
 scalars), so ``block_n`` is any multiple of 128 dividing every stack's N (up to 1024).
@@ -58,8 +61,9 @@ class TpuConfig:
     """Tile configuration of the TPU kernel (a static argument)."""
 
     block_m: int | None = None  # rows per tile, a multiple of 32; None: ``tile_m``
-    block_n: int | None = None  # a multiple of 128 dividing every N; None: the largest <= 1024
-    block_k: int = 1024  # K per grid step, a multiple of 128 (the largest one <= it dividing K)
+    block_n: int | None = None  # a multiple of 128 dividing every N; None: see ``plan``
+    block_k: int | None = None  # K per grid step, a multiple of 128 (the largest one <= it
+    # dividing K); None: see ``plan``
     # "native": FP8 straight into the MXU (v6e+); "bfloat16" / "float32": upcast in VMEM first
     # (lossless); None: native where the chip has an FP8 MXU, else bfloat16.
     compute_dtype: str | None = None
@@ -70,19 +74,32 @@ class TpuConfig:
 
 # Default row tile: a power of two >= this many times the mean group size, in [32, 512]
 TILE_PER_MEAN_GROUP = 4
+# Row tile cap when every expert's weights stay in VMEM across its tiles (``plan``), on a chip
+# without an FP8 MXU: the upcast MXU work binds there, and a wider tile multiplies more rows of
+# other groups at each group boundary
+REUSE_TILE_CAP_UPCAST = 128
+REUSE_MAX_N = 2048  # the widest stack taken as one block (its f32 accumulator: bm x N x 4 B)
 
 
-def tile_m(m: int, num_groups: int, cfg: TpuConfig) -> int:
+def tile_m(m: int, num_groups: int, cfg: TpuConfig, cap: int = 512) -> int:
     """Rows per tile: ``cfg.block_m``, else a power of two >= ``TILE_PER_MEAN_GROUP`` x the mean
-    group size, in [32, 512]. Every group boundary inside a row tile adds a tile, and every
-    tile streams its expert's weights, so tiles of a group's size stream most groups' weights
-    twice; four times it (the performance model, ``tpu.grouped_fp8_matmul_predict``, at
-    Qwen3-30B-A3B's experts: 16-32 rows per expert) streams them ~1.25 times, at MXU work the
-    memory-bound tiles hide (v5e 1.12-1.38x faster at 2,048-4,096 rows, v6e 1.13-1.34x)."""
+    group size, in [32, ``cap``]. Every group boundary inside a row tile adds a tile, and every
+    tile streams its expert's weights (unless they stay in VMEM: ``plan``), so tiles of a
+    group's size stream most groups' weights twice; four times it (the performance model,
+    ``tpu.grouped_fp8_matmul_predict``, at Qwen3-30B-A3B's experts: 16-32 rows per expert)
+    streams them ~1.25 times, at MXU work the memory-bound tiles hide (v5e 1.12-1.38x faster at
+    2,048-4,096 rows, v6e 1.13-1.34x)."""
     if cfg.block_m is not None:
         return cfg.block_m
     mean = max(-(-m // max(num_groups, 1)), 1)
-    return min(max(1 << (TILE_PER_MEAN_GROUP * mean - 1).bit_length(), 32), 512)
+    return min(max(1 << (TILE_PER_MEAN_GROUP * mean - 1).bit_length(), 32), cap)
+
+
+def weight_reuse(p: Plan, k: int, ns: tuple[int, ...]) -> bool:
+    """True if every stack's weight is one (N, K) block of the plan: consecutive tiles of one
+    expert then keep its block index, and Pallas fetches nothing for them (the weights cross
+    HBM once per expert, not once per row tile)."""
+    return p.block_k == k and all(n == p.block_n for n in ns)
 
 
 def plan(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig | None, *,
@@ -90,10 +107,7 @@ def plan(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig | 
     """The block shapes for this problem (``ns``: N of each weight stack), or why the kernel
     cannot take it. ``fp8_mxu``: the target's MXU takes FP8 (``compute_mode`` picks the default)."""
     cfg = cfg or TpuConfig()
-    bm = tile_m(m, num_groups, cfg)
-    if bm % 32 or bm <= 0:
-        return f"block_m={bm} must be a positive multiple of 32 (8-bit sublane tiles)"
-    if cfg.block_k % GROUP or cfg.block_k <= 0:
+    if cfg.block_k is not None and (cfg.block_k % GROUP or cfg.block_k <= 0):
         return f"block_k={cfg.block_k} must be a positive multiple of {GROUP}"
     if cfg.compute_dtype not in (None, *COMPUTE_DTYPES):
         return f"compute_dtype must be one of {COMPUTE_DTYPES}, got {cfg.compute_dtype!r}"
@@ -105,10 +119,29 @@ def plan(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig | 
         return "M must be >= 1"
     if cfg.block_n is not None and (cfg.block_n % GROUP or any(n % cfg.block_n for n in ns)):
         return f"block_n={cfg.block_n} must be a multiple of {GROUP} dividing every N"
+    # Weight reuse (the default where it fits): each stack's whole (N, K) weight as one block,
+    # so an expert's weights stay in VMEM across its consecutive row tiles (``weight_reuse``);
+    # the performance model predicts 1.06-1.50x faster at Qwen3-30B-A3B's experts on v5e/v6e
+    # (``tpu_table.grouped_rows``). Else N tiles of <= 1024 and K steps of ``block_k`` (1024).
+    if cfg.block_n is None and cfg.block_k is None and len(set(ns)) == 1 and \
+            ns[0] <= REUSE_MAX_N and k <= MAX_GROUPS * GROUP:  # fmt: skip
+        cap = 512 if fp8_mxu else REUSE_TILE_CAP_UPCAST
+        p = _plan(m, k, ns, num_groups, dataclasses.replace(cfg, block_n=ns[0], block_k=k),
+                  fp8_mxu=fp8_mxu, interpret=interpret, cap=cap)  # fmt: skip
+        if not isinstance(p, str):
+            return p
+    return _plan(m, k, ns, num_groups, cfg, fp8_mxu=fp8_mxu, interpret=interpret)
+
+
+def _plan(m: int, k: int, ns: tuple[int, ...], num_groups: int, cfg: TpuConfig, *,
+          fp8_mxu: bool, interpret: bool, cap: int = 512) -> Plan | str:  # fmt: skip
+    bm = tile_m(m, num_groups, cfg, cap)
+    if bm % 32 or bm <= 0:
+        return f"block_m={bm} must be a positive multiple of 32 (8-bit sublane tiles)"
     bn = cfg.block_n or min(largest_divisor(n, 1024) for n in ns)
     while any(n % bn for n in ns):  # the largest common divisor of every stack's N
         bn -= GROUP
-    block_k = largest_divisor(k, min(cfg.block_k, MAX_GROUPS * GROUP))
+    block_k = largest_divisor(k, min(cfg.block_k or 1024, MAX_GROUPS * GROUP))
     compute = compute_mode(cfg.compute_dtype, fp8_mxu, bm)  # v6e prefill: dequant_bf16
     if compute == "dequant_bf16" and (cfg.pack or 1) != 1:
         return PACK_DEQUANT

@@ -55,18 +55,46 @@ def test_table_before_and_now():
 
 def test_grouped_row_tile_of_four_mean_groups_is_never_predicted_slower(monkeypatch):
     """``pallas_tpu.tile_m``: a power of two >= 4x the mean group size (32 rows at 1-4 rows
-    per expert, 64 / 128 at 16 / 32, 512 at 512); at every Qwen3-30B-A3B case on v5e and v6e
-    it streams fewer expert weights than a tile of the mean group size, and at 32 rows per
-    expert it is predicted > 1.3x faster."""
+    per expert, 64 / 128 at 16 / 32, 512 at 512). Where the weights stream per tile (N and K
+    tiled: ``block_k=1024``), at every Qwen3-30B-A3B case on v5e and v6e it streams fewer
+    expert weights than a tile of the mean group size, and at 32 rows per expert it is
+    predicted > 1.3x faster."""
     from kernels_pallas.grouped_fp8_matmul import pallas_tpu as tpu
 
     cfg = tpu.TpuConfig()
     assert [tpu.tile_m(r, 128, cfg) for r in (8, 512, 2048, 4096, 65536)] == [32, 32, 64, 128, 512]
-    now = {(r["target"], r["shape"]): r["now_us"] for r in tpu_table.grouped_rows()}
+    streamed = tpu.TpuConfig(block_k=1024)
+    now = {(r["target"], r["shape"]): r["now_us"] for r in tpu_table.grouped_rows(streamed)}
     monkeypatch.setattr(tpu, "TILE_PER_MEAN_GROUP", 1)
-    mean = {(r["target"], r["shape"]): r["now_us"] for r in tpu_table.grouped_rows()}
+    mean = {(r["target"], r["shape"]): r["now_us"] for r in tpu_table.grouped_rows(streamed)}
     assert len(now) == 24 and now.keys() == mean.keys()
     for key, t in now.items():
         assert t <= mean[key] * (1 + 1e-9), key
     faster = [mean[key] / t for key, t in now.items() if "rows=4096 " in key[1]]
     assert len(faster) == 4 and min(faster) > 1.3
+
+
+def test_grouped_weight_reuse_is_the_default_and_never_predicted_slower():
+    """The default plan keeps each stack's whole (N, K) weight as one block (``weight_reuse``):
+    at every Qwen3-30B-A3B case on v5e and v6e predicted no slower than the streamed plan of
+    before (N tiles <= 1024, K steps of 1024): >= 1.05x faster everywhere, >= 1.2x from 512
+    rows (1.06-1.50x); the row tile is capped at 128 on v5e (no FP8 MXU: upcast MXU work
+    binds)."""
+    from kernels_pallas.grouped_fp8_matmul import pallas_tpu as tpu
+
+    p = tpu.plan(65536, 2048, (768, 768), 128, None, fp8_mxu=False)
+    assert (p.block_m, p.block_n, p.block_k) == (128, 768, 2048) and tpu.weight_reuse(
+        p, 2048, (768, 768)
+    )
+    p6 = tpu.plan(65536, 768, (2048,), 128, None, fp8_mxu=True)
+    assert (p6.block_m, p6.block_n, p6.block_k) == (512, 2048, 768)
+    assert not tpu.weight_reuse(tpu.plan(512, 2048, (768, 384), 128, None, fp8_mxu=True),
+                                2048, (768, 384))  # stacks of unequal N: streamed  # fmt: skip
+    now = {(r["target"], r["shape"]): r["now_us"] for r in tpu_table.grouped_rows()}
+    streamed = tpu_table.grouped_rows(tpu.TpuConfig(block_k=1024))
+    was = {(r["target"], r["shape"]): r["now_us"] for r in streamed}
+    assert len(now) == 24 and now.keys() == was.keys()
+    for key, t in now.items():
+        assert was[key] / t >= 1.05, key
+        if not any(f"rows={r} " in key[1] for r in (8, 64)):
+            assert was[key] / t >= 1.2, key

@@ -148,6 +148,7 @@ class MatmulTiles:
     out_bytes: int = 2
     pack: int = 1  # K groups per MXU dot (2: two groups block-diagonal in one 256-deep dot)
     dequant: bool = False  # operands dequantized to BF16 in VMEM, one block_k-deep dot per step
+    weight_reuse: bool = False  # grouped: an expert's weight blocks stay in VMEM across its tiles
 
 
 # The wave-2 kernel (before issue 21): 256 x 128 x 512 tiles, FP8 upcast on every chip.
@@ -211,15 +212,24 @@ def grouped_fp8_matmul_predict(chip: TpuChip, rows: int, k: int, n: int, experts
                                t: MatmulTiles, kernel: str, shape: str) -> Prediction:  # fmt: skip
     """Megablox-style grouped kernel with routing spread evenly: ``cdiv(rows, bm) + min(E, rows)
     - 1`` row tiles (every group boundary adds one), each a dense (bm, N, K) problem on its
-    expert's weight. Baseline: XLA BF16 per-expert GEMMs over the used experts."""
+    expert's weight; with ``t.weight_reuse`` (each stack's weight one block: ``pallas_tpu.plan``)
+    consecutive tiles of an expert keep its weight block, so the weights cross HBM once per
+    used expert instead of once per tile. Baseline: XLA BF16 per-expert GEMMs over the used
+    experts."""
     used = min(experts, rows)
     tiles = math.ceil(rows / t.block_m) + used - 1
     steps1, step = fp8_matmul_step(chip, t.block_m, k, n, t)
+    if t.weight_reuse:  # a tile's share of the weights: used experts' worth over all tiles
+        w_tile = n * k * (1 + 4 / SCALE_GROUP**2)
+        dma = step.dma_bytes + (used / tiles - 1) * w_tile / steps1
+        step = dataclasses.replace(step, dma_bytes=dma)
     last = t.block_m * t.block_n * t.out_bytes
     secs, bound = grid_time(chip, tiles * steps1, step, (t.block_m + t.block_n) * t.block_k, last)
     per = math.ceil(rows / used)
     base = used * xla_bf16_matmul_s(chip, per, k, n)
-    detail = f"tiles={tiles} bm={t.block_m} bn={t.block_n} bk={t.block_k} " + _method(chip, t)
+    reuse = " reuse" if t.weight_reuse else ""
+    detail = f"tiles={tiles} bm={t.block_m} bn={t.block_n} bk={t.block_k}{reuse} " + \
+        _method(chip, t)  # fmt: skip
     return Prediction(kernel, chip.name, shape, secs, base, bound, tiles * steps1, detail)
 
 
@@ -252,8 +262,10 @@ def predict_tpu(op: str, shape: dict, chip: str):
         p = fp8_matmul_predict(c, m, k, n, tpu_table.matmul_tiles(c, m, k, n), op, label)
         return _to_common(op, p, _XLA, m * k + n * k + 2 * m * n, 2 * m * n * k)
     if op == "grouped_fp8_matmul":
-        m, n, k, e = shape["M"], shape["N"], shape["K"], shape["E"]
-        t = tpu_table.grouped_tiles(c, m, k, (n,), e)
+        m, k, e = shape["M"], shape["K"], shape["E"]
+        ns = tuple(shape["N"]) if isinstance(shape["N"], (tuple, list)) else (shape["N"],)
+        n = sum(ns)
+        t = tpu_table.grouped_tiles(c, m, k, ns, e)
         p = grouped_fp8_matmul_predict(c, m, k, n, e, t, op, label)
         return _to_common(op, p, _XLA, m * k + min(e, m) * n * k + 2 * m * n, 2 * m * n * k)
     if op in ("decode_attention", "paged_attention"):

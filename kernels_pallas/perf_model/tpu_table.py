@@ -43,12 +43,14 @@ def matmul_tiles(chip: model.TpuChip, m: int, k: int, n: int) -> model.MatmulTil
                              dequant=p.dequant)  # fmt: skip
 
 
-def grouped_tiles(chip: model.TpuChip, rows: int, k: int, ns, e: int) -> model.MatmulTiles:
+def grouped_tiles(chip: model.TpuChip, rows: int, k: int, ns, e: int,
+                  cfg=None) -> model.MatmulTiles:  # fmt: skip
     from kernels_pallas.grouped_fp8_matmul import pallas_tpu as tpu
 
-    p = tpu.plan(rows, k, ns, e, None, fp8_mxu=chip.fp8_mxu)
+    p = tpu.plan(rows, k, ns, e, cfg, fp8_mxu=chip.fp8_mxu)
+    reuse = tpu.weight_reuse(p, k, ns)
     return model.MatmulTiles(p.block_m, p.block_n, p.block_k, fp8_mxu=p.fp8_mxu, pack=p.pack,
-                             dequant=p.dequant)  # fmt: skip
+                             dequant=p.dequant, weight_reuse=reuse)  # fmt: skip
 
 
 def pair(before: model.Prediction, now: model.Prediction) -> dict:
@@ -77,7 +79,7 @@ def matmul_rows() -> list[dict]:
     return rows
 
 
-def grouped_rows() -> list[dict]:
+def grouped_rows(cfg=None) -> list[dict]:
     from kernels_pallas.grouped_fp8_matmul.aot_cases import ALL_ROWS, LAYERS, E
 
     rows = []
@@ -87,7 +89,7 @@ def grouped_rows() -> list[dict]:
             for r in ALL_ROWS:
                 shape = f"Qwen3-30B-A3B {layer} rows={r} K={k} N={n} E={E}"
                 legacy = _legacy_grouped_tiles(r, k, E)
-                now_t = grouped_tiles(chip, r, k, ns, E)
+                now_t = grouped_tiles(chip, r, k, ns, E, cfg)
                 pred = model.grouped_fp8_matmul_predict
                 before = pred(chip, r, k, n, E, legacy, "grouped_fp8_matmul", shape)
                 now = pred(chip, r, k, n, E, now_t, "grouped_fp8_matmul", shape)
@@ -109,7 +111,7 @@ def case_shapes() -> list[tuple[str, str, dict]]:
             out.append(("fp8_matmul", f"{name} {layer} M={m}", dict(M=m, N=n, K=k, x="fp8")))
     for layer, k, ns in MOE:
         for r in ALL_ROWS:
-            dims = dict(M=r, N=sum(ns), K=k, E=E, x="fp8")
+            dims = dict(M=r, N=ns, K=k, E=E, x="fp8")  # N of each weight stack
             out.append(("grouped_fp8_matmul", f"Qwen3-30B-A3B {layer} rows={r}", dims))
     for name, b, s, h, kv in DENSE:
         dims = dict(B=b, S=s, H=h, KV=kv, D=128, cache="fp8")
