@@ -145,6 +145,38 @@ def supports(m: int, k: int, n: int, dtype, cfg: GmmConfig | None = None) -> str
     return None
 
 
+def _pipeline(grid, in_specs, cfg: GmmConfig):
+    """``(body, compute_context) -> pipeline``: a TMA warpgroup beside ``cfg.num_compute_wgs``
+    compute warpgroups over ``grid`` (static, or read at run time)."""
+    return functools.partial(
+        plgpu.emit_pipeline_warp_specialized, grid=grid, memory_registers=40, in_specs=in_specs,
+        wg_axis="wg", num_compute_wgs=cfg.num_compute_wgs,
+        max_concurrent_steps=cfg.max_concurrent_steps,
+    )  # fmt: skip
+
+
+def _accumulate_then(store, n_subs: int, sub_n: int):
+    """A compute warpgroup's pipeline context: ``n_subs`` f32 [64, sub_n] accumulators carried
+    through the steps, the last step's wgmmas waited for, then ``store(values)``."""
+
+    def compute_context(eval_pipeline):
+        acc = plgpu.ACC((_WG_ROWS, sub_n), jnp.float32)
+
+        @functools.partial(pl.run_scoped, acc_refs=tuple(acc for _ in range(n_subs)))
+        def _(acc_refs):
+            eval_pipeline(acc_refs)
+            plgpu.wgmma_wait(0)  # the last step's wgmmas
+            store(tuple(a[...] for a in acc_refs))
+
+    return compute_context
+
+
+def _zeros(n_subs: int, sub_n: int) -> tuple:
+    """``n_subs`` zero accumulators (the rows past the groups, an empty group's dw)."""
+    zero = jnp.zeros((_WG_ROWS, sub_n), jnp.float32)
+    return tuple(plgpu.layout_cast(zero, plgpu.Layout.WGMMA) for _ in range(n_subs))
+
+
 def _gmm_kernel(meta_gmem, x_gmem, w_gmem, out_gmem, *, cfg: GmmConfig, transpose_w: bool):
     """One CTA: row tile t of its group times one N tile of its weight. A TMA warpgroup streams
     [bm, bk] x slices and [bk, bn] (or [bn, bk]) weight slices; each compute warpgroup runs one
@@ -170,18 +202,12 @@ def _gmm_kernel(meta_gmem, x_gmem, w_gmem, out_gmem, *, cfg: GmmConfig, transpos
     w_view = w_e.at[pl.ds(n_idx * bn, bn)] if transpose_w else w_e.at[:, pl.ds(n_idx * bn, bn)]
     gmem_in = (x_gmem.at[pl.ds(block * bm, bm)], w_view)
 
-    def pipeline(body, compute_context):
-        return plgpu.emit_pipeline_warp_specialized(
-            body, grid=(x_gmem.shape[1] // bk,), memory_registers=40, in_specs=in_specs,
-            wg_axis="wg", num_compute_wgs=nwg, max_concurrent_steps=cfg.max_concurrent_steps,
-            compute_context=compute_context,
-        )  # fmt: skip
-
+    pipeline = _pipeline((x_gmem.shape[1] // bk,), in_specs, cfg)
     ignore = lambda *_, **__: None
     sub_n = min(bn, _SUB_N)  # a warpgroup's columns in sub-tiles of <= 128 (an accumulator each)
     subs = range(0, bn, sub_n)
     scratch = dict(
-        pipeline_allocs=pipeline(ignore, ignore).get_allocations(*gmem_in),
+        pipeline_allocs=pipeline(ignore, compute_context=ignore).get_allocations(*gmem_in),
         out_smem=mgpu_rows.scratch((nwg, len(subs)), sub_n, out_dtype),
     )
 
@@ -198,14 +224,7 @@ def _gmm_kernel(meta_gmem, x_gmem, w_gmem, out_gmem, *, cfg: GmmConfig, transpos
                 mgpu_rows.store(views, acc, dst, block * bm + row0, first - row0, count)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-        def compute_context(eval_pipeline):
-            acc = plgpu.ACC((_WG_ROWS, sub_n), jnp.float32)
-
-            @functools.partial(pl.run_scoped, acc_refs=tuple(acc for _ in subs))
-            def _(acc_refs):
-                eval_pipeline(acc_refs)
-                plgpu.wgmma_wait(0)  # the last step's wgmmas
-                store(tuple(a[...] for a in acc_refs))
+        compute_context = _accumulate_then(store, len(subs), sub_n)
 
         def body(_, x_smem, w_smem, acc_refs):
             for acc_ref, c in zip(acc_refs, subs, strict=True):
@@ -215,13 +234,12 @@ def _gmm_kernel(meta_gmem, x_gmem, w_gmem, out_gmem, *, cfg: GmmConfig, transpos
             plgpu.wgmma_wait(len(subs))  # the previous step's: its slots go one step late
             return acc_refs
 
-        run = pipeline(body, compute_context)
+        run = pipeline(body, compute_context=compute_context)
         pl.when(mode == 1)(functools.partial(run, *gmem_in, allocations=pipeline_allocs))
 
         @pl.when((mode == 2) & (wg < nwg))  # the rows past Σ sizes
         def _():
-            zero = plgpu.layout_cast(jnp.zeros((_WG_ROWS, sub_n), jnp.float32), plgpu.Layout.WGMMA)
-            store(tuple(zero for _ in subs))
+            store(_zeros(len(subs), sub_n))
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -247,19 +265,13 @@ def _tgmm_kernel(meta_gmem, x_gmem, dy_gmem, out_gmem, *, cfg: GmmConfig):
     ]  # fmt: skip
     gmem_in = (x_gmem.at[:, pl.ds(m_idx * bm, bm)], dy_gmem.at[:, pl.ds(n_idx * bn, bn)])
 
-    def pipeline(body, compute_context):
-        return plgpu.emit_pipeline_warp_specialized(
-            body, grid=(count,), memory_registers=40, in_specs=in_specs, wg_axis="wg",
-            num_compute_wgs=nwg, max_concurrent_steps=cfg.max_concurrent_steps,
-            compute_context=compute_context,
-        )  # fmt: skip
-
+    pipeline = _pipeline((count,), in_specs, cfg)
     ignore = lambda *_, **__: None
     sub_n = min(bn, _SUB_N)
     subs = range(0, bn, sub_n)
     out_shape = (nwg, len(subs), _WG_ROWS, sub_n)
     scratch = dict(
-        pipeline_allocs=pipeline(ignore, ignore).get_allocations(*gmem_in),
+        pipeline_allocs=pipeline(ignore, compute_context=ignore).get_allocations(*gmem_in),
         out_smem=plgpu.SMEM(out_shape, out_dtype, transforms=smem_transforms(out_dtype, sub_n)),
     )
 
@@ -278,14 +290,7 @@ def _tgmm_kernel(meta_gmem, x_gmem, dy_gmem, out_gmem, *, cfg: GmmConfig):
                 plgpu.copy_smem_to_gmem(out_smem.at[wg, s], dst)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-        def compute_context(eval_pipeline):
-            acc = plgpu.ACC((_WG_ROWS, sub_n), jnp.float32)
-
-            @functools.partial(pl.run_scoped, acc_refs=tuple(acc for _ in subs))
-            def _(acc_refs):
-                eval_pipeline(acc_refs)
-                plgpu.wgmma_wait(0)  # the last step's wgmmas
-                store(tuple(a[...] for a in acc_refs))
+        compute_context = _accumulate_then(store, len(subs), sub_n)
 
         def body(idx, x_smem, dy_smem, acc_refs):
             r = idx[0]
@@ -307,13 +312,12 @@ def _tgmm_kernel(meta_gmem, x_gmem, dy_gmem, out_gmem, *, cfg: GmmConfig):
             plgpu.wgmma_wait(len(subs))  # the previous step's: its slots go one step late
             return acc_refs
 
-        run = pipeline(body, compute_context)
+        run = pipeline(body, compute_context=compute_context)
         pl.when(count > 0)(functools.partial(run, *gmem_in, allocations=pipeline_allocs))
 
         @pl.when((count == 0) & (wg < nwg))  # an empty group: dw_e = 0
         def _():
-            zero = plgpu.layout_cast(jnp.zeros((_WG_ROWS, sub_n), jnp.float32), plgpu.Layout.WGMMA)
-            store(tuple(zero for _ in subs))
+            store(_zeros(len(subs), sub_n))
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
