@@ -3,11 +3,11 @@
 Reads ``experiments/bench_matmul.py`` / ``bench_decode.py`` / ``bench_moe.py`` output
 (``meta.device_kind``, rows with ``m, n, k, impl, median_us``, ``b, s, h, k, c, cache, impl,
 median_us`` or ``layer, rows, experts, k, n, arm, median_us``) and prints, per fp8_matmul row,
-per full-length decode attention row and per grouped FP8 row of the Hopper kernel, the measured time
-beside the model's prediction for the same arm (``fp8:<impl>``: QArray x; ``+quant``: BF16 x
-quantized once; ``bf16``: the BF16 baseline; ``+add``: the GEMM and its consumer;
-``pallas_mosaic_gpu[:unswapped]``: decode attention, ``predicted_us``), and measured /
-predicted: the calibration of the model's knobs (``gpu.py`` constants) the first time it runs
+per full-length decode attention row and per Hopper grouped row (FP8, and BF16 ``gmm``), the
+measured time beside the model's prediction for the same arm (``fp8:<impl>``: QArray x;
+``+quant``: BF16 x quantized once; ``bf16``: the BF16 baseline; ``+add``: the GEMM and its
+consumer; ``pallas_mosaic_gpu[:unswapped]``: decode attention, ``predicted_us``), and measured
+/ predicted: the calibration of the model's knobs (``gpu.py`` constants) the first time it runs
 on a device.
 """
 
@@ -100,18 +100,28 @@ def _attention_us(chip: str, row: dict) -> float | None:
 
 
 def _grouped_us(chip: str, row: dict) -> float | None:
-    """The model's time for a bench_moe row of the Hopper grouped FP8 kernel (FP8 x; gate+up
-    as two equal stacks in one launch). bench_moe times the whole jitted call by the wall
-    clock (the tile map, the scales' transpose and the gather included, as the model counts
-    them) and routes tokens at random (the model spreads them evenly)."""
-    if row.get("arm") != "grouped_fp8:pallas_mosaic_gpu" or "experts" not in row:
+    """The model's time for a bench_moe row of a Hopper grouped kernel. ``grouped_fp8`` (FP8 x;
+    gate+up as two equal stacks in one launch): bench_moe times the whole jitted call by the
+    wall clock (the tile map, the scales' transpose and the gather included, as the model
+    counts them). ``bf16_grouped`` (``grouped_matmul``'s forward, the BF16 scoring pass's
+    experts): one ``gmm`` per stack, and for gate+up the concatenation of the two outputs (one
+    fusion: read and written). bench_moe routes tokens at random (the model spreads them
+    evenly)."""
+    arm = row.get("arm")
+    if arm not in ("grouped_fp8:pallas_mosaic_gpu", "bf16_grouped:pallas_mosaic_gpu") or \
+            "experts" not in row:  # fmt: skip
         return None
     from kernels_pallas.perf_model import gpu_grouped
 
     stacks = 2 if row.get("layer") == "gate+up" else 1
     ns = (row["n"] // stacks,) * stacks
-    p = gpu_grouped.predict_grouped_fp8(chip, row["rows"], row["experts"], row["k"], ns)
-    return p.time_s * 1e6
+    rows, e, k = row["rows"], row["experts"], row["k"]
+    if arm.startswith("grouped_fp8"):
+        return gpu_grouped.predict_grouped_fp8(chip, rows, e, k, ns).time_s * 1e6
+    t = stacks * gpu_grouped.predict_grouped_bf16(chip, rows, rows, e, k, ns[0], "fwd").time_s
+    if stacks > 1:
+        t += 2 * rows * row["n"] * 2 / gpu.CHIPS[chip].hbm_bytes_per_s + gpu.LAUNCH_S
+    return t * 1e6
 
 
 def _shape(row: dict) -> str:

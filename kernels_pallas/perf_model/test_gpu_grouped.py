@@ -194,6 +194,8 @@ def test_compare_puts_bench_moe_grouped_rows_beside_the_model(tmp_path):
         dict(common_, layer="down", k=768, n=2048, arm="grouped_fp8:pallas_mosaic_gpu",
              median_us=90.0),
         dict(common_, layer="down", k=768, n=2048, arm="bf16_ragged_dot", median_us=900.0),
+        dict(common_, layer="gate+up", k=2048, n=1536, arm="bf16_grouped:pallas_mosaic_gpu",
+             median_us=300.0),
         dict(common_, layer="down", k=768, n=2048, arm="grouped_fp8:pallas_mosaic_gpu+quant",
              median_us=95.0),
     ]  # fmt: skip
@@ -201,7 +203,7 @@ def test_compare_puts_bench_moe_grouped_rows_beside_the_model(tmp_path):
     bench.write_text(json.dumps(dict(meta=dict(device_kind="NVIDIA H100 80GB HBM3"),
                                      results=rows)))  # fmt: skip
     lines = compare.rows_beside([str(bench)])
-    assert len(lines) == 2 + 2
+    assert len(lines) == 2 + 3
     up = gpu_grouped.predict_grouped_fp8("h100", 512, 128, 2048, (768, 768)).time_s * 1e6
     assert (
         "gate+up rows=512 E=128 K=2048 N=1536 | grouped_fp8:pallas_mosaic_gpu | 150.0" in lines[2]
@@ -209,3 +211,9 @@ def test_compare_puts_bench_moe_grouped_rows_beside_the_model(tmp_path):
     assert f"| {up:.1f} | {150.0 / up:.2f} |" in lines[2]
     down = gpu_grouped.predict_grouped_fp8("h100", 512, 128, 768, (2048,)).time_s * 1e6
     assert f"| 90.0 | - | {down:.1f} | {90.0 / down:.2f} |" in lines[3]
+    # the BF16 gmm forward: one call per stack, then their outputs concatenated (one fusion)
+    gmm = gpu_grouped.predict_grouped_bf16("h100", 512, 512, 128, 2048, 768, "fwd").time_s
+    cat = 2 * 512 * 1536 * 2 / common.CHIPS["h100"].hbm_bytes_per_s + gpu.LAUNCH_S
+    bf16 = (2 * gmm + cat) * 1e6
+    assert "bf16_grouped:pallas_mosaic_gpu | 300.0" in lines[4]
+    assert f"| {bf16:.1f} | {300.0 / bf16:.2f} |" in lines[4]
