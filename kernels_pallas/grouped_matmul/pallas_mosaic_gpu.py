@@ -79,14 +79,15 @@ def default_config(k: int, n: int) -> GmmConfig:
     return GmmConfig(block_m=b, block_n=b)
 
 
-def gmm_default(k: int, n_out: int) -> GmmConfig:
+def gmm_default(k: int, n_out: int, out_itemsize: int = 2) -> GmmConfig:
     """``gmm``'s tiles for an ``n_out``-wide output contracting ``k``: 128 x 256 (two compute
     warpgroups of 64 x 256, three 48 KiB stages beside the 64 KiB output tile) where
-    ``n_out % 256 == 0``, as the FP8 kernels' wide tiles: 3/4 of a 128x128 tile's L2 -> SMEM
-    bytes per FLOP, and two warpgroups' wgmmas interleave (predicted 1.5-2.2x faster than the
+    ``n_out % 256 == 0`` and the output is 16-bit (an f32 output tile of 128 KiB would leave the
+    ring two stages), as the FP8 kernels' wide tiles: 3/4 of a 128x128 tile's L2 -> SMEM bytes
+    per FLOP, and two warpgroups' wgmmas interleave (predicted 1.5-2.2x faster than the
     one-warpgroup 128x128 tile at Qwen3-30B-A3B's experts: ``perf_model.gpu_grouped``); else
     ``default_config``'s."""
-    if k % 64 == 0 and n_out % _MAX_WG_COLS == 0:
+    if k % 64 == 0 and n_out % _MAX_WG_COLS == 0 and out_itemsize <= 2:
         return _WIDE
     return default_config(k, n_out)
 
@@ -143,6 +144,17 @@ def supports(m: int, k: int, n: int, dtype, cfg: GmmConfig | None = None) -> str
         if (bad := _pass_reason(c, tiled(c), size, size)) is not None:
             return f"{name}: {bad}"
     return None
+
+
+def _check_smem(name: str, cfg: GmmConfig, dtype, out_dtype) -> None:
+    """Refuses a tile whose ring and output tile exceed the SMEM budget for this output dtype
+    (the device compile would fail later, with less to go on)."""
+    used = cfg.smem_bytes(jnp.dtype(dtype).itemsize, jnp.dtype(out_dtype).itemsize)
+    if used > SMEM_BYTES:
+        raise ValueError(
+            f"{name}: {cfg} needs {used} B of SMEM with a {jnp.dtype(out_dtype).name} output "
+            f"> {SMEM_BYTES} B (fewer stages, a narrower tile, or a 16-bit output)"
+        )
 
 
 def _pipeline(grid, in_specs, cfg: GmmConfig):
@@ -340,8 +352,9 @@ def gmm_mgpu(x_MK, w, group_sizes_E, *, transpose_w: bool = False, out_dtype=Non
     m, k = x_MK.shape
     e = w.shape[0]
     n = w.shape[1] if transpose_w else w.shape[2]
-    cfg = config or gmm_default(k, n)
     out_dtype = jnp.dtype(out_dtype or x_MK.dtype)
+    cfg = config or gmm_default(k, n, out_dtype.itemsize)
+    _check_smem("gmm_mgpu", cfg, w.dtype, out_dtype)
     m_pad = pl.cdiv(m, cfg.block_m) * cfg.block_m
     x = jnp.pad(x_MK.astype(w.dtype), ((0, m_pad - m), (0, 0)))
     kern = plgpu.kernel(
@@ -367,6 +380,7 @@ def tgmm_mgpu(x_MK, dy_MN, group_sizes_E, *, out_dtype=jnp.float32,
     Qwen3-30B-A3B's experts)."""
     (m, k), n = x_MK.shape, dy_MN.shape[1]
     cfg = config or tgmm_default(k, n, jnp.dtype(out_dtype).itemsize)
+    _check_smem("tgmm_mgpu", cfg, x_MK.dtype, out_dtype)
     e = group_sizes_E.shape[0]
     starts, ends = group_bounds(group_sizes_E, m)
     kern = plgpu.kernel(

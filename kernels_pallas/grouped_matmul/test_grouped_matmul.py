@@ -104,19 +104,22 @@ def test_default_tiles_two_k_steps_and_a_deep_ring():
 
 
 def test_wide_default_tiles_store_rows_into_y():
-    """The default 128x256 tiles (two compute warpgroups) over groups cutting row tiles at odd
-    rows, one-row groups, empty groups and rows past Σ sizes (their zero tiles): gmm forward
-    and the transposed read, and tgmm."""
+    """The default 128x256 tiles (two compute warpgroups; 16-bit outputs) over groups cutting
+    row tiles at odd rows, one-row groups, empty groups and rows past Σ sizes (their zero
+    tiles): gmm forward and the transposed read, and tgmm; each equals the square tiles' f32
+    result (which an f32 output gets by default) up to the one BF16 rounding."""
     sizes = (0, 129, 0, 3, 150)
     x, w, gs = _operands(330, 256, 256, sizes)
     assert mgpu.gmm_default(256, 256) == GmmConfig(128, 256, 64, 3)
-    y = mgpu.gmm_mgpu(x, w, gs, out_dtype=jnp.float32, interpret=True)
-    np.testing.assert_allclose(y, grouped_matmul_reference(x, w, gs, jnp.float32),
+    assert mgpu.gmm_default(256, 256, out_itemsize=4) == GmmConfig(128, 128)  # 128 KiB f32 tile
+    y32 = mgpu.gmm_mgpu(x, w, gs, out_dtype=jnp.float32, interpret=True)  # square tiles
+    np.testing.assert_allclose(y32, grouped_matmul_reference(x, w, gs, jnp.float32),
                                rtol=1e-5, atol=1e-5)  # fmt: skip
-    assert not np.any(np.asarray(y)[sum(sizes) :])
-    yt = mgpu.gmm_mgpu(x, jnp.swapaxes(w, 1, 2), gs, transpose_w=True, out_dtype=jnp.float32,
-                       interpret=True)  # fmt: skip
-    np.testing.assert_allclose(yt, y, rtol=1e-6, atol=1e-6)
+    y = mgpu.gmm_mgpu(x, w, gs, interpret=True)  # BF16: the wide tiles
+    assert y.dtype == jnp.bfloat16 and not np.any(np.float32(y)[sum(sizes) :])
+    np.testing.assert_allclose(np.float32(y), y32, rtol=2**-8, atol=1e-6)
+    yt = mgpu.gmm_mgpu(x, jnp.swapaxes(w, 1, 2), gs, transpose_w=True, interpret=True)
+    np.testing.assert_allclose(np.float32(yt), y32, rtol=2**-8, atol=1e-6)
     dy = jax.random.normal(jax.random.key(4), (330, 256), jnp.bfloat16)
     dw = mgpu.tgmm_mgpu(x, dy, gs, interpret=True)  # f32 out: the square default
     np.testing.assert_allclose(dw, grouped_wgrad_reference(x, dy, gs), rtol=1e-5, atol=1e-4)
@@ -192,6 +195,10 @@ def test_support_check_and_auto():
     # tgmm's own default: wide for a 16-bit dw; an f32 one (128 KiB) takes the square tiles
     assert mgpu.tgmm_default(2048, 768) == wide and mgpu.tgmm_default(768, 2048) == wide
     assert mgpu.tgmm_default(2048, 768, 4) == GmmConfig(128, 128)
+    # an f32 output of the wide tile: 147 KiB of ring + 128 KiB of output tile
+    x, w, gs = _operands(128, 128, 256, (128,))
+    with pytest.raises(ValueError, match="gmm_mgpu: .* float32 output"):
+        mgpu.gmm_mgpu(x, w, gs, out_dtype=jnp.float32, config=wide, interpret=True)
 
 
 def test_operand_errors_name_the_operand():
@@ -207,9 +214,15 @@ def test_operand_errors_name_the_operand():
 @pytest.mark.gpu
 def test_kernels_on_device_match_references():
     x, w, gs = _operands(4096, 2048, 768, (1000, 0, 2000, 96) + (0,) * 12)
-    y = mgpu.gmm_mgpu(x, w, gs, out_dtype=jnp.float32)
-    np.testing.assert_allclose(y, grouped_matmul_reference(x, w, gs, jnp.float32), rtol=1e-3,
-                               atol=1e-3)  # fmt: skip
+    y = mgpu.gmm_mgpu(x, w, gs, out_dtype=jnp.float32)  # square tiles (an f32 output)
+    ref = grouped_matmul_reference(x, w, gs, jnp.float32)
+    np.testing.assert_allclose(y, ref, rtol=1e-3, atol=1e-3)
+    y16 = mgpu.gmm_mgpu(x, w, gs)  # BF16: 128x256 tiles of two warpgroups, ragged row stores
+    np.testing.assert_allclose(np.float32(y16), ref, rtol=2**-7, atol=1e-2)
     dy = jax.random.normal(jax.random.key(2), (4096, 768), jnp.bfloat16)
     np.testing.assert_allclose(mgpu.tgmm_mgpu(x, dy, gs), grouped_wgrad_reference(x, dy, gs),
                                rtol=1e-3, atol=1e-2)  # fmt: skip
+    # the training pass's BF16 dw on the wide default tiles: the f32 result rounded once
+    dw16 = mgpu.tgmm_mgpu(x, dy, gs, out_dtype=jnp.bfloat16)
+    np.testing.assert_allclose(np.float32(dw16), grouped_wgrad_reference(x, dy, gs),
+                               rtol=2**-7, atol=1e-2)  # fmt: skip
