@@ -64,14 +64,9 @@ def group_bounds(group_sizes_E: jax.Array, m: int) -> tuple[jax.Array, jax.Array
     return jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]]), ends
 
 
-def make_tile_map(group_sizes_E: jax.Array, m: int, tile_m: int) -> TileMap:
-    """The tiles of ``m`` rows sorted into groups of ``group_sizes_E`` (see the module doc).
-
-    Sizes are clipped so that the groups cover at most the ``m`` rows.
-    """
-    e = group_sizes_E.shape[0]
-    t = num_tiles(m, e, tile_m)
-    starts, ends = group_bounds(group_sizes_E, m)
+def _tiles(starts: jax.Array, ends: jax.Array, t: int, tile_m: int):
+    """Per tile (of ``t``): its group, row block and live flag, from the groups' row ranges."""
+    e = starts.shape[0]
     first = starts // tile_m
     last = (ends - 1) // tile_m
     n_tiles = jnp.where(ends > starts, last - first + 1, 0)
@@ -79,21 +74,26 @@ def make_tile_map(group_sizes_E: jax.Array, m: int, tile_m: int) -> TileMap:
     tile_start = tile_end - n_tiles
     live = tile_end[-1]
     idx = jnp.arange(t, dtype=jnp.int32)
-    last_live = jnp.maximum(live - 1, 0)
-    t_eff = jnp.minimum(idx, last_live)  # dead tiles repeat the last live one
+    t_eff = jnp.minimum(idx, jnp.maximum(live - 1, 0))  # dead tiles repeat the last live one
     group = jnp.minimum(group_of(tile_end, t_eff), e - 1).astype(jnp.int32)
     block = first[group] + t_eff - tile_start[group]
+    return group, block, idx < live, first, tile_start
+
+
+def make_tile_map(group_sizes_E: jax.Array, m: int, tile_m: int) -> TileMap:
+    """The tiles of ``m`` rows sorted into groups of ``group_sizes_E`` (see the module doc).
+
+    Sizes are clipped so that the groups cover at most the ``m`` rows.
+    """
+    e = group_sizes_E.shape[0]
+    starts, ends = group_bounds(group_sizes_E, m)
+    group, block, live, first, tile_start = _tiles(starts, ends, num_tiles(m, e, tile_m), tile_m)
     rows = jnp.arange(m, dtype=jnp.int32)
     row_group = jnp.minimum(group_of(ends, rows), e - 1)
     row_tile = tile_start[row_group] + rows // tile_m - first[row_group]
     out_row = jnp.where(rows < ends[-1], row_tile * tile_m + rows % tile_m, -1)
-    return TileMap(
-        group.astype(jnp.int32),
-        block.astype(jnp.int32),
-        (idx < live).astype(jnp.int32),
-        out_row.astype(jnp.int32),
-        tile_m,
-    )
+    return TileMap(group, block.astype(jnp.int32), live.astype(jnp.int32),
+                   out_row.astype(jnp.int32), tile_m)  # fmt: skip
 
 
 def ragged_meta(group_sizes_E: jax.Array, m: int, tile_m: int) -> jax.Array:
@@ -101,16 +101,15 @@ def ragged_meta(group_sizes_E: jax.Array, m: int, tile_m: int) -> jax.Array:
     tile its group (clipped to E - 1), row block, mode (0 dead, 1 live, 2 the rows past Σ sizes:
     store zeros), and the first row and the number of rows of its group inside the block."""
     e = group_sizes_E.shape[0]
-    _, ends = group_bounds(group_sizes_E, m)
-    tail = jnp.full((1,), m, jnp.int32) - ends[-1:]
-    sizes = jnp.concatenate([jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32)), tail])
-    tiles = make_tile_map(sizes, m, tile_m)
-    starts_x, ends_x = group_bounds(sizes, m)
-    g, row0 = tiles.group_T, tiles.block_T * tile_m
-    first = jnp.maximum(starts_x[g] - row0, 0)
-    count = jnp.minimum(ends_x[g] - row0, tile_m) - first
-    mode = jnp.where(tiles.live_T == 0, 0, jnp.where(g == e, 2, 1))
-    meta = (jnp.minimum(g, e - 1), tiles.block_T, mode, first, count)
+    starts, ends = group_bounds(group_sizes_E, m)
+    starts = jnp.concatenate([starts, ends[-1:]])  # the rows past Σ sizes: group e
+    ends = jnp.concatenate([ends, jnp.full((1,), m, jnp.int32)])
+    group, block, live, _, _ = _tiles(starts, ends, num_tiles(m, e + 1, tile_m), tile_m)
+    row0 = block * tile_m
+    first = jnp.maximum(starts[group] - row0, 0)
+    count = jnp.minimum(ends[group] - row0, tile_m) - first
+    mode = jnp.where(live, jnp.where(group == e, 2, 1), 0)
+    meta = (jnp.minimum(group, e - 1), block, mode, first, count)
     return jnp.stack([a.astype(jnp.int32) for a in meta])
 
 
