@@ -18,9 +18,11 @@ rows only:
     gathered;
   * ``tgmm``: ``dw_e = Σ_{m ∈ e} x_mᵀ dy_m``: one CTA per (group, K tile, N tile) runs a
     pipeline over the row blocks the group's rows touch, its length read from GMEM at run time
-    (as jax ``transposed_ragged_dot_mgpu`` does), the x slice transposed in SMEM as the wgmma A
-    operand; in the group's first and last blocks the other groups' rows of x are zeroed in SMEM
-    first. Empty groups write zeros.
+    (as jax ``transposed_ragged_dot_mgpu`` does), with the same warpgroups (128x256 tiles for a
+    16-bit dw, ``tgmm_default``): each compute warpgroup takes 64 columns of the x slice,
+    transposed in SMEM, as its wgmma A operand; in the group's first and last blocks it zeroes
+    the other groups' rows in those columns first. dw goes out in ``out_dtype`` (the training
+    pass: the weights' BF16) through swizzled SMEM. Empty groups write zeros.
 """
 
 from __future__ import annotations
