@@ -83,8 +83,9 @@ def default_config(m: int, ns: tuple[int, ...], k: int, num_groups: int, *, out_
     predicts Qwen3-30B-A3B's decode experts 1.0-1.8x faster on H100/H200 than with 64
     (``perf_model.gpu_grouped``; same K loop, SASS profiles ``gfp8_swap_*``). Above (prefill):
     the dense kernel's wide 128x256 tiles where every N % 256 == 0 and they fit the SMEM budget
-    (3/4 of a 128x128 tile's L2 -> SMEM bytes per FLOP; predicted 1.1-1.2x faster at 8,192-65,536
-    rows on H200, ``design_changes``), else 128x128 (128x64). The ring is as deep as fits the
+    (3/4 of a 128x128 tile's L2 -> SMEM bytes per FLOP; with the ragged row stores predicted
+    1.27-1.73x faster than 128x128 tiles gathered, at 65,536 rows: ``perf_model.gpu_grouped``
+    ``design_changes``), else 128x128 (128x64). The ring is as deep as fits the
     SMEM budget (<= 4 stages). ``ns``: N of each weight stack."""
     mean = m / max(num_groups, 1)
     if mean < 64:
