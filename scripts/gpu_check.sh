@@ -40,9 +40,9 @@
 #            `python <script> [--quick] --out <stages>/bench_<name>.json` (a .md beside it is shown)
 #   serve    experiments/serve_check.py: our block-FP8 export served by vLLM for a few prompts,
 #            when vLLM is installed there (skipped otherwise)
-#   perf_model  kernels_pallas/perf_model/compare.py: measured matmul, decode attention and grouped FP8 (MoE) rows
-#            (swap-AB and unswapped) and the rollout's decode step beside the model's predictions
-#            (issue 21)
+#   perf_model  kernels_pallas/perf_model/compare.py: measured matmul, decode attention and grouped
+#            (MoE: FP8, and the BF16 gmm) rows (swap-AB and unswapped) and the rollout's decode
+#            step beside the model's predictions (issue 21)
 #   autotune kernels_pallas/autotune.py: the on-device autotuner's chosen tables: the decode
 #            attention kernels' tilings (dense and paged, FP8 cache: chunks, stages, swap-AB;
 #            ~6 candidates each) beside the default, then fp8_matmul's (FP8 candidates vs the
