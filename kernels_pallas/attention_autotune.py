@@ -89,20 +89,22 @@ def _scale_like(sc):
     return None if sc is None else jnp.ones(jnp.shape(sc), jnp.float32)
 
 
-def tuned(op: str, shape: tuple, cands: list, run_with) -> object | None:
-    """The fastest of ``cands`` (configs) at ``shape``, from the cache or timed now with
-    ``run_with(cfg)`` (a zero-argument callable that runs the op once); None if none ran."""
+def tuned(op: str, shape: tuple, cands: list, run_with, name_of=name) -> object | None:
+    """The fastest of ``cands`` (configs, named by ``name_of``) at ``shape``, from the cache or
+    timed now with ``run_with(cfg)`` (a zero-argument callable that runs the op once); None if
+    none ran. Shared by the grouped FP8 kernel's tuner (``grouped_fp8_matmul.tuning``)."""
     dev = target_device()
     k = autotune.key(dev.device_kind, jax.__version__, op, shape)
 
     def candidates():
-        return [autotune.Candidate(name(c), "pallas_mosaic_gpu", c, run_with(c)) for c in cands]
+        return [autotune.Candidate(name_of(c), "pallas_mosaic_gpu", c, run_with(c))
+                for c in cands]  # fmt: skip
 
     try:  # the timer looked up now (tests inject one)
         record = autotune.lookup_or_tune(k, candidates, timer=autotune.device_timer)
     except RuntimeError:  # no candidate ran: the default path decides
         return None
-    return {name(c): c for c in cands}.get(record["choice"])
+    return {name_of(c): c for c in cands}.get(record["choice"])
 
 
 def dense_config(q, k, v, *, k_scale, v_scale, sm_scale, quant_out, run):

@@ -180,10 +180,47 @@ def _attention_table() -> None:
               f"{t[first] * 1e6:.1f} | {t[first] / t[rec['choice']]:.2f}x |")  # fmt: skip
 
 
+def _grouped_table() -> None:
+    """Tune the grouped FP8 kernel (the MoE experts, ``grouped_fp8_matmul.tuning``) at
+    Qwen3-30B-A3B's gate+up: a decode step of 64 sequences (512 rows) and a prefill chunk of
+    8,192 tokens (65,536 rows); one row each: the choice beside the default (first candidate)."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernels_pallas.grouped_fp8_matmul import grouped_fp8_matmul, tuning
+    from kernels_pallas.qarray import QArray
+
+    f8, e, d, f = jnp.float8_e4m3fn, 128, 2048, 768
+    w = QArray(jnp.ones((e, f, d), f8), jnp.ones((e, f // 128, d // 128), jnp.float32),
+               (128, 128), jnp.bfloat16)  # fmt: skip
+    print("| op | rows | choice | its time (us) | default | default (us) | default / choice |")
+    print("|---|---|---|---|---|---|---|")
+    for rows in (512, 65536):
+        x = QArray(jnp.ones((rows, d), f8), jnp.ones((rows, d // 128), jnp.float32), (128,),
+                   jnp.bfloat16)  # fmt: skip
+        before = set(load(cache_paths()))
+        try:  # tunes on first use
+            jax.block_until_ready(grouped_fp8_matmul(x, (w, w), tuning.even_sizes(rows, e)))
+        except Exception as err:  # noqa: BLE001 - one failed shape must not end the stage
+            print(f"| {tuning.OP} | {rows} | failed: {type(err).__name__}: {str(err)[:200]} |"
+                  " | | | |")  # fmt: skip
+            continue
+        new = [k for k, _ in load(cache_paths()).items() if f"|{tuning.OP}|" in k
+               and k not in before]  # fmt: skip
+        if not new:
+            print(f"| {tuning.OP} | {rows} | (no new record: see {cache_paths()}) | | | | |")
+            continue
+        rec = load(cache_paths())[new[0]]
+        t, first = rec["times_s"], rec["candidates"][0]
+        print(f"| {tuning.OP} | {rows} | {rec['choice']} | {t[rec['choice']] * 1e6:.1f} | "
+              f"{first} | {t[first] * 1e6:.1f} | {t[first] / t[rec['choice']]:.2f}x |")  # fmt: skip
+
+
 def main() -> int:
-    """``python -m kernels_pallas.autotune``: tune the decode attention kernels and fp8_matmul at
-    the target shapes on this device (``gpu_check.sh``'s autotune stage) and print the chosen
-    tables (attention first: most of a long rollout's decode step)."""
+    """``python -m kernels_pallas.autotune``: tune the decode attention kernels, the grouped FP8
+    kernel (MoE experts) and fp8_matmul at the target shapes on this device (``gpu_check.sh``'s
+    autotune stage) and print the chosen tables (attention first: most of a long rollout's
+    decode step)."""
     import jax
     import jax.numpy as jnp
 
@@ -196,6 +233,8 @@ def main() -> int:
         return 0
     if jax.devices()[0].platform == "gpu":
         _attention_table()
+        print()
+        _grouped_table()
         print()
     # Qwen3-8B gate|up at decode and prefill sizes, k/v_proj at decode (the split-K case); one
     # row is printed per shape as it is tuned, so a stage cut by its budget keeps what it did.

@@ -45,7 +45,8 @@
 #            step beside the model's predictions (issue 21)
 #   autotune kernels_pallas/autotune.py: the on-device autotuner's chosen tables: the decode
 #            attention kernels' tilings (dense and paged, FP8 cache: chunks, stages, swap-AB;
-#            ~6 candidates each) beside the default, then fp8_matmul's (FP8 candidates vs the
+#            ~6 candidates each) beside the default, the grouped FP8 kernel's tiles (MoE gate+up
+#            at 512 and 65,536 rows; 4-6 candidates), then fp8_matmul's (FP8 candidates vs the
 #            BF16 floor); every candidate's time is in stages/autotune.json
 #   report   experiments/gpu_report.py: summary.md (targets next to measured numbers) + summary.json
 #

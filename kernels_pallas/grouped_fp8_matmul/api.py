@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from kernels_pallas.backend import Implementation, ImplTable, device_reason, target_device
 from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.grouped_fp8_matmul import pallas_tpu as tpu
+from kernels_pallas.grouped_fp8_matmul import tuning
 from kernels_pallas.grouped_fp8_matmul.reference import check_operands, stacks
 from kernels_pallas.grouped_fp8_matmul.xla import XlaConfig, grouped_fp8_matmul_xla
 from kernels_pallas.qarray import QArray
@@ -121,7 +122,8 @@ def grouped_fp8_matmul(
     the output is [M, ΣN_i]; the weights are not concatenated in memory);
     ``group_sizes_E``: int [E], rows of each group in order (sum <= M; later rows are zero).
     ``impl``: "auto" | "xla" | "pallas_mosaic_gpu" | "pallas_tpu"; ``config``: the
-    implementation's tile config (``XlaConfig``, ``MgpuConfig``, ``TpuConfig``; None: default).
+    implementation's tile config (``XlaConfig``, ``MgpuConfig``, ``TpuConfig``; None: default,
+    or on a Hopper GPU with ``FP8RL_AUTOTUNE=1`` the tiles tuned there: ``tuning``).
     """
     w_q = tuple(w_q) if isinstance(w_q, list) else w_q
     check_operands(x, w_q, group_sizes_E)
@@ -129,5 +131,8 @@ def grouped_fp8_matmul(
     chosen = IMPLEMENTATIONS.select(
         impl, x, w_q, group_sizes_E, config=config, out_dtype=out_dtype, interpret=interpret
     )
+    if chosen.name == "pallas_mosaic_gpu" and tuning.enabled_for(impl, config, interpret):
+        config = tuning.tuned_config(x, w_q, group_sizes_E, out_dtype=out_dtype,
+                                     run=grouped_fp8_matmul)  # fmt: skip
     return _run(x, w_q, group_sizes_E, impl=chosen.name, config=config, out_dtype=out_dtype,
                 interpret=interpret)  # fmt: skip
