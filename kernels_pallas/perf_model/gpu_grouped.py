@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from kernels_pallas.grouped_fp8_matmul import aot_cases as gfp8_cases
+from kernels_pallas.grouped_fp8_matmul import mgpu_rows
 from kernels_pallas.perf_model.common import CHIPS, GPU_CHIPS, Case, Prediction
 from kernels_pallas.perf_model.gpu import (
     BF16_GEMM_BW_EFF,
@@ -70,10 +71,10 @@ def predict_grouped_bf16(chip: str, m: int, live: int, e: int, k: int, n: int, p
         name = f"{kind}_bf16_{cfg.block_m}x{cfg.block_n}{suffix}"
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     prof = load_profiles()[name]
-    loop = Loop(nwg=nwg, threads=128 * (nwg + (nwg > 1)), wg_flops=2 * bm // nwg * bn * bk,
+    threads = 128 if one_wg else 128 * (nwg + 1)  # warp-specialized: a TMA warpgroup too
+    loop = Loop(nwg=nwg, threads=threads, wg_flops=2 * bm // nwg * bn * bk,
                 fp8=False, waits=0, step_bytes=(bm + bn) * bk * 2,
                 stages=cfg.max_concurrent_steps)  # fmt: skip
-    ragged = 0.0
     if pass_ == "wgrad":
         ctas = e * (k // bm) * (n // bn)
         steps = math.ceil((live + e * (bk - 1)) / bk / e)  # a group's row blocks, on average
@@ -91,12 +92,12 @@ def predict_grouped_bf16(chip: str, m: int, live: int, e: int, k: int, n: int, p
             extra = pad / bw + (1 + bool(pad)) * launch
             hbm = tiles * bm * kk * 2 + e * k * n * 2 + m * nn * 2
     t, terms = grid_time(chip, loop, prof, ctas, steps)
-    if pass_ != "wgrad" and not one_wg:
-        ragged = ragged_epilogue_s(chip, cfg, e, nn // bn, terms["ctas_per_sm"])
+    if pass_ != "wgrad" and not one_wg:  # the tiles a group boundary cuts
+        t += ragged_epilogue_s(chip, cfg, e, nn // bn, terms["ctas_per_sm"])
     terms = dict(terms, registers=prof["registers"], smem_alloc=prof["smem_bytes"])
     base = f"XLA:GPU dense ragged_dot (all {m} rows x {e} groups; {BF16_GEMM_EFF:.0%} of peak)"
     label = label or f"{pass_} M={m} live={live} E={e} K={k} N={n}"
-    return finish("grouped_matmul", label, chip, f"{name} ({pass_})", t + ragged, terms, hbm,
+    return finish("grouped_matmul", label, chip, f"{name} ({pass_})", t, terms, hbm,
                   2 * live * k * n, base, dense_ragged_dot_s(chip, m, k, n, e, pass_),
                   extra)  # fmt: skip
 
@@ -113,7 +114,6 @@ DECODE_ROWS_PER_EXPERT = 64
 # (256-512 B apart) in the same 4 banks, so it takes 8 bank wavefronts (the swizzled stores of a
 # whole sub-tile take one: ``stmatrix``)
 RAGGED_CONFLICT_WAYS = 8
-_WGMMA_ROWS = 64
 
 
 def ragged_epilogue_s(chip: str, cfg, used: int, n_tiles: int, ctas_per_sm: int,
@@ -124,7 +124,7 @@ def ragged_epilogue_s(chip: str, cfg, used: int, n_tiles: int, ctas_per_sm: int,
     blocks) go through the unswizzled SMEM tile at ``RAGGED_CONFLICT_WAYS`` times the store
     cost, spread over the SMs' CTA slots."""
     c = CHIPS[chip]
-    cycles = _WGMMA_ROWS * cfg.block_n * out_itemsize * RAGGED_CONFLICT_WAYS / SMEM_BYTES_PER_CLK
+    cycles = mgpu_rows.ROWS * cfg.block_n * out_itemsize * RAGGED_CONFLICT_WAYS / SMEM_BYTES_PER_CLK
     ragged_ctas = 2 * max(used - 1, 0) * n_tiles
     return ragged_ctas * cycles / c.clock_hz / (c.cores * ctas_per_sm)
 
