@@ -128,11 +128,20 @@ def tune(candidates: list[Candidate], timer: Callable[[Candidate], float] = devi
 
 def lookup_or_tune(k: str, make_candidates: Callable[[], list[Candidate]], *, timer=device_timer,
                    paths: list[str] | None = None) -> dict:  # fmt: skip
-    """The cached record of ``k``, or tune now and cache it."""
+    """The cached record of ``k``, or tune now and cache it.
+
+    The ops ask at trace time, inside the jitted program that calls them (the rollout's
+    ``generate``, a training step, a ``shard_map`` body): the candidates are made and timed
+    under ``jax.ensure_compile_time_eval``, so that their operands are arrays and each run a
+    real call on the device. Without it they are the program's tracers: each "run" only traces,
+    and the timer would time tracing (or every candidate fail)."""
+    import jax
+
     paths = cache_paths() if paths is None else paths
     if (hit := load(paths).get(k)) is not None:
         return hit
-    record = tune(make_candidates(), timer)
+    with jax.ensure_compile_time_eval():
+        record = tune(make_candidates(), timer)
     save(paths, k, record)
     return record
 

@@ -55,6 +55,36 @@ def test_lookup_or_tune_caches_per_key(tmp_path):
     assert len(calls) == 4  # another device kind is another key
 
 
+def test_tuning_inside_a_traced_program_runs_real_calls(tmp_path):
+    """The ops ask for their tiles at trace time, inside the jitted program: the candidates'
+    operands and runs must still be arrays and real calls, not the program's tracers (which
+    the timer would time as tracing, or fail on)."""
+    import jax
+    import jax.numpy as jnp
+
+    ran = []
+
+    def make():
+        x = jnp.arange(4.0) * 3  # operands built when tuning
+        f = jax.jit(lambda a: a * 2)
+        return [Candidate("a", "xla", None, lambda: ran.append(f(x).block_until_ready()))]
+
+    def timer(c):
+        c.run()
+        return 1.0
+
+    k = autotune.key("NVIDIA H100 80GB HBM3", "0", "op", (4,))
+
+    @jax.jit
+    def program(y):
+        autotune.lookup_or_tune(k, make, timer=timer, paths=[str(tmp_path / "a.json")])
+        return y + 1
+
+    assert program(1.0) == 2.0
+    assert not isinstance(ran[0], jax.core.Tracer)
+    assert ran[0].tolist() == [0.0, 6.0, 12.0, 18.0]
+
+
 def test_no_candidate_runs_raises():
     timer, _ = _timer({"a": None})
     with pytest.raises(RuntimeError, match="no candidate"):
