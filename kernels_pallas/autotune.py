@@ -225,11 +225,48 @@ def _grouped_table() -> None:
               f"{first} | {t[first] * 1e6:.1f} | {t[first] / t[rec['choice']]:.2f}x |")  # fmt: skip
 
 
+def _grouped_bf16_table() -> None:
+    """Tune the BF16 grouped kernels (the MoE experts' training GEMMs,
+    ``grouped_matmul.tuning``) at Qwen3-30B-A3B's gate at expert = 8: 4,096 live rows over 16
+    local experts, K 2,048, N 768, forward and backward; one row per pass: the choice beside the
+    pass's default (first candidate)."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernels_pallas.grouped_fp8_matmul.tuning import even_sizes
+    from kernels_pallas.grouped_matmul import grouped_matmul, tuning
+
+    e, m, d, f = 16, 4096, 2048, 768
+    x, w = jnp.ones((m, d), jnp.bfloat16), jnp.ones((e, d, f), jnp.bfloat16)
+
+    def loss(a, b):
+        return grouped_matmul(a, b, even_sizes(m, e)).astype(jnp.float32).sum()
+
+    before = set(load(cache_paths()))
+    print("| op | rows | choice | its time (us) | default | default (us) | default / choice |")
+    print("|---|---|---|---|---|---|---|")
+    try:  # tunes each pass on first use
+        jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w))
+    except Exception as err:  # noqa: BLE001 - a failure must not end the stage
+        print(f"| grouped_matmul | | failed: {type(err).__name__}: {str(err)[:200]} | | | | |")
+        return
+    ops = set(tuning.OPS.values())
+    new = {k: r for k, r in load(cache_paths()).items()
+           if k.split("|")[2] in ops and k not in before}  # fmt: skip
+    if not new:
+        print(f"| grouped_matmul | | (no new record: see {cache_paths()}) | | | | |")
+    for k, rec in new.items():
+        t, first = rec["times_s"], rec["candidates"][0]
+        print(f"| {k.split('|')[2]} | {k.split('|')[3]} | {rec['choice']} | "
+              f"{t[rec['choice']] * 1e6:.1f} | {first} | {t[first] * 1e6:.1f} | "
+              f"{t[first] / t[rec['choice']]:.2f}x |")  # fmt: skip
+
+
 def main() -> int:
     """``python -m kernels_pallas.autotune``: tune the decode attention kernels, the grouped FP8
-    kernel (MoE experts) and fp8_matmul at the target shapes on this device (``gpu_check.sh``'s
-    autotune stage) and print the chosen tables (attention first: most of a long rollout's
-    decode step)."""
+    kernel (MoE experts), fp8_matmul and the BF16 grouped kernels (MoE training) at the target
+    shapes on this device (``gpu_check.sh``'s autotune stage) and print the chosen tables
+    (attention first: most of a long rollout's decode step; the training kernels last)."""
     import jax
     import jax.numpy as jnp
 
@@ -264,6 +301,9 @@ def main() -> int:
             f"| {m} | {n} | {k} | {rec['choice']} | {t[rec['choice']] * 1e6:.1f} | "
             f"{t.get(BF16_FLOOR, float('nan')) * 1e6:.1f} | {rec['fp8_slower_than_bf16']} |"
         )
+    if jax.devices()[0].platform == "gpu":  # the training kernels last: rollout's come first
+        print()
+        _grouped_bf16_table()
     return 0
 
 

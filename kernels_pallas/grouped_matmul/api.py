@@ -6,7 +6,8 @@ check passes, else ``xla``; an explicit impl that cannot run raises):
     Native on TPU; on GPU XLA expands it densely over the groups (``pallas_mosaic_gpu.py``).
   * ``pallas_mosaic_gpu``: ``gmm_mgpu`` forward, and a custom VJP whose input gradient is
     ``gmm_mgpu`` against the transposed stacks and whose weight gradient is ``tgmm_mgpu``: only
-    the live rows are computed, forward and backward.
+    the live rows are computed, forward and backward. With ``FP8RL_AUTOTUNE=1`` on a Hopper GPU,
+    ``impl="auto"`` and no config, each pass runs the tile tuned for its shape (``tuning``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 
 from kernels_pallas.backend import Implementation, ImplTable, device_reason
 from kernels_pallas.grouped_matmul import pallas_mosaic_gpu as mgpu
+from kernels_pallas.grouped_matmul import tuning
 from kernels_pallas.grouped_matmul.reference import grouped_matmul_reference
 
 
@@ -51,13 +53,23 @@ def _run_xla(x, w, gs, *, config, interpret):
     return grouped_matmul_reference(x, w, gs)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _gmm(x, w, gs, config, interpret):
-    return mgpu.gmm_mgpu(x, w, gs, config=config, interpret=interpret)
+def _pass_config(config, tune: bool, tuned, *args, **kw):
+    """The pass's tile: ``config``, else with ``tune`` the tuner's choice (``tuned``: a
+    ``tuning.tuned_*``, timing ``run`` on first use), else None (the pass's default)."""
+    if config is not None or not tune:
+        return config
+    return tuned(*args, **kw)
 
 
-def _gmm_fwd(x, w, gs, config, interpret):
-    return _gmm(x, w, gs, config, interpret), (x, w, gs)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _gmm(x, w, gs, config, interpret, tune):
+    cfg = _pass_config(config, tune, tuning.tuned_gmm, x, w, gs, transpose_w=False,
+                       out_dtype=x.dtype, run=mgpu.gmm_mgpu)  # fmt: skip
+    return mgpu.gmm_mgpu(x, w, gs, config=cfg, interpret=interpret)
+
+
+def _gmm_fwd(x, w, gs, config, interpret, tune):
+    return _gmm(x, w, gs, config, interpret, tune), (x, w, gs)
 
 
 def _varying(a) -> frozenset:
@@ -75,21 +87,25 @@ def _like(ct, primal):
     return jax.lax.pcast(ct, tuple(sorted(missing)), to="varying") if missing else ct
 
 
-def _gmm_bwd(config, interpret, res, dy):
+def _gmm_bwd(config, interpret, tune, res, dy):
     x, w, gs = res
     dy = dy.astype(x.dtype)
     # dx = dy · w[e]ᵀ: w [E, K, N] is read in place as the transposed kernel's [E, N_out, K_c].
-    dx = mgpu.gmm_mgpu(dy, w, gs, transpose_w=True, out_dtype=x.dtype, config=config,
+    cfg = _pass_config(config, tune, tuning.tuned_gmm, dy, w, gs, transpose_w=True,
+                       out_dtype=x.dtype, run=mgpu.gmm_mgpu)  # fmt: skip
+    dx = mgpu.gmm_mgpu(dy, w, gs, transpose_w=True, out_dtype=x.dtype, config=cfg,
                        interpret=interpret)  # fmt: skip
-    dw = mgpu.tgmm_mgpu(x, dy, gs, out_dtype=w.dtype, config=config, interpret=interpret)
+    cfg = _pass_config(config, tune, tuning.tuned_tgmm, x, dy, gs, out_dtype=w.dtype,
+                       run=mgpu.tgmm_mgpu)  # fmt: skip
+    dw = mgpu.tgmm_mgpu(x, dy, gs, out_dtype=w.dtype, config=cfg, interpret=interpret)
     return _like(dx, x), _like(dw, w), None
 
 
 _gmm.defvjp(_gmm_fwd, _gmm_bwd)
 
 
-def _run_mgpu(x, w, gs, *, config, interpret):
-    return _gmm(x, w, gs, config, interpret)
+def _run_mgpu(x, w, gs, *, config, interpret, tune: bool = False):
+    return _gmm(x, w, gs, config, interpret, tune)
 
 
 IMPLEMENTATIONS = ImplTable(
@@ -114,13 +130,18 @@ def grouped_matmul(
     x's dtype (f32 accumulation), rows past ``Σ group_sizes`` zero; differentiable in x and w.
 
     ``x`` is cast to w's dtype first (as ``experts._ragged`` always did). ``impl``: "auto" |
-    "xla" | "pallas_mosaic_gpu"; ``config``: a ``GmmConfig`` for the Hopper kernels.
+    "xla" | "pallas_mosaic_gpu"; ``config``: a ``GmmConfig`` for the Hopper kernels' three
+    passes (None: each pass its default, or with ``FP8RL_AUTOTUNE=1`` on a Hopper GPU and
+    ``impl="auto"`` its tile tuned there: ``tuning``).
     """
     if (err := operand_error(x_MK, w_EKN, group_sizes_E)) is not None:
         raise ValueError(f"grouped_matmul: {err}")
     x = x_MK.astype(w_EKN.dtype)
     chosen = IMPLEMENTATIONS.select(impl, x, w_EKN, group_sizes_E, config=config,
                                     interpret=interpret)  # fmt: skip
-    return chosen.run(x, w_EKN, group_sizes_E, config=config, interpret=interpret).astype(
+    kw = {}
+    if chosen.name == "pallas_mosaic_gpu" and tuning.enabled_for(impl, config, interpret):
+        kw["tune"] = True
+    return chosen.run(x, w_EKN, group_sizes_E, config=config, interpret=interpret, **kw).astype(
         x_MK.dtype
     )

@@ -103,7 +103,7 @@ def tgmm_default(k: int, n: int, out_itemsize: int = 2) -> GmmConfig:
     return default_config(k, n)
 
 
-def _pass_reason(c: GmmConfig, tiled: dict, itemsize: int, out_itemsize: int) -> str | None:
+def _tiles_reason(c: GmmConfig, tiled: dict, itemsize: int, out_itemsize: int) -> str | None:
     """Why one pass cannot run on ``c``: ``tiled`` maps each dimension's name to (its size, the
     tiles along it)."""
     if c.block_m % 64 or c.block_n % 64 or c.block_k % 64:
@@ -119,31 +119,40 @@ def _pass_reason(c: GmmConfig, tiled: dict, itemsize: int, out_itemsize: int) ->
     return None
 
 
+def pass_reason(kind: str, k: int, n: int, cfg: GmmConfig, itemsize: int, out_itemsize: int,
+                dims: tuple[str, str] = ("K", "N")) -> str | None:  # fmt: skip
+    """Why one pass cannot run on ``cfg``, or None. ``kind="gmm"``: rows ``[M, k]`` times
+    ``[E, k, n]``, ``n`` tiled by ``block_n`` and ``k`` contracted by ``block_k``; ``"tgmm"``:
+    dw ``[E, k, n]``, ``k`` tiled by ``block_m`` and ``n`` by ``block_n``. ``dims``: the names
+    of ``k`` and ``n`` in the messages (the input gradient contracts the forward's N)."""
+    if cfg.block_m not in (64, 128) or cfg.block_n > _MAX_WG_COLS:
+        return f"tiles are 64 or 128 rows x <= {_MAX_WG_COLS} columns (one or two " \
+               f"warpgroups of 64 rows), got {cfg.block_m}x{cfg.block_n}"  # fmt: skip
+    kn, nn = dims
+    tiled = ({nn: (n, (cfg.block_n,)), kn: (k, (cfg.block_k,))} if kind == "gmm"
+             else {kn: (k, (cfg.block_m,)), nn: (n, (cfg.block_n,))})  # fmt: skip
+    return _tiles_reason(cfg, tiled, itemsize, out_itemsize)
+
+
 def supports(m: int, k: int, n: int, dtype, cfg: GmmConfig | None = None) -> str | None:
     """None if the forward, the input gradient and the weight gradient (written in the
     operands' dtype, as ``grouped_matmul`` asks) all compile for rows [M, K] x [E, K, N] with
     this config (None: each pass its default, ``gmm_default`` / ``tgmm_default``), else why not.
     The forward tiles N by ``block_n`` and contracts K by ``block_k``; the input gradient tiles
     K by ``block_n`` and contracts N by ``block_k``; the weight gradient tiles K by ``block_m``
-    and N by ``block_n``."""
+    and N by ``block_n`` (``pass_reason``)."""
     if jnp.dtype(dtype) not in DTYPES:
         return f"operands must be bfloat16 or float16, got {jnp.dtype(dtype)}"
     if m < 1:
         return "M must be >= 1"
     size = jnp.dtype(dtype).itemsize
-    passes = (  # (name, its tiles, {dim: (size, tiles along it)})
-        ("forward", cfg or gmm_default(k, n), lambda c: {"N": (n, (c.block_n,)),
-                                                         "K": (k, (c.block_k,))}),
-        ("input gradient", cfg or gmm_default(n, k), lambda c: {"K": (k, (c.block_n,)),
-                                                               "N": (n, (c.block_k,))}),
-        ("weight gradient", cfg or tgmm_default(k, n, size),
-         lambda c: {"K": (k, (c.block_m,)), "N": (n, (c.block_n,))}),
-    )  # fmt: skip
-    for name, c, tiled in passes:
-        if c.block_m not in (64, 128) or c.block_n > _MAX_WG_COLS:
-            return f"{name}: tiles are 64 or 128 rows x <= {_MAX_WG_COLS} columns (one or two " \
-                   f"warpgroups of 64 rows), got {c.block_m}x{c.block_n}"  # fmt: skip
-        if (bad := _pass_reason(c, tiled(c), size, size)) is not None:
+    passes = (  # (name, kind, contracted or dw rows, output columns, tiles, their names)
+        ("forward", "gmm", k, n, cfg or gmm_default(k, n), ("K", "N")),
+        ("input gradient", "gmm", n, k, cfg or gmm_default(n, k), ("N", "K")),
+        ("weight gradient", "tgmm", k, n, cfg or tgmm_default(k, n, size), ("K", "N")),
+    )
+    for name, kind, a, b, c, dims in passes:
+        if (bad := pass_reason(kind, a, b, c, size, size, dims)) is not None:
             return f"{name}: {bad}"
     return None
 
