@@ -89,7 +89,8 @@ def _scale_like(sc):
     return None if sc is None else jnp.ones(jnp.shape(sc), jnp.float32)
 
 
-def tuned(op: str, shape: tuple, cands: list, run_with, name_of=name) -> object | None:
+def tuned(op: str, shape: tuple, cands: list, run_with, name_of=name,
+          impl: str = "pallas_mosaic_gpu") -> object | None:  # fmt: skip
     """The fastest of ``cands`` (configs, named by ``name_of``) at ``shape``, from the cache or
     timed now with ``run_with(cfg)`` (a zero-argument callable that runs the op once); None if
     none ran. Shared by the grouped FP8 kernel's tuner (``grouped_fp8_matmul.tuning``)."""
@@ -97,7 +98,7 @@ def tuned(op: str, shape: tuple, cands: list, run_with, name_of=name) -> object 
     k = autotune.key(dev.device_kind, jax.__version__, op, shape)
 
     def candidates():
-        return [autotune.Candidate(name_of(c), "pallas_mosaic_gpu", c, run_with(c))
+        return [autotune.Candidate(name_of(c), impl, c, run_with(c))
                 for c in cands]  # fmt: skip
 
     try:  # the timer looked up now (tests inject one)

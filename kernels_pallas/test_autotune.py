@@ -183,3 +183,25 @@ def test_the_device_times_the_default_and_the_models_fastest_configs():
     # prefill: no twin (its ring is as deep as the SMEM allows), one pinned spec
     prefill = tuning.tuning_specs(4096, 4096, 4096, "gpu", limit=4, device_kind="NVIDIA H200")
     assert len(prefill) == 6 and not any(s[2] is not None and s[2].swap_ab for s in prefill[:3])
+
+
+@pytest.mark.parametrize("kind", ["TPU v6 lite", "TPU v5 lite"])
+@pytest.mark.parametrize("m", [16, 4096])
+def test_tpu_specs_time_the_default_plan_and_its_neighbours(kind, m):
+    """On a TPU the kernel's default plan (no config: replayed as the default runs) and up to
+    ``TUNE_LIMIT - 1`` distinct plans one step from it, each accepted by ``plan``; on v6e
+    (FP8 MXU) another compute mode among them. XLA and the BF16 floor as on a GPU."""
+    from kernels_pallas.fp8_matmul import pallas_tpu as tpu
+    from kernels_pallas.fp8_matmul import tuning
+
+    n, k, fp8_mxu = 12288, 4096, tpu.has_fp8_mxu(kind)
+    specs = tuning.tuning_specs(m, n, k, "tpu", device_kind=kind)
+    assert [s[0] for s in specs[:3]] == ["xla", BF16_FLOOR, "pallas_tpu"]
+    assert specs[2][2] is None and 3 < len(specs) <= 2 + tuning.TUNE_LIMIT
+    default = tpu.plan(m, k, n, None, fp8_mxu=fp8_mxu)
+    plans = [tpu.plan(m, k, n, cfg, fp8_mxu=fp8_mxu) for _, _, cfg in specs[3:]]
+    assert all(isinstance(p, tpu.Plan) for p in plans)
+    assert len({default, *plans}) == 1 + len(plans)  # each a plan of its own
+    assert [s[0] for s in specs[3:]] == [tpu.plan_name(p) for p in plans]
+    modes = {p.compute_dtype for p in plans}
+    assert (len(modes - {default.compute_dtype}) > 0) == fp8_mxu

@@ -182,6 +182,28 @@ def plan(m: int, k: int, n: int, cfg: TpuConfig | None, *, fp8_mxu: bool,
     return p
 
 
+def plan_name(p: Plan) -> str:
+    """A resolved plan's name in the autotuner's records: ``tpu:BMxBNxBK/<compute>/p<pack>``."""
+    return f"tpu:{p.block_m}x{p.block_n}x{p.block_k}/{p.compute_dtype}/p{p.pack}"
+
+
+def neighbours(p: Plan, cfg_cls, fp8_mxu: bool) -> list:
+    """Tile configs (``cfg_cls``: this kernel's or the grouped kernel's ``TpuConfig``) one step
+    from the resolved plan ``p``, for the on-device autotuner: on an FP8-MXU chip the other
+    compute modes (pack left to the plan), then ``block_n``, ``block_m`` and ``block_k`` halved
+    and doubled and the other pack, each with the rest of ``p`` pinned. Unchecked: the caller
+    keeps the ones its ``plan`` accepts, once per distinct plan."""
+    pinned = dict(block_m=p.block_m, block_n=p.block_n, block_k=p.block_k,
+                  compute_dtype=p.compute_dtype, pack=p.pack)  # fmt: skip
+    out = [dict(pinned, compute_dtype=c, pack=None)
+           for c in (("native", "dequant_bf16", "bfloat16") if fp8_mxu else ())
+           if c != p.compute_dtype]  # fmt: skip
+    for field in ("block_n", "block_m", "block_k"):
+        out += [dict(pinned, **{field: v}) for v in (pinned[field] // 2, pinned[field] * 2)]
+    out.append(dict(pinned, pack=3 - p.pack))
+    return [cfg_cls(**kw) for kw in out]
+
+
 def tiles(m: int, k: int, n: int, cfg: TpuConfig | None, interpret: bool = False) -> Plan | str:
     """``plan`` for the target device (the support check's half that reads shapes)."""
     return plan(m, k, n, cfg, fp8_mxu=target_has_fp8_mxu(), interpret=interpret)

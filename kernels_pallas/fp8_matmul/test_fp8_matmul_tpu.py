@@ -85,3 +85,24 @@ def test_tpu_plan_picks_mxu_sized_tiles():
     assert plan(16, 2048, 512, None, fp8_mxu=True).block_n == 256  # >= 2 steps for small N
     assert "FP8 MXU" in plan(16, 256, 256, TpuConfig(compute_dtype="native"), fp8_mxu=False)
     assert "pack=2" in plan(4096, 4096, 4096, TpuConfig(pack=2), fp8_mxu=True)
+
+
+def test_every_plan_the_tpu_tuner_times_computes_the_product():
+    """The on-device autotuner's TPU candidates (``tuning.tpu_specs``: the default plan and its
+    neighbours, v6e) each give the reference's product in interpret mode: with power-of-two
+    scales the dequantized BF16 operands are exact, so every compute mode agrees up to f32
+    summation order. A candidate that computed something else could be chosen for its speed."""
+    from kernels_pallas.fp8_matmul import tuning
+
+    m, k, n = 64, 512, 512
+    x, w, _, _ = _operands(m, k, n, seed=9)
+    xq = quantize_activations(x, 128)
+    xq = QArray(xq.values, 2.0 ** jnp.ceil(jnp.log2(xq.scales)), xq.block_shape, xq.dtype)
+    wq = quantize_weight(w, (128, 128), pow2_scales=True)
+    ref = np.asarray(fp8_matmul_reference(xq, wq, out_dtype=jnp.float32))
+    specs = tuning.tpu_specs(m, n, k, "TPU v6 lite", tuning.TUNE_LIMIT)
+    assert len(specs) > 3
+    for name, _, cfg in specs:
+        y = tpu.fp8_matmul_tpu(xq, wq, out_dtype=jnp.float32, interpret=True, config=cfg)
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.max(np.abs(ref)),
+                                   err_msg=name)  # fmt: skip

@@ -2,7 +2,8 @@
 
 ``tuning_specs``: the candidates (the XLA FP8 path, the Hopper kernel's tile configs the support
 check accepts, the BF16 floor), cut by the performance model to the default, its twins and the
-fastest others (``TUNE_LIMIT``); ``timed_specs``: each as ``fp8_matmul`` then runs it (raw x:
+fastest others (``TUNE_LIMIT``); on a TPU the kernel's default plan and the plans one step from
+it (``tpu_specs``); ``timed_specs``: each as ``fp8_matmul`` then runs it (raw x:
 fused or quantized once, ``QuantizedOnce``); ``timed_program``: the GEMM and a consumer, as in
 the rollout program; ``autotuned``: the cached choice (``kernels_pallas.autotune``), tuning it
 on first use. ``api.fp8_matmul`` calls ``autotuned`` with ``impl="auto"`` and
@@ -20,6 +21,7 @@ from kernels_pallas import autotune
 from kernels_pallas.backend import target_device
 from kernels_pallas.fp8_matmul import api, tile_choice
 from kernels_pallas.fp8_matmul import pallas_mosaic_gpu as mgpu
+from kernels_pallas.fp8_matmul import pallas_tpu as tpu
 from kernels_pallas.fp8_matmul.mgpu_config import fused_refuses
 from kernels_pallas.qarray import QArray
 from kernels_pallas.quantize import quantize_activations
@@ -102,7 +104,25 @@ def tuning_specs(m: int, n: int, k: int, platform: str, limit: int | None = None
             specs = specs[:2] + _model_ranked(specs[2:], m, n, k, limit, device_kind,
                                               1 + len(twins), raw_x)  # fmt: skip
     elif platform == "tpu":
-        specs.append(("pallas_tpu", "pallas_tpu", None))
+        specs += tpu_specs(m, n, k, device_kind, TUNE_LIMIT if limit is None else limit)
+    return specs
+
+
+def tpu_specs(m: int, n: int, k: int, device_kind: str, limit: int) -> list:
+    """The TPU kernel's candidates: its default plan (no config) and up to ``limit - 1`` of the
+    plans one step from it (``pallas_tpu.neighbours``) that ``plan`` accepts, each distinct."""
+    fp8_mxu = tpu.has_fp8_mxu(device_kind)
+    first = tpu.plan(m, k, n, None, fp8_mxu=fp8_mxu)
+    specs = [("pallas_tpu", "pallas_tpu", None)]
+    if isinstance(first, str):  # refused: the support check says why when it runs
+        return specs
+    seen = {first}
+    for cfg in tpu.neighbours(first, tpu.TpuConfig, fp8_mxu):
+        p = tpu.plan(m, k, n, cfg, fp8_mxu=fp8_mxu)
+        if isinstance(p, str) or p in seen or len(specs) >= limit:
+            continue
+        seen.add(p)
+        specs.append((tpu.plan_name(p), "pallas_tpu", cfg))
     return specs
 
 

@@ -123,7 +123,7 @@ def grouped_fp8_matmul(
     ``group_sizes_E``: int [E], rows of each group in order (sum <= M; later rows are zero).
     ``impl``: "auto" | "xla" | "pallas_mosaic_gpu" | "pallas_tpu"; ``config``: the
     implementation's tile config (``XlaConfig``, ``MgpuConfig``, ``TpuConfig``; None: default,
-    or on a Hopper GPU with ``FP8RL_AUTOTUNE=1`` the tiles tuned there: ``tuning``).
+    or on a Hopper GPU or a TPU with ``FP8RL_AUTOTUNE=1`` the tiles tuned there: ``tuning``).
     """
     w_q = tuple(w_q) if isinstance(w_q, list) else w_q
     check_operands(x, w_q, group_sizes_E)
@@ -131,7 +131,7 @@ def grouped_fp8_matmul(
     chosen = IMPLEMENTATIONS.select(
         impl, x, w_q, group_sizes_E, config=config, out_dtype=out_dtype, interpret=interpret
     )
-    if chosen.name == "pallas_mosaic_gpu" and tuning.enabled_for(impl, config, interpret):
+    if tuning.enabled_for(impl, config, interpret, chosen.name):
         config = tuning.tuned_config(x, w_q, group_sizes_E, out_dtype=out_dtype,
                                      run=grouped_fp8_matmul)  # fmt: skip
     return _run(x, w_q, group_sizes_E, impl=chosen.name, config=config, out_dtype=out_dtype,

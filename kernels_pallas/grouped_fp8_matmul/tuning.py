@@ -12,6 +12,12 @@ rows x 64 / 128 weight rows at the default's ring depth, the default one stage d
 unswapped 128x128 tile; for prefill-sized groups 128x256, 128x128, 256x128 and the 64-row swap
 tile. Each is timed on random operands of the call's shapes and dtypes with the rows spread
 evenly over the experts (the routing is data: at trace time it is not known).
+
+On a TPU (``FP8RL_AUTOTUNE=1``, ``impl="auto"``, no config, a real TPU) the TPU kernel's plans
+are timed the same way (``tpu_candidates``): the default (each expert's weights kept in VMEM
+across its row tiles where they fit), the streamed plan beside it (N tiles of <= 1024, K steps
+of 1024), and the plans one step from the default (``fp8_matmul.pallas_tpu.neighbours``: compute
+mode, block sizes halved and doubled, pack).
 """
 
 from __future__ import annotations
@@ -21,13 +27,25 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas import attention_autotune
+from kernels_pallas import attention_autotune, autotune
+from kernels_pallas.backend import target_device
+from kernels_pallas.fp8_matmul.pallas_tpu import has_fp8_mxu, neighbours, plan_name
 from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as mgpu
+from kernels_pallas.grouped_fp8_matmul import pallas_tpu as tpu
 from kernels_pallas.grouped_fp8_matmul.reference import stacks
 from kernels_pallas.qarray import QArray
 
 OP = "grouped_fp8_matmul"
-enabled_for = attention_autotune.enabled_for  # autotuning on, "auto", no config, a real Hopper
+TUNE_LIMIT = 6  # TPU plans timed per shape (the default among them)
+
+
+def enabled_for(impl: str, config, interpret: bool, chosen: str = "pallas_mosaic_gpu") -> bool:
+    """Whether a call tunes its tiles: autotuning on, ``impl="auto"``, no config, and the
+    ``chosen`` kernel's real device (a Hopper GPU; a TPU for ``pallas_tpu``)."""
+    if chosen == "pallas_tpu":
+        return (impl == "auto" and config is None and not interpret and autotune.enabled()
+                and jax.devices()[0].platform == "tpu")  # fmt: skip
+    return chosen == "pallas_mosaic_gpu" and attention_autotune.enabled_for(impl, config, interpret)
 
 
 def name(cfg: mgpu.MgpuConfig) -> str:
@@ -51,6 +69,24 @@ def candidates(m: int, k: int, ns: tuple[int, ...], e: int, out_itemsize: int = 
     return list(dict.fromkeys(legal))
 
 
+def tpu_candidates(m: int, k: int, ns: tuple[int, ...], e: int, fp8_mxu: bool,
+                   limit: int = TUNE_LIMIT) -> list:  # fmt: skip
+    """The TPU kernel's plans timed at this shape (module doc): the default (``TpuConfig()``)
+    first, the streamed plan, then its neighbours, each distinct plan once, at most ``limit``."""
+    first = tpu.plan(m, k, ns, e, None, fp8_mxu=fp8_mxu)
+    if isinstance(first, str):
+        return []
+    streamed = tpu.TpuConfig(block_n=min(tpu.largest_divisor(n, 1024) for n in ns),
+                             block_k=1024)  # fmt: skip
+    out, seen = [tpu.TpuConfig()], {first}
+    for cfg in [streamed, *neighbours(first, tpu.TpuConfig, fp8_mxu)]:
+        p = tpu.plan(m, k, ns, e, cfg, fp8_mxu=fp8_mxu)
+        if not isinstance(p, str) and p not in seen and len(out) < limit:
+            seen.add(p)
+            out.append(cfg)
+    return out
+
+
 def even_sizes(m: int, e: int) -> jax.Array:
     """``m`` rows spread over ``e`` groups as evenly as they go (the first ``m % e`` get one
     more)."""
@@ -58,13 +94,23 @@ def even_sizes(m: int, e: int) -> jax.Array:
 
 
 def tuned_config(x, w_q, group_sizes_E, *, out_dtype, run) -> mgpu.MgpuConfig | None:
-    """The tuned ``MgpuConfig`` for ``grouped_fp8_matmul`` at this call's shapes (``run``: the
-    op itself, called with ``impl`` and ``config``), or None (nothing ran: the default)."""
+    """The tuned config for ``grouped_fp8_matmul`` at this call's shapes on the target (an
+    ``MgpuConfig`` on a Hopper GPU, a ``TpuConfig`` on a TPU; ``run``: the op itself, called
+    with ``impl`` and ``config``), or None (nothing ran: the default)."""
     ws = stacks(w_q)
     (m, k), e = x.shape, ws[0].shape[0]
     ns = tuple(w.shape[1] for w in ws)
     out_dtype = jnp.dtype(out_dtype)
-    cands = candidates(m, k, ns, e, out_dtype.itemsize)
+    on_tpu = target_device().platform == "tpu"
+    if on_tpu:
+        fp8_mxu = has_fp8_mxu(target_device().device_kind)
+        cands = tpu_candidates(m, k, ns, e, fp8_mxu)
+
+        def name_of(cfg):
+            return plan_name(tpu.plan(m, k, ns, e, cfg, fp8_mxu=fp8_mxu))
+    else:
+        cands, name_of = candidates(m, k, ns, e, out_dtype.itemsize), name
+    impl = "pallas_tpu" if on_tpu else "pallas_mosaic_gpu"
     made = []
 
     def operands():  # random operands of the call's shapes, built only if something is timed
@@ -85,11 +131,11 @@ def tuned_config(x, w_q, group_sizes_E, *, out_dtype, run) -> mgpu.MgpuConfig | 
         return made
 
     def run_with(cfg):
-        fn = jax.jit(lambda x_, w_, g_: run(x_, w_, g_, impl="pallas_mosaic_gpu", config=cfg,
+        fn = jax.jit(lambda x_, w_, g_: run(x_, w_, g_, impl=impl, config=cfg,
                                             out_dtype=out_dtype))  # fmt: skip
         return lambda: jax.block_until_ready(fn(*operands()))
 
     x_kind = str(x.values.dtype if isinstance(x, QArray) else x.dtype)
     shape = (m, k, *ns, e, x_kind, str(ws[0].values.dtype), str(out_dtype))
     del group_sizes_E  # traced: the tiles are tuned for the shapes, the routing spread evenly
-    return attention_autotune.tuned(OP, shape, cands, run_with, name_of=name)
+    return attention_autotune.tuned(OP, shape, cands, run_with, name_of=name_of, impl=impl)
