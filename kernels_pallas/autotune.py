@@ -10,7 +10,10 @@ The timer is injectable (``tune(..., timer=)``), so choosing and caching are det
 tested on CPU; the default, ``device_timer``, takes the kernels' CUPTI time on a GPU. If the
 BF16 floor beats every FP8 candidate the record says so (``fp8_slower_than_bf16``): the op
 still runs its fastest FP8 candidate (its weights are FP8), and the caller (a model config)
-learns that BF16 weights would be faster for that layer.
+learns that BF16 weights would be faster for that layer. The ops ask at trace time, inside the
+jitted programs (tuned under ``jax.ensure_compile_time_eval``); with several ``jax.distributed``
+processes, process 0's record is every process's (``lookup_or_tune``), so that every host
+compiles the same program.
 """
 
 from __future__ import annotations
@@ -134,16 +137,60 @@ def lookup_or_tune(k: str, make_candidates: Callable[[], list[Candidate]], *, ti
     ``generate``, a training step, a ``shard_map`` body): the candidates are made and timed
     under ``jax.ensure_compile_time_eval``, so that their operands are arrays and each run a
     real call on the device. Without it they are the program's tracers: each "run" only traces,
-    and the timer would time tracing (or every candidate fail)."""
+    and the timer would time tracing (or every candidate fail).
+
+    With several processes (``jax.distributed``) every process must compile the same program:
+    timed on each host, or read from each host's own cache, the choices could differ and the
+    processes' collectives would no longer match (a hang). So process 0 alone looks up or
+    tunes (on its local devices, its caches) and every process takes its record
+    (``_broadcast_record``); the others neither time nor read nor write caches. A process 0
+    that fails to tune says so to the others, and every process raises."""
     import jax
 
     paths = cache_paths() if paths is None else paths
+    if jax.process_count() == 1:
+        return _lookup_or_tune_here(k, make_candidates, timer, paths)
+    record = None
+    if jax.process_index() == 0:
+        try:
+            record = _lookup_or_tune_here(k, make_candidates, timer, paths)
+        except Exception as e:  # noqa: BLE001 - the others wait on the broadcast: tell them
+            record = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    record = _broadcast_record(k, record)
+    if "error" in record:
+        raise RuntimeError(f"autotune {k}: process 0 failed to tune: {record['error']}")
+    return record
+
+
+def _lookup_or_tune_here(k: str, make_candidates, timer, paths: list[str]) -> dict:
+    import jax
+
     if (hit := load(paths).get(k)) is not None:
         return hit
     with jax.ensure_compile_time_eval():
         record = tune(make_candidates(), timer)
     save(paths, k, record)
     return record
+
+
+SHARE_TIMEOUT_MS = 30 * 60 * 1000  # process 0 may be tuning: every candidate a compile and a run
+_asked: dict[str, int] = {}  # per key, the records shared so far (same order on every process)
+
+
+def _broadcast_record(k: str, record: dict | None) -> dict:
+    """Process 0's ``record`` of ``k`` on every process (others pass None), through
+    ``jax.distributed``'s key-value store, as jax shares compiled executables between hosts
+    (``compiler.py``): a host-side exchange, legal at trace time (``multihost_utils``'
+    device broadcast is not: it sets a mesh, refused inside ``jax.jit``)."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    _asked[k] = n = _asked.get(k, 0) + 1
+    name = f"fp8rl_jax/autotune/{k}/{n}"
+    if record is not None:
+        client.key_value_set_bytes(name, json.dumps(record, sort_keys=True).encode())
+        return record
+    return json.loads(client.blocking_key_value_get_bytes(name, SHARE_TIMEOUT_MS).decode())
 
 
 def _attention_table() -> None:

@@ -205,3 +205,81 @@ def test_tpu_specs_time_the_default_plan_and_its_neighbours(kind, m):
     assert [s[0] for s in specs[3:]] == [tpu.plan_name(p) for p in plans]
     modes = {p.compute_dtype for p in plans}
     assert (len(modes - {default.compute_dtype}) > 0) == fp8_mxu
+
+
+_WORKER = r"""
+import json, os, sys
+pid, port, run_file, user_file = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+import jax.numpy as jnp
+from kernels_pallas import autotune
+from kernels_pallas.autotune import Candidate
+
+# each process would choose differently on its own: other times, and process 1 a stale cache
+times = [{"a": 2.0, "b": 1.0, "c": 3.0}, {"a": 1.0, "b": 2.0, "c": 3.0}][pid]
+timed = []
+def timer(c):
+    c.run()
+    timed.append(c.name)
+    return times[c.name]
+def make():
+    x = jnp.arange(4.0)
+    return [Candidate(n, "xla", None, lambda: (x * 2).block_until_ready()) for n in "abc"]
+k = autotune.key("NVIDIA H100 80GB HBM3", "0", "op", (4,))
+if pid == 1:
+    autotune.save([user_file], k, {"choice": "c", "times_s": {"c": 0.1}})
+paths = [run_file, user_file] if pid == 0 else [user_file]
+got = []
+
+@jax.jit
+def program(y):  # asked at trace time, as the ops ask
+    got.append(autotune.lookup_or_tune(k, make, timer=timer, paths=paths)["choice"])
+    return y + 1
+
+program(1.0)
+def broken(c):
+    raise ValueError("does not compile")
+try:  # process 0 fails to tune: every process hears it and raises, none waits forever
+    autotune.lookup_or_tune(k + "2", make, timer=broken, paths=paths)
+    failed = ""
+except RuntimeError as e:
+    failed = str(e)
+print(json.dumps({"choice": got[0], "timed": timed, "failed": "process 0 failed" in failed}))
+"""
+
+
+@pytest.mark.multiprocess
+def test_processes_agree_on_process_zeros_choice(tmp_path):
+    """Two ``jax.distributed`` processes (gloo on loopback) ask the tuner inside a jitted
+    program, each with its own timings and process 1 with a stale cache: both take process
+    0's choice (one program on every host: different choices would mismatch collectives),
+    only process 0 times, and only its files get the record; a tuning that fails on process 0
+    raises on both."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    repo = Path(__file__).resolve().parents[1]
+    mine = ("JAX_COORDINATOR", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(mine)}
+    env.update(PYTHONPATH=str(repo), JAX_PLATFORMS="cpu")
+    files = [(tmp_path / f"run{i}.json", tmp_path / f"user{i}.json") for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(i), port, *map(str, files[i])],
+                              cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(2)]  # fmt: skip
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    r0, r1 = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
+    assert r0 == {"choice": "b", "timed": ["a", "b", "c"], "failed": True}
+    assert r1 == {"choice": "b", "timed": [], "failed": True}  # not its cache, not its times
+    assert json.loads(files[0][0].read_text()).popitem()[1]["choice"] == "b"
+    assert json.loads(files[1][1].read_text()).popitem()[1]["choice"] == "c"  # untouched
+    assert not files[1][0].exists()
