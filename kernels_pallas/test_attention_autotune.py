@@ -9,7 +9,6 @@ import pytest
 from jax.sharding import AbstractDevice, AbstractMesh
 
 from kernels_pallas import attention_autotune as at
-from kernels_pallas import autotune
 from kernels_pallas.decode_attention import DecodeBlocks
 from kernels_pallas.decode_attention import pallas_mosaic_gpu as dense
 from kernels_pallas.paged_attention.common import PagedBlocks
@@ -52,29 +51,6 @@ def test_off_by_default_in_interpret_mode_and_without_a_gpu(monkeypatch):
     assert not at.enabled_for("xla", None, False)
     with _on_h100():  # a deviceless compile for an H100: nothing to time on
         assert not at.enabled_for("auto", None, False)
-
-
-@pytest.fixture
-def cache(monkeypatch, tmp_path):
-    """The tuning records go to this test's files (the run file is returned), and
-    ``inject(times)`` replaces the device timer (seconds by candidate name, 1.0 if absent, or an
-    exception to raise) and returns the names it was called with, in order."""
-    run_file = tmp_path / "autotune.json"
-    monkeypatch.setenv("FP8RL_AUTOTUNE_FILE", str(run_file))
-    monkeypatch.setattr(autotune, "USER_CACHE", str(tmp_path / "user.json"))
-    calls = []
-
-    def inject(times):
-        def timer(c):
-            calls.append(c.name)
-            if isinstance(times, Exception):
-                raise times
-            return times.get(c.name, 1.0)
-
-        monkeypatch.setattr(autotune, "device_timer", timer)
-        return calls
-
-    return run_file, inject
 
 
 def test_dense_config_times_the_legal_candidates_once_and_caches_the_fastest(cache):

@@ -51,25 +51,6 @@ def test_even_sizes():
     assert tn.even_sizes(8, 128).sum() == 8
 
 
-@pytest.fixture
-def cache(monkeypatch, tmp_path):
-    """Records in this test's files; ``inject(times)`` replaces the device timer (seconds by
-    candidate name, 1.0 if absent) and returns the names it timed, in order."""
-    monkeypatch.setenv("FP8RL_AUTOTUNE_FILE", str(tmp_path / "autotune.json"))
-    monkeypatch.setattr(autotune, "USER_CACHE", str(tmp_path / "user.json"))
-    calls = []
-
-    def inject(times):
-        def timer(c):
-            calls.append(c.name)
-            return times.get(c.name, 1.0)
-
-        monkeypatch.setattr(autotune, "device_timer", timer)
-        return calls
-
-    return tmp_path / "autotune.json", inject
-
-
 def test_tuned_config_times_each_candidate_once_and_caches_the_fastest(cache):
     run_file, inject = cache
     calls = inject({"128x128/st4": 0.5})

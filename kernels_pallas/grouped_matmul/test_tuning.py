@@ -6,7 +6,6 @@ import json
 
 import jax
 import jax.numpy as jnp
-import pytest
 from jax.sharding import AbstractDevice, AbstractMesh
 
 from kernels_pallas import autotune
@@ -52,24 +51,8 @@ def test_pass_reason_names_the_dimension():
     assert reason == "N=96 must be a multiple of the tiles (64,) along it"
 
 
-@pytest.fixture
-def timer(monkeypatch, tmp_path):
-    """Records in this test's files; ``inject(times)`` replaces the device timer (seconds by
-    candidate name, 1.0 if absent) and returns the names it timed, in order."""
-    monkeypatch.setenv("FP8RL_AUTOTUNE_FILE", str(tmp_path / "autotune.json"))
-    monkeypatch.setattr(autotune, "USER_CACHE", str(tmp_path / "user.json"))
-    calls = []
-
-    def inject(times):
-        monkeypatch.setattr(autotune, "device_timer",
-                            lambda c: calls.append(c.name) or times.get(c.name, 1.0))  # fmt: skip
-        return calls
-
-    return tmp_path / "autotune.json", inject
-
-
-def test_each_pass_is_timed_once_and_caches_its_fastest(timer):
-    run_file, inject = timer
+def test_each_pass_is_timed_once_and_caches_its_fastest(cache):
+    run_file, inject = cache
     calls = inject({"128x128x128/st3": 0.5})
     sds = jax.ShapeDtypeStruct
     x, w, gs = sds((4096, 2048), BF16), sds((16, 2048, 768), BF16), sds((16,), jnp.int32)
@@ -125,7 +108,7 @@ def test_the_op_asks_the_tuner_per_pass_only_when_tuning_applies(monkeypatch):
     assert asked == [("fwd", (4096, 2048)), ("dgrad", (4096, 768)), ("wgrad", (4096, 2048))]
 
 
-def test_autotune_stage_prints_each_pass_beside_its_default(timer, monkeypatch, capsys):
+def test_autotune_stage_prints_each_pass_beside_its_default(cache, monkeypatch, capsys):
     """``python -m kernels_pallas.autotune``'s BF16 grouped table (``gpu_check.sh``'s autotune
     stage): the training step's three passes tuned under one jitted gradient, one row per
     record it wrote, the choice beside the pass's default."""
