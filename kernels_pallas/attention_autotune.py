@@ -61,13 +61,15 @@ def name(cfg) -> str:
     return f"J={cfg.num_splits}/st{cfg.num_stages}/{'swap' if cfg.swap_ab else 'unswapped'}{tile}"
 
 
-def enabled_for(impl: str, config, interpret: bool) -> bool:
+def enabled_for(impl: str, config, interpret: bool, platform: str = "gpu") -> bool:
     """Whether a call tunes its tiling: autotuning on, ``impl="auto"``, no config, a real
-    Hopper GPU (not interpret mode, not a deviceless compile for one)."""
+    Hopper GPU (``platform="tpu"``: a real TPU; not interpret mode, not a deviceless compile
+    for one)."""
     if impl != "auto" or config is not None or interpret or not autotune.enabled():
         return False
-    t = target_device()
-    return t.is_hopper and jax.devices()[0].platform == "gpu"
+    if jax.devices()[0].platform != platform:
+        return False
+    return platform != "gpu" or target_device().is_hopper
 
 
 def _operands(*shaped):

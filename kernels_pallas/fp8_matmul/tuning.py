@@ -118,8 +118,10 @@ def tpu_specs(m: int, n: int, k: int, device_kind: str, limit: int) -> list:
         return specs
     seen = {first}
     for cfg in tpu.neighbours(first, tpu.TpuConfig, fp8_mxu):
+        if len(specs) >= limit:
+            break
         p = tpu.plan(m, k, n, cfg, fp8_mxu=fp8_mxu)
-        if isinstance(p, str) or p in seen or len(specs) >= limit:
+        if isinstance(p, str) or p in seen:
             continue
         seen.add(p)
         specs.append((tpu.plan_name(p), "pallas_tpu", cfg))

@@ -27,7 +27,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas import attention_autotune, autotune
+from kernels_pallas import attention_autotune
 from kernels_pallas.backend import target_device
 from kernels_pallas.fp8_matmul.pallas_tpu import has_fp8_mxu, neighbours, plan_name
 from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as mgpu
@@ -42,10 +42,9 @@ TUNE_LIMIT = 6  # TPU plans timed per shape (the default among them)
 def enabled_for(impl: str, config, interpret: bool, chosen: str = "pallas_mosaic_gpu") -> bool:
     """Whether a call tunes its tiles: autotuning on, ``impl="auto"``, no config, and the
     ``chosen`` kernel's real device (a Hopper GPU; a TPU for ``pallas_tpu``)."""
-    if chosen == "pallas_tpu":
-        return (impl == "auto" and config is None and not interpret and autotune.enabled()
-                and jax.devices()[0].platform == "tpu")  # fmt: skip
-    return chosen == "pallas_mosaic_gpu" and attention_autotune.enabled_for(impl, config, interpret)
+    platform = {"pallas_mosaic_gpu": "gpu", "pallas_tpu": "tpu"}.get(chosen)
+    return platform is not None and attention_autotune.enabled_for(impl, config, interpret,
+                                                                   platform)  # fmt: skip
 
 
 def name(cfg: mgpu.MgpuConfig) -> str:
@@ -80,8 +79,10 @@ def tpu_candidates(m: int, k: int, ns: tuple[int, ...], e: int, fp8_mxu: bool,
                              block_k=1024)  # fmt: skip
     out, seen = [tpu.TpuConfig()], {first}
     for cfg in [streamed, *neighbours(first, tpu.TpuConfig, fp8_mxu)]:
+        if len(out) >= limit:
+            break
         p = tpu.plan(m, k, ns, e, cfg, fp8_mxu=fp8_mxu)
-        if not isinstance(p, str) and p not in seen and len(out) < limit:
+        if not isinstance(p, str) and p not in seen:
             seen.add(p)
             out.append(cfg)
     return out
@@ -101,9 +102,10 @@ def tuned_config(x, w_q, group_sizes_E, *, out_dtype, run) -> mgpu.MgpuConfig | 
     (m, k), e = x.shape, ws[0].shape[0]
     ns = tuple(w.shape[1] for w in ws)
     out_dtype = jnp.dtype(out_dtype)
-    on_tpu = target_device().platform == "tpu"
+    dev = target_device()
+    on_tpu = dev.platform == "tpu"
     if on_tpu:
-        fp8_mxu = has_fp8_mxu(target_device().device_kind)
+        fp8_mxu = has_fp8_mxu(dev.device_kind)
         cands = tpu_candidates(m, k, ns, e, fp8_mxu)
 
         def name_of(cfg):
