@@ -1,4 +1,4 @@
-"""On-device autotuning of the Hopper decode attention kernels' tiling (dense and paged).
+"""On-device autotuning of the decode attention kernels' tiling (dense and paged; Hopper, TPU).
 
 In a long-response rollout the decode attention is most of a step (the performance model:
 ~60% of the FP8 decode step of a Qwen3-8B rollout at a 4K context), and the first H200 run
@@ -17,6 +17,11 @@ groups up to 16), twice the bytes per serial tile step at one CTA per SM. Each
 is timed on random operands of the call's shape, dtypes and scale kind with every slot live
 (full rows: at trace time the lengths are not known), through the same output path
 (``quant_out``). Splitting changes the order of the softmax's sums: outputs move by rounding.
+
+On a real TPU the TPU kernels' tilings are timed the same way (``tpu_name``): the dense kernel's
+tiles of 128 / 256 / 512 cache slots with one and two chunks per row, the paged kernel's 1, 2
+and 4 chunks (a tile is one page); v5e / v6e have one TensorCore, so chunks buy parallelism only
+where a chip has two, and the device decides.
 """
 
 from __future__ import annotations
@@ -61,15 +66,16 @@ def name(cfg) -> str:
     return f"J={cfg.num_splits}/st{cfg.num_stages}/{'swap' if cfg.swap_ab else 'unswapped'}{tile}"
 
 
-def enabled_for(impl: str, config, interpret: bool, platform: str = "gpu") -> bool:
+def enabled_for(impl: str, config, interpret: bool, platform: str | None = None) -> bool:
     """Whether a call tunes its tiling: autotuning on, ``impl="auto"``, no config, a real
-    Hopper GPU (``platform="tpu"``: a real TPU; not interpret mode, not a deviceless compile
-    for one)."""
+    Hopper GPU or a real TPU (not interpret mode, not a deviceless compile for one);
+    ``platform``: only that one ("gpu" or "tpu"; None: either)."""
     if impl != "auto" or config is not None or interpret or not autotune.enabled():
         return False
-    if jax.devices()[0].platform != platform:
+    here = jax.devices()[0].platform
+    if here not in ("gpu", "tpu") or platform not in (None, here):
         return False
-    return platform != "gpu" or target_device().is_hopper
+    return here == "tpu" or target_device().is_hopper
 
 
 def _operands(*shaped):
@@ -110,68 +116,105 @@ def tuned(op: str, shape: tuple, cands: list, run_with, name_of=name,
     return {name_of(c): c for c in cands}.get(record["choice"])
 
 
+def tpu_name(cfg) -> str:
+    """A TPU attention candidate's name: its chunks and (dense) its tile of cache slots."""
+    bs = getattr(cfg, "block_s", None)
+    return f"tpu:J={cfg.num_splits}" + (f"/bs{bs}" if bs else "")
+
+
+def _tpu_dense_candidates(q, k, v, lengths, kw) -> list:
+    """The TPU kernel's tilings: its default, then every other tile of cache slots it takes
+    (128, 256, 512 dividing S) with one and two chunks per row (v5e / v6e have one TensorCore;
+    a chip with two may gain from two chunks), each its support check accepts."""
+    from kernels_pallas.decode_attention import pallas_tpu as tpu
+    from kernels_pallas.decode_attention.common import DecodeBlocks
+
+    s = k.shape[1]
+    default = tpu.resolve_blocks(None, q, k)
+    cands = [default] + [DecodeBlocks(block_s=bs, num_splits=j)
+                         for bs in tpu._BLOCK_S if s % bs == 0  # noqa: SLF001
+                         for j in (1, 2) if j <= s // bs]  # fmt: skip
+    ok = lambda cfg: tpu.supports(q, k, v, lengths, starts_B=None, k_scale=kw["k_scale"],
+                                  v_scale=kw["v_scale"], sm_scale=kw["sm_scale"], config=cfg,
+                                  interpret=False) is None  # noqa: E731  # fmt: skip
+    return [c for c in dict.fromkeys(cands) if ok(c)]
+
+
 def dense_config(q, k, v, *, k_scale, v_scale, sm_scale, quant_out, run):
     """The tuned ``DecodeBlocks`` for ``decode_attention`` at this call's shape (``run``: the
-    op itself, called with ``impl`` and ``config``), or None."""
+    op itself, called with ``impl`` and ``config``), or None. On a TPU, the TPU kernel's
+    tilings (``_tpu_dense_candidates``)."""
     from kernels_pallas.decode_attention import pallas_mosaic_gpu as mgpu
 
     b, s, n_kv, c = k.shape
-    default = mgpu.resolve_blocks(None, q, k)
-    limit = max(1, s // default.block_s)
     operands = _operands(q, k, v)
     lengths = jnp.full((b,), s, jnp.int32)
     kw = dict(k_scale=_scale_like(k_scale), v_scale=_scale_like(v_scale), sm_scale=sm_scale,
               quant_out=quant_out)  # fmt: skip
-    ok = lambda cfg: mgpu.supports(q, k, v, lengths, starts_B=None, k_scale=kw["k_scale"],
-                                   v_scale=kw["v_scale"], sm_scale=sm_scale, config=cfg,
-                                   interpret=False) is None  # noqa: E731  # fmt: skip
-    # 128-slot tiles (twice the bytes per serial step, one CTA per SM) at the default chunks
-    wide = tuple(bs for bs in mgpu.block_sizes(k.dtype, True, q.shape[1] // n_kv) if bs > 64)
-    other = mgpu.default_stages(k.dtype, not default.swap_ab)
-    cands = [cfg for cfg in blocks(default, limit, mgpu._STAGES, wide, other)  # noqa: SLF001
-             if ok(cfg)]  # fmt: skip
+    if target_device().platform == "tpu":
+        impl, name_of = "pallas_tpu", tpu_name
+        cands = _tpu_dense_candidates(q, k, v, lengths, kw)
+    else:
+        impl, name_of = "pallas_mosaic_gpu", name
+        default = mgpu.resolve_blocks(None, q, k)
+        ok = lambda cfg: mgpu.supports(q, k, v, lengths, starts_B=None, k_scale=kw["k_scale"],
+                                       v_scale=kw["v_scale"], sm_scale=sm_scale, config=cfg,
+                                       interpret=False) is None  # noqa: E731  # fmt: skip
+        # 128-slot tiles (twice the bytes per serial step, one CTA per SM) at the default chunks
+        wide = tuple(bs for bs in mgpu.block_sizes(k.dtype, True, q.shape[1] // n_kv) if bs > 64)
+        other = mgpu.default_stages(k.dtype, not default.swap_ab)
+        limit = max(1, s // default.block_s)
+        cands = [cfg for cfg in blocks(default, limit, mgpu._STAGES, wide, other)  # noqa: SLF001
+                 if ok(cfg)]  # fmt: skip
 
     def run_with(cfg):
-        fn = jax.jit(lambda q_, k_, v_: run(q_, k_, v_, lengths, impl="pallas_mosaic_gpu",
-                                            config=cfg, **kw))  # fmt: skip
+        fn = jax.jit(lambda q_, k_, v_: run(q_, k_, v_, lengths, impl=impl, config=cfg, **kw))
         return lambda: jax.block_until_ready(fn(*operands()))
 
     shape = (*q.shape, *k.shape, str(q.dtype), str(k.dtype), _scale_kind(k_scale), str(quant_out))
-    return tuned("decode_attention", shape, cands, run_with)
+    return tuned("decode_attention", shape, cands, run_with, name_of=name_of, impl=impl)
 
 
 def paged_config(q, k_pages, v_pages, table, *, k_scale, v_scale, sm_scale, quant_out, run):
-    """The tuned ``PagedBlocks`` for ``paged_attention`` at this call's shape, or None."""
+    """The tuned ``PagedBlocks`` for ``paged_attention`` at this call's shape, or None (on a
+    TPU: 1, 2 and 4 chunks per row, the TPU kernel's one tiling knob)."""
     from kernels_pallas.decode_attention import pallas_mosaic_gpu as dense
     from kernels_pallas.paged_attention import pallas_mosaic_gpu as mgpu
     from kernels_pallas.paged_attention.common import PagedBlocks
 
     b, w = table.shape
     x, y, n_kv, c = k_pages.shape
-    default = PagedBlocks(num_splits=mgpu.default_splits(b, w, n_kv),
-                          num_stages=dense.default_stages(k_pages.dtype), swap_ab=True)  # fmt: skip
     operands = _operands(q, k_pages, v_pages)
     table_r = (jnp.arange(b * w, dtype=jnp.int32) % x).reshape(b, w)  # distinct pages per row
     lengths = jnp.full((b,), w * y, jnp.int32)
     kw = dict(k_scale=_scale_like(k_scale), v_scale=_scale_like(v_scale), sm_scale=sm_scale,
               quant_out=quant_out)  # fmt: skip
-    ok = lambda cfg: mgpu.supports(q, k_pages, v_pages, lengths, table_r, k_scale=kw["k_scale"],
-                                   v_scale=kw["v_scale"], sm_scale=sm_scale, config=cfg,
-                                   interpret=False) is None  # noqa: E731  # fmt: skip
-    other = dense.default_stages(k_pages.dtype, False)
-    cands = [cfg for cfg in blocks(default, w, mgpu._STAGES, (), other) if ok(cfg)]  # noqa: SLF001
+    if target_device().platform == "tpu":  # one page a tile: the chunks per row alone
+        impl, name_of = "pallas_tpu", tpu_name
+        cands = [PagedBlocks(num_splits=j) for j in split_choices(1, w)]
+    else:
+        impl, name_of = "pallas_mosaic_gpu", name
+        default = PagedBlocks(num_splits=mgpu.default_splits(b, w, n_kv),
+                              num_stages=dense.default_stages(k_pages.dtype),
+                              swap_ab=True)  # fmt: skip
+
+        def ok(cfg):
+            return mgpu.supports(q, k_pages, v_pages, lengths, table_r, k_scale=kw["k_scale"],
+                                 v_scale=kw["v_scale"], sm_scale=sm_scale, config=cfg,
+                                 interpret=False) is None  # fmt: skip
+
+        other = dense.default_stages(k_pages.dtype, False)
+        cands = [cfg for cfg in blocks(default, w, mgpu._STAGES, (), other)  # noqa: SLF001
+                 if ok(cfg)]  # fmt: skip
 
     def run_with(cfg):
-        fn = jax.jit(
-            lambda q_, k_, v_: run(
-                q_, k_, v_, lengths, table_r, impl="pallas_mosaic_gpu", config=cfg, **kw
-            )
-        )
+        fn = jax.jit(lambda q_, k_, v_: run(q_, k_, v_, lengths, table_r, impl=impl, config=cfg,
+                                            **kw))  # fmt: skip
         return lambda: jax.block_until_ready(fn(*operands()))
 
     shape = (*q.shape, *k_pages.shape, w, str(q.dtype), str(k_pages.dtype),
              _scale_kind(k_scale), str(quant_out))  # fmt: skip
-    return tuned("paged_attention", shape, cands, run_with)
+    return tuned("paged_attention", shape, cands, run_with, name_of=name_of, impl=impl)
 
 
 def _scale_kind(sc) -> str:

@@ -146,3 +146,62 @@ def test_the_ops_ask_for_a_tuned_config_only_when_enabled(monkeypatch, op):
     monkeypatch.setattr(at, "enabled_for", lambda *a: True)
     np.testing.assert_array_equal(np.asarray(call()), want)
     assert asked == ["dense" if op == at.OPS[0] else "paged"]
+
+
+_V6E = AbstractDevice(device_kind="TPU v6 lite", platform="tpu", num_cores=1)
+
+
+def _on_v6e():
+    return jax.sharding.use_abstract_mesh(AbstractMesh((), (), abstract_device=_V6E))
+
+
+def test_tpu_tilings_dense_and_paged(cache):
+    """On a TPU the TPU kernels' tilings: the dense kernel's default (512-slot tiles, one chunk)
+    first, then each tile of 128 / 256 / 512 slots dividing S with one and two chunks; the
+    paged kernel's 1, 2 and 4 chunks. Recorded under the TPU kernel's impl."""
+    run_file, inject = cache
+    calls = inject({"tpu:J=1/bs256": 0.5, "tpu:J=2": 0.5})
+    q = jax.ShapeDtypeStruct((32, 32, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((32, 8192, 8, 128), F8)
+    kw = dict(k_scale=jnp.ones((8,)), v_scale=jnp.ones((8,)), sm_scale=0.088, quant_out=None)
+    with _on_v6e():
+        got = at.dense_config(q, k, k, **kw, run=None)
+        assert calls == ["tpu:J=1/bs512", "tpu:J=1/bs128", "tpu:J=2/bs128", "tpu:J=1/bs256",
+                         "tpu:J=2/bs256", "tpu:J=2/bs512"]  # fmt: skip
+        assert got == DecodeBlocks(block_s=256, num_splits=1)
+        calls.clear()
+        pages = jax.ShapeDtypeStruct((4096, 64, 8, 128), F8)
+        table = jnp.zeros((64, 64), jnp.int32)
+        q64 = jax.ShapeDtypeStruct((64, 32, 128), jnp.bfloat16)
+        assert at.paged_config(q64, pages, pages, table, **kw, run=None) == PagedBlocks(2)
+    assert calls == ["tpu:J=1", "tpu:J=2", "tpu:J=4"]
+    assert {r["impl"] for r in json.loads(run_file.read_text()).values()} == {"pallas_tpu"}
+
+
+def test_every_tpu_dense_tiling_computes_the_same_attention():
+    """Each tiling the TPU tuner times gives the reference's output in interpret mode (chunks
+    change the order of the softmax's sums: agreement to f32 rounding)."""
+    import numpy as np
+
+    from kernels_pallas.decode_attention import decode_attention, decode_attention_reference
+
+    keys = jax.random.split(jax.random.key(2), 3)
+    q = jax.random.normal(keys[0], (2, 8, 128), jnp.float32)
+    k, v = (jax.random.normal(kk, (2, 1024, 2, 128), jnp.float32) for kk in keys[1:])
+    lengths = jnp.array([700, 1024], jnp.int32)
+    kw = dict(k_scale=None, v_scale=None, sm_scale=128**-0.5, quant_out=None)
+    with _on_v6e():
+        cands = at._tpu_dense_candidates(q, k, v, lengths, kw)  # noqa: SLF001
+    assert len(cands) == 6
+    want = np.asarray(decode_attention_reference(q, k, v, lengths, sm_scale=kw["sm_scale"]))
+    for cfg in cands:
+        got = decode_attention(q, k, v, lengths, sm_scale=kw["sm_scale"], impl="pallas_tpu",
+                               config=cfg, interpret=True)  # fmt: skip
+        np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5, err_msg=str(cfg))
+
+
+def test_enabled_for_names_the_platform(monkeypatch):
+    """``platform`` narrows it to one device kind; this CPU is neither a GPU nor a TPU."""
+    monkeypatch.setenv("FP8RL_AUTOTUNE", "1")
+    for platform in (None, "gpu", "tpu", "cpu"):
+        assert not at.enabled_for("auto", None, False, platform)

@@ -19,6 +19,8 @@ ones, each kept where that pass's support check and SMEM budget accept it.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -27,7 +29,8 @@ from kernels_pallas.grouped_fp8_matmul.tuning import even_sizes
 from kernels_pallas.grouped_matmul import pallas_mosaic_gpu as mgpu
 
 OPS = {"gmm": "grouped_matmul_gmm", "tgmm": "grouped_matmul_tgmm"}  # the cache's op names
-enabled_for = attention_autotune.enabled_for  # autotuning on, "auto", no config, a real Hopper
+# autotuning on, "auto", no config, a real Hopper GPU
+enabled_for = functools.partial(attention_autotune.enabled_for, platform="gpu")
 
 _G = mgpu.GmmConfig
 OTHERS = (_G(128, 256, 64, 3), _G(128, 128, 64, 4), _G(128, 128, 128, 3), _G(64, 256, 64, 4),

@@ -290,7 +290,7 @@ def test_mosaic_gpu_default_stages_are_the_dense_kernels(monkeypatch, dtype, sta
     assert seen["stages"] == stages
     tuned = {}
     monkeypatch.setattr(attention_autotune, "tuned",
-                        lambda op, shape, cands, run_with: tuned.update(c=cands))  # fmt: skip
+                        lambda op, shape, cands, run_with, **kw: tuned.update(c=cands))  # fmt: skip
     monkeypatch.setattr(mgpu, "supports", lambda *a, **kw: None)
     attention_autotune.paged_config(c["q"], c["k"], c["v"], c["table"], k_scale=c["ks"],
                                     v_scale=c["vs"], sm_scale=0.25, quant_out=None,
