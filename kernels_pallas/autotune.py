@@ -196,8 +196,9 @@ def _broadcast_record(k: str, record: dict | None) -> dict:
 def _attention_table() -> None:
     """Tune the decode attention kernels (``attention_autotune``) at the rollout's shapes:
     Qwen3-8B widths, FP8 caches with per-head scales, the dense kernel at B = 32 over 8K slots
-    and the paged one at B = 64 over 64 pages of 64 slots; one row each: the choice beside the
-    default tiling (the first candidate)."""
+    and the paged one at B = 64 over 4,096 slots a row (pages of 64 slots; on a TPU 128, its
+    kernel's smallest); one row each: the choice beside the default tiling (the first
+    candidate)."""
     import jax
     import jax.numpy as jnp
 
@@ -207,16 +208,18 @@ def _attention_table() -> None:
     f8, bf16 = jnp.float8_e4m3fn, jnp.bfloat16
     scale = jnp.ones((8,), jnp.float32)
     kw = dict(k_scale=scale, v_scale=scale, sm_scale=128**-0.5)
+    y = 128 if jax.devices()[0].platform == "tpu" else 64  # pages: the TPU kernel's >= 128 slots
+    x = 64 * 4096 // y  # 64 rows of 4,096 slots
     print("| op | shape | choice | its time (us) | default | default (us) | default / choice |")
     print("|---|---|---|---|---|---|---|")
     cases = [
         ("decode_attention", "B=32 S=8192 H/K=32/8 fp8",
          lambda: decode_attention(jnp.ones((32, 32, 128), bf16), jnp.ones((32, 8192, 8, 128), f8),
                                   jnp.ones((32, 8192, 8, 128), f8), jnp.full((32,), 8192), **kw)),
-        ("paged_attention", "B=64 pages 64x64 H/K=32/8 fp8",
-         lambda: paged_attention(jnp.ones((64, 32, 128), bf16), jnp.ones((4096, 64, 8, 128), f8),
-                                 jnp.ones((4096, 64, 8, 128), f8), jnp.full((64,), 4096),
-                                 jnp.arange(4096, dtype=jnp.int32).reshape(64, 64), **kw)),
+        ("paged_attention", f"B=64 pages {4096 // y}x{y} H/K=32/8 fp8",
+         lambda: paged_attention(jnp.ones((64, 32, 128), bf16), jnp.ones((x, y, 8, 128), f8),
+                                 jnp.ones((x, y, 8, 128), f8), jnp.full((64,), 4096),
+                                 jnp.arange(x, dtype=jnp.int32).reshape(64, x // 64), **kw)),
     ]  # fmt: skip
     for op, label, call in cases:
         before = set(load(cache_paths()))
@@ -324,11 +327,10 @@ def main() -> int:
     if jax.devices()[0].platform not in ("gpu", "tpu"):
         print(f"autotune: no GPU/TPU ({jax.devices()[0].platform}): nothing to tune")
         return 0
-    if jax.devices()[0].platform == "gpu":
-        _attention_table()
-        print()
-        _grouped_table()
-        print()
+    _attention_table()  # a GPU's or a TPU's kernels
+    print()
+    _grouped_table()
+    print()
     # Qwen3-8B gate|up at decode and prefill sizes, k/v_proj at decode (the split-K case); one
     # row is printed per shape as it is tuned, so a stage cut by its budget keeps what it did.
     shapes = [(16, 12288, 4096), (64, 12288, 4096), (16, 1024, 4096), (4096, 12288, 4096)]
