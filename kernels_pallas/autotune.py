@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
 
+log = logging.getLogger(__name__)
 USER_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "fp8rl_jax", "autotune.json")
 BF16_FLOOR = "bf16_floor"
 
@@ -110,13 +112,18 @@ def device_timer(cand: Candidate, reps: int = 10, platform: str | None = None) -
 
 
 def tune(candidates: list[Candidate], timer: Callable[[Candidate], float] = device_timer) -> dict:
-    """Times every candidate (one that raises is recorded, not chosen); returns the record."""
+    """Times every candidate (one that raises is recorded, not chosen); returns the record.
+    Logs each candidate's time as it comes (a first use can take minutes: a compile each)."""
     times, errors = {}, {}
-    for cand in candidates:
+    for i, cand in enumerate(candidates, 1):
         try:
             times[cand.name] = float(timer(cand))
+            log.info("autotune: %d/%d %s: %.1f us", i, len(candidates), cand.name,
+                     times[cand.name] * 1e6)  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a candidate that fails is out, not fatal
             errors[cand.name] = f"{type(e).__name__}: {str(e)[:200]}"
+            log.info("autotune: %d/%d %s failed: %s", i, len(candidates), cand.name,
+                     errors[cand.name])  # fmt: skip
     fp8 = {c.name: c for c in candidates if c.impl != BF16_FLOOR and c.name in times}
     if not fp8:
         raise RuntimeError(f"autotune: no candidate ran: {errors}")
@@ -167,9 +174,12 @@ def _lookup_or_tune_here(k: str, make_candidates, timer, paths: list[str]) -> di
 
     if (hit := load(paths).get(k)) is not None:
         return hit
+    log.warning("autotune: tuning %s (first use of this shape on this device; recorded in %s)",
+                k, ", ".join(paths))  # fmt: skip
     with jax.ensure_compile_time_eval():
         record = tune(make_candidates(), timer)
     save(paths, k, record)
+    log.warning("autotune: %s -> %s", k, record["choice"])
     return record
 
 

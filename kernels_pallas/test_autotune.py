@@ -39,14 +39,21 @@ def test_tune_picks_fastest_fp8_and_flags_bf16_floor():
     assert rec["fp8_slower_than_bf16"]  # never chosen, but reported
 
 
-def test_lookup_or_tune_caches_per_key(tmp_path):
+def test_lookup_or_tune_caches_per_key(tmp_path, caplog):
     paths = [str(tmp_path / "run.json"), str(tmp_path / "user.json")]
     timer, calls = _timer({"a": 2.0, "b": 1.0})
     make = lambda: _cands([("a", "xla"), ("b", "pallas")])  # noqa: E731
     k = autotune.key("NVIDIA H100 80GB HBM3", "0.12.0.1", "fp8_matmul", (16, 4096, 4096))
+    with caplog.at_level("INFO", logger="kernels_pallas.autotune"):
+        assert autotune.lookup_or_tune(k, make, timer=timer, paths=paths)["choice"] == "b"
+    # a first use says what it tunes, each candidate's time as it comes, and the choice
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith(f"autotune: tuning {k} (first use") and paths[0] in said[0]
+    assert said[1:] == ["autotune: 1/2 a: 2000000.0 us", "autotune: 2/2 b: 1000000.0 us",
+                        f"autotune: {k} -> b"]  # fmt: skip
+    caplog.clear()
     assert autotune.lookup_or_tune(k, make, timer=timer, paths=paths)["choice"] == "b"
-    assert autotune.lookup_or_tune(k, make, timer=timer, paths=paths)["choice"] == "b"
-    assert calls == ["a", "b"]  # timed once; the second call read the cache
+    assert calls == ["a", "b"] and not caplog.records  # the second call read the cache
     for p in paths:
         with open(p) as f:
             assert json.load(f)[k]["choice"] == "b"

@@ -48,7 +48,8 @@
 #            ~6 candidates each) beside the default, the grouped FP8 kernel's tiles (MoE gate+up
 #            at 512 and 65,536 rows; 4-6 candidates), then fp8_matmul's (FP8 candidates vs the
 #            BF16 floor), last the BF16 grouped kernels' (MoE training: forward, input and weight
-#            gradient of one expert GEMM, 5 candidates each, ~45 s); every candidate's time is in
+#            gradient of one expert GEMM, 5 candidates each, ~45 s: the first rows the stage's
+#            190 s cut, ~240 s for all at ~3.4 s a candidate); every candidate's time is in
 #            stages/autotune.json. The tuners run at trace time inside jitted programs too
 #            (autotune.lookup_or_tune: jax.ensure_compile_time_eval)
 #   report   experiments/gpu_report.py: summary.md (targets next to measured numbers) + summary.json
