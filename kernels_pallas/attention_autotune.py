@@ -35,6 +35,10 @@ from kernels_pallas import autotune
 from kernels_pallas.backend import target_device
 
 OPS = ("decode_attention", "paged_attention")
+# The paged tuner's pool (K and V each): 4x an H100's 50 MB L2, so that rows whose tables wrap
+# around it find their pages evicted, as in the engine's pool; a cache-sized copy could not fit
+# beside the program being traced.
+TIMING_POOL_BYTES = 256 * 2**20
 
 
 def split_choices(default: int, limit: int) -> list[int]:
@@ -86,7 +90,7 @@ def _operands(*shaped):
     def get():
         if not made:
             keys = jax.random.split(jax.random.key(0), len(shaped))
-            made.extend(jax.random.normal(kk, a.shape, jnp.float32).astype(a.dtype)
+            made.extend(autotune.random_like(kk, a.shape, a.dtype)
                         for kk, a in zip(keys, shaped, strict=True))  # fmt: skip
         return made
 
@@ -184,11 +188,21 @@ def paged_config(q, k_pages, v_pages, table, *, k_scale, v_scale, sm_scale, quan
 
     b, w = table.shape
     x, y, n_kv, c = k_pages.shape
-    operands = _operands(q, k_pages, v_pages)
-    table_r = (jnp.arange(b * w, dtype=jnp.int32) % x).reshape(b, w)  # distinct pages per row
+    # Timed on a pool of at most TIMING_POOL_BYTES: the pages each row reads are what the kernel
+    # costs, not the pool's size, and the engine's pool (most of the memory left) has no twin.
+    page_bytes = y * n_kv * c * jnp.dtype(k_pages.dtype).itemsize
+    x_t = max(1, min(x, b * w, TIMING_POOL_BYTES // page_bytes))
+    pool = jax.ShapeDtypeStruct((x_t, y, n_kv, c), k_pages.dtype)
+    operands = _operands(q, pool, pool)
+    table_r = (jnp.arange(b * w, dtype=jnp.int32) % x_t).reshape(b, w)  # rows' pages distinct
     lengths = jnp.full((b,), w * y, jnp.int32)
-    kw = dict(k_scale=_scale_like(k_scale), v_scale=_scale_like(v_scale), sm_scale=sm_scale,
-              quant_out=quant_out)  # fmt: skip
+
+    def fit(sc):  # per-vector scales [X, K, Y] follow the pool
+        if sc is not None and jnp.ndim(sc) == 3:
+            return jnp.ones((x_t, *jnp.shape(sc)[1:]), jnp.float32)
+        return _scale_like(sc)
+
+    kw = dict(k_scale=fit(k_scale), v_scale=fit(v_scale), sm_scale=sm_scale, quant_out=quant_out)
     if target_device().platform == "tpu":  # one page a tile: the chunks per row alone
         impl, name_of = "pallas_tpu", tpu_name
         cands = [PagedBlocks(num_splits=j) for j in split_choices(1, w)]
@@ -199,7 +213,7 @@ def paged_config(q, k_pages, v_pages, table, *, k_scale, v_scale, sm_scale, quan
                               swap_ab=True)  # fmt: skip
 
         def ok(cfg):
-            return mgpu.supports(q, k_pages, v_pages, lengths, table_r, k_scale=kw["k_scale"],
+            return mgpu.supports(q, pool, pool, lengths, table_r, k_scale=kw["k_scale"],
                                  v_scale=kw["v_scale"], sm_scale=sm_scale, config=cfg,
                                  interpret=False) is None  # fmt: skip
 

@@ -19,6 +19,7 @@ compiles the same program.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -42,6 +43,23 @@ class Candidate:
 
 def enabled() -> bool:
     return os.environ.get("FP8RL_AUTOTUNE", "0") == "1"
+
+
+def random_like(key, shape: tuple[int, ...], dtype):
+    """Standard-normal operands of ``shape`` in ``dtype`` for timing, generated and cast in one
+    jitted program (XLA fuses the cast into the generator: no f32 copy of a cache-sized
+    operand beside the program being traced)."""
+    import jax.numpy as jnp
+
+    return _random_maker(tuple(shape), jnp.dtype(dtype))(key)
+
+
+@functools.cache
+def _random_maker(shape: tuple[int, ...], dtype):
+    import jax
+    import jax.numpy as jnp
+
+    return jax.jit(lambda key: jax.random.normal(key, shape, jnp.float32).astype(dtype))
 
 
 def cache_paths() -> list[str]:

@@ -205,3 +205,37 @@ def test_enabled_for_names_the_platform(monkeypatch):
     monkeypatch.setenv("FP8RL_AUTOTUNE", "1")
     for platform in (None, "gpu", "tpu", "cpu"):
         assert not at.enabled_for("auto", None, False, platform)
+
+
+def test_paged_tuning_times_a_bounded_pool(cache, monkeypatch):
+    """The paged tuner times on a pool of at most ``TIMING_POOL_BYTES`` (rows' tables wrap
+    around it), not a copy of the engine's pool, which fills most of the memory left; the
+    record keeps the call's own pool shape. Per-vector scales [X, K, Y] follow the pool (the
+    TPU kernel takes them; the Mosaic GPU one does not yet)."""
+    run_file, inject = cache
+    seen = []
+
+    def timer(c):
+        c.run()
+        return 1.0
+
+    def run(q_, k_, v_, lengths, table, *, k_scale, **kw):
+        seen.append((k_.shape, int(table.max()), jnp.shape(k_scale)))
+        return q_
+
+    monkeypatch.setattr(at.autotune, "device_timer", timer)
+    monkeypatch.setattr(at, "TIMING_POOL_BYTES", 8 * 64 * 2 * 128)  # 8 pages: 64 x 2 x 128 FP8
+    q = jax.ShapeDtypeStruct((4, 4, 128), jnp.bfloat16)
+    pool = jax.ShapeDtypeStruct((100_000, 64, 2, 128), F8)
+    table = jnp.zeros((4, 6), jnp.int32)
+    with _on_h100():
+        at.paged_config(q, pool, pool, table, k_scale=jnp.ones((2,)), v_scale=jnp.ones((2,)),
+                        sm_scale=0.088, quant_out=None, run=run)  # fmt: skip
+    assert seen and all(s == ((8, 64, 2, 128), 7, (2,)) for s in seen)
+    assert ",100000,64,2,128," in next(iter(json.loads(run_file.read_text())))
+    seen.clear()
+    scale = jax.ShapeDtypeStruct((100_000, 2, 64), jnp.float32)
+    with _on_v6e():
+        at.paged_config(q, pool, pool, table, k_scale=scale, v_scale=scale, sm_scale=0.088,
+                        quant_out=None, run=run)  # fmt: skip
+    assert seen and all(s == ((8, 64, 2, 128), 7, (8, 2, 64)) for s in seen)

@@ -27,7 +27,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas import attention_autotune
+from kernels_pallas import attention_autotune, autotune
 from kernels_pallas.backend import target_device
 from kernels_pallas.fp8_matmul.pallas_tpu import has_fp8_mxu, neighbours, plan_name
 from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as mgpu
@@ -125,7 +125,7 @@ def tuned_config(x, w_q, group_sizes_E, *, out_dtype, run) -> mgpu.MgpuConfig | 
             else:
                 xv = xv.astype(x.dtype)
             wr = tuple(
-                QArray(jax.random.normal(kk, w.shape, jnp.bfloat16).astype(w.values.dtype),
+                QArray(autotune.random_like(kk, w.shape, w.values.dtype),
                        jnp.ones(w.scales.shape, jnp.float32), w.block_shape, w.dtype)
                 for kk, w in zip(keys[1:], ws, strict=True)
             )  # fmt: skip

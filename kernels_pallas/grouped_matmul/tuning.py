@@ -24,7 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas import attention_autotune
+from kernels_pallas import attention_autotune, autotune
 from kernels_pallas.grouped_fp8_matmul.tuning import even_sizes
 from kernels_pallas.grouped_matmul import pallas_mosaic_gpu as mgpu
 
@@ -99,8 +99,8 @@ def _operands(a_shape, b_shape, dtype, m: int, e: int):
     def get():
         if not made:
             ka, kb = jax.random.split(jax.random.key(0))
-            made.extend([jax.random.normal(ka, a_shape, jnp.float32).astype(dtype),
-                         jax.random.normal(kb, b_shape, jnp.float32).astype(dtype),
+            made.extend([autotune.random_like(ka, a_shape, dtype),
+                         autotune.random_like(kb, b_shape, dtype),
                          even_sizes(m, e)])  # fmt: skip
         return made
 
