@@ -147,7 +147,10 @@ def _tpu_dense_candidates(q, k, v, lengths, kw) -> list:
 def dense_config(q, k, v, *, k_scale, v_scale, sm_scale, quant_out, run):
     """The tuned ``DecodeBlocks`` for ``decode_attention`` at this call's shape (``run``: the
     op itself, called with ``impl`` and ``config``), or None. On a TPU, the TPU kernel's
-    tilings (``_tpu_dense_candidates``)."""
+    tilings (``_tpu_dense_candidates``). Times on a K/V pair of the cache's own shape (every
+    row's slots live: the kernel's cost), made while tuning and freed after it: a first use
+    needs that much memory free beside the traced program (the paged tuner bounds its pool:
+    ``TIMING_POOL_BYTES``)."""
     from kernels_pallas.decode_attention import pallas_mosaic_gpu as mgpu
 
     b, s, n_kv, c = k.shape
