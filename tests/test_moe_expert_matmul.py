@@ -37,7 +37,11 @@ def test_hopper_expert_kernels_give_ragged_dots_logprobs_and_gradients():
         lambda a: a.astype(jnp.bfloat16),
         init_weights(MOE, jax.random.key(1), jnp.float32, randomize_all=True),
     )
-    grad = jax.grad(_loss, has_aux=True)
+    # One program per kernel choice: eagerly, each primitive would be dispatched while the
+    # interpreted kernel's callbacks still run on the CPU device, and an eager dispatch that
+    # waits for the device's in-flight slot behind them hung the suite once (the XLA:CPU
+    # execution semaphore, 2026-12-05); jitted, the kernels run inside one computation.
+    grad = jax.jit(jax.grad(_loss, has_aux=True), static_argnums=1)
     g_xla, lp_xla = grad(params, KernelImpls(expert_matmul="xla"))
     kern = KernelImpls(expert_matmul="pallas_mosaic_gpu", interpret=True)
     g_k, lp_k = grad(params, kern)
