@@ -221,6 +221,37 @@ def _broadcast_record(k: str, record: dict | None) -> dict:
     return json.loads(client.blocking_key_value_get_bytes(name, SHARE_TIMEOUT_MS).decode())
 
 
+_TABLE_HEAD = (
+    "| op | {} | choice | its time (us) | default | default (us) | default / choice |\n"
+    "|---|---|---|---|---|---|---|"
+)
+
+
+def _tuned_rows(call, ops: set[str], op: str, label: str | None = None) -> None:
+    """Runs ``call`` (which tunes on first use) and prints one row per record it wrote for the
+    ops ``ops``: the choice beside the default (the first candidate), labelled ``label`` (None:
+    the record's shape); a failure or no new record (read from an earlier cache file, or
+    nothing ran) prints one row saying so, and the stage goes on."""
+    import jax
+
+    before = set(load(cache_paths()))
+    try:
+        jax.block_until_ready(call())
+    except Exception as e:  # noqa: BLE001 - one failed op must not end the stage
+        print(f"| {op} | {label or ''} | failed: {type(e).__name__}: {str(e)[:200]} | | | | |")
+        return
+    recs = load(cache_paths())
+    new = [k for k in recs if k.split("|")[2] in ops and k not in before]
+    if not new:
+        print(f"| {op} | {label or ''} | (no new record: see {cache_paths()}) | | | | |")
+    for k in new:
+        rec = recs[k]
+        t, first = rec["times_s"], rec["candidates"][0]
+        print(f"| {k.split('|')[2]} | {label or k.split('|')[3]} | {rec['choice']} | "
+              f"{t[rec['choice']] * 1e6:.1f} | {first} | {t[first] * 1e6:.1f} | "
+              f"{t[first] / t[rec['choice']]:.2f}x |")  # fmt: skip
+
+
 def _attention_table() -> None:
     """Tune the decode attention kernels (``attention_autotune``) at the rollout's shapes:
     Qwen3-8B widths, FP8 caches with per-head scales, the dense kernel at B = 32 over 8K slots
@@ -238,8 +269,7 @@ def _attention_table() -> None:
     kw = dict(k_scale=scale, v_scale=scale, sm_scale=128**-0.5)
     y = 128 if jax.devices()[0].platform == "tpu" else 64  # pages: the TPU kernel's >= 128 slots
     x = 64 * 4096 // y  # 64 rows of 4,096 slots
-    print("| op | shape | choice | its time (us) | default | default (us) | default / choice |")
-    print("|---|---|---|---|---|---|---|")
+    print(_TABLE_HEAD.format("shape"))
     cases = [
         ("decode_attention", "B=32 S=8192 H/K=32/8 fp8",
          lambda: decode_attention(jnp.ones((32, 32, 128), bf16), jnp.ones((32, 8192, 8, 128), f8),
@@ -250,28 +280,13 @@ def _attention_table() -> None:
                                  jnp.arange(x, dtype=jnp.int32).reshape(64, x // 64), **kw)),
     ]  # fmt: skip
     for op, label, call in cases:
-        before = set(load(cache_paths()))
-        try:
-            jax.block_until_ready(call())  # tunes on first use
-        except Exception as e:  # noqa: BLE001 - one failed op must not end the stage
-            print(f"| {op} | {label} | failed: {type(e).__name__}: {str(e)[:200]} | | | | |")
-            continue
-        recs = load(cache_paths())
-        new = [k for k in recs if f"|{op}|" in k and k not in before]
-        if not new:  # read from a cache file written before this run, or nothing ran
-            print(f"| {op} | {label} | (no new record: see {cache_paths()}) | | | | |")
-            continue
-        rec = recs[new[0]]
-        t, first = rec["times_s"], rec["candidates"][0]
-        print(f"| {op} | {label} | {rec['choice']} | {t[rec['choice']] * 1e6:.1f} | {first} | "
-              f"{t[first] * 1e6:.1f} | {t[first] / t[rec['choice']]:.2f}x |")  # fmt: skip
+        _tuned_rows(call, {op}, op, label)
 
 
 def _grouped_table() -> None:
     """Tune the grouped FP8 kernel (the MoE experts, ``grouped_fp8_matmul.tuning``) at
     Qwen3-30B-A3B's gate+up: a decode step of 64 sequences (512 rows) and a prefill chunk of
     8,192 tokens (65,536 rows); one row each: the choice beside the default (first candidate)."""
-    import jax
     import jax.numpy as jnp
 
     from kernels_pallas.grouped_fp8_matmul import grouped_fp8_matmul, tuning
@@ -280,27 +295,13 @@ def _grouped_table() -> None:
     f8, e, d, f = jnp.float8_e4m3fn, 128, 2048, 768
     w = QArray(jnp.ones((e, f, d), f8), jnp.ones((e, f // 128, d // 128), jnp.float32),
                (128, 128), jnp.bfloat16)  # fmt: skip
-    print("| op | rows | choice | its time (us) | default | default (us) | default / choice |")
-    print("|---|---|---|---|---|---|---|")
+    print(_TABLE_HEAD.format("rows"))
     for rows in (512, 65536):
         x = QArray(jnp.ones((rows, d), f8), jnp.ones((rows, d // 128), jnp.float32), (128,),
                    jnp.bfloat16)  # fmt: skip
-        before = set(load(cache_paths()))
-        try:  # tunes on first use
-            jax.block_until_ready(grouped_fp8_matmul(x, (w, w), tuning.even_sizes(rows, e)))
-        except Exception as err:  # noqa: BLE001 - one failed shape must not end the stage
-            print(f"| {tuning.OP} | {rows} | failed: {type(err).__name__}: {str(err)[:200]} |"
-                  " | | | |")  # fmt: skip
-            continue
-        new = [k for k, _ in load(cache_paths()).items() if f"|{tuning.OP}|" in k
-               and k not in before]  # fmt: skip
-        if not new:
-            print(f"| {tuning.OP} | {rows} | (no new record: see {cache_paths()}) | | | | |")
-            continue
-        rec = load(cache_paths())[new[0]]
-        t, first = rec["times_s"], rec["candidates"][0]
-        print(f"| {tuning.OP} | {rows} | {rec['choice']} | {t[rec['choice']] * 1e6:.1f} | "
-              f"{first} | {t[first] * 1e6:.1f} | {t[first] / t[rec['choice']]:.2f}x |")  # fmt: skip
+        sizes = tuning.even_sizes(rows, e)
+        _tuned_rows(lambda x=x, sizes=sizes: grouped_fp8_matmul(x, (w, w), sizes), {tuning.OP},
+                    tuning.OP, str(rows))  # fmt: skip
 
 
 def _grouped_bf16_table() -> None:
@@ -320,24 +321,9 @@ def _grouped_bf16_table() -> None:
     def loss(a, b):
         return grouped_matmul(a, b, even_sizes(m, e)).astype(jnp.float32).sum()
 
-    before = set(load(cache_paths()))
-    print("| op | rows | choice | its time (us) | default | default (us) | default / choice |")
-    print("|---|---|---|---|---|---|---|")
-    try:  # tunes each pass on first use
-        jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w))
-    except Exception as err:  # noqa: BLE001 - a failure must not end the stage
-        print(f"| grouped_matmul | | failed: {type(err).__name__}: {str(err)[:200]} | | | | |")
-        return
-    ops = set(tuning.OPS.values())
-    new = {k: r for k, r in load(cache_paths()).items()
-           if k.split("|")[2] in ops and k not in before}  # fmt: skip
-    if not new:
-        print(f"| grouped_matmul | | (no new record: see {cache_paths()}) | | | | |")
-    for k, rec in new.items():
-        t, first = rec["times_s"], rec["candidates"][0]
-        print(f"| {k.split('|')[2]} | {k.split('|')[3]} | {rec['choice']} | "
-              f"{t[rec['choice']] * 1e6:.1f} | {first} | {t[first] * 1e6:.1f} | "
-              f"{t[first] / t[rec['choice']]:.2f}x |")  # fmt: skip
+    print(_TABLE_HEAD.format("rows"))  # tunes each pass on first use: a row per pass
+    _tuned_rows(lambda: jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w), set(tuning.OPS.values()),
+                "grouped_matmul")  # fmt: skip
 
 
 def main() -> int:

@@ -204,6 +204,21 @@ def neighbours(p: Plan, cfg_cls, fp8_mxu: bool) -> list:
     return [cfg_cls(**kw) for kw in out]
 
 
+def distinct_plans(first: Plan, cfgs, plan_of, limit: int) -> list[tuple[object, Plan]]:
+    """(config, its plan) for the first ``limit`` of ``cfgs`` whose plan (``plan_of``: the
+    kernel's ``plan`` at the shape) is accepted and differs from ``first`` and from the ones
+    before: the autotuner's candidates beside the default plan ``first``."""
+    out, seen = [], {first}
+    for cfg in cfgs:
+        if len(out) >= limit:
+            break
+        p = plan_of(cfg)
+        if not isinstance(p, str) and p not in seen:
+            seen.add(p)
+            out.append((cfg, p))
+    return out
+
+
 def tiles(m: int, k: int, n: int, cfg: TpuConfig | None, interpret: bool = False) -> Plan | str:
     """``plan`` for the target device (the support check's half that reads shapes)."""
     return plan(m, k, n, cfg, fp8_mxu=target_has_fp8_mxu(), interpret=interpret)

@@ -116,16 +116,10 @@ def tpu_specs(m: int, n: int, k: int, device_kind: str, limit: int) -> list:
     specs = [("pallas_tpu", "pallas_tpu", None)]
     if isinstance(first, str):  # refused: the support check says why when it runs
         return specs
-    seen = {first}
-    for cfg in tpu.neighbours(first, tpu.TpuConfig, fp8_mxu):
-        if len(specs) >= limit:
-            break
-        p = tpu.plan(m, k, n, cfg, fp8_mxu=fp8_mxu)
-        if isinstance(p, str) or p in seen:
-            continue
-        seen.add(p)
-        specs.append((tpu.plan_name(p), "pallas_tpu", cfg))
-    return specs
+    near = tpu.neighbours(first, tpu.TpuConfig, fp8_mxu)
+    plan_of = lambda cfg: tpu.plan(m, k, n, cfg, fp8_mxu=fp8_mxu)  # noqa: E731
+    return specs + [(tpu.plan_name(p), "pallas_tpu", cfg)
+                    for cfg, p in tpu.distinct_plans(first, near, plan_of, limit - 1)]  # fmt: skip
 
 
 def _model_ranked(specs, m: int, n: int, k: int, limit: int, device_kind: str, pinned: int = 1,

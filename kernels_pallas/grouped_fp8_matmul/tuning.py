@@ -29,7 +29,12 @@ import jax.numpy as jnp
 
 from kernels_pallas import attention_autotune, autotune
 from kernels_pallas.backend import target_device
-from kernels_pallas.fp8_matmul.pallas_tpu import has_fp8_mxu, neighbours, plan_name
+from kernels_pallas.fp8_matmul.pallas_tpu import (
+    distinct_plans,
+    has_fp8_mxu,
+    neighbours,
+    plan_name,
+)
 from kernels_pallas.grouped_fp8_matmul import pallas_mosaic_gpu as mgpu
 from kernels_pallas.grouped_fp8_matmul import pallas_tpu as tpu
 from kernels_pallas.grouped_fp8_matmul.reference import stacks
@@ -77,15 +82,9 @@ def tpu_candidates(m: int, k: int, ns: tuple[int, ...], e: int, fp8_mxu: bool,
         return []
     streamed = tpu.TpuConfig(block_n=min(tpu.largest_divisor(n, 1024) for n in ns),
                              block_k=1024)  # fmt: skip
-    out, seen = [tpu.TpuConfig()], {first}
-    for cfg in [streamed, *neighbours(first, tpu.TpuConfig, fp8_mxu)]:
-        if len(out) >= limit:
-            break
-        p = tpu.plan(m, k, ns, e, cfg, fp8_mxu=fp8_mxu)
-        if not isinstance(p, str) and p not in seen:
-            seen.add(p)
-            out.append(cfg)
-    return out
+    near = [streamed, *neighbours(first, tpu.TpuConfig, fp8_mxu)]
+    plan_of = lambda cfg: tpu.plan(m, k, ns, e, cfg, fp8_mxu=fp8_mxu)  # noqa: E731
+    return [tpu.TpuConfig()] + [cfg for cfg, _ in distinct_plans(first, near, plan_of, limit - 1)]
 
 
 def even_sizes(m: int, e: int) -> jax.Array:
